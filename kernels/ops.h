@@ -1,0 +1,124 @@
+/* kernels/ops.h — the operation table. Model code calls every op through a ct_ops table and
+ * never a backend directly; kernels/cpu/ holds the plain C11 (+OpenMP, OpenBLAS) reference,
+ * kernels/cuda/ the fast versions behind the same signatures.
+ *
+ * Conventions (all ops):
+ *   - N = B*T rows (tokens); C = model width; row-major, last index fastest.
+ *   - Activation and working-weight pointers are `void *` in the backend's working dtype
+ *     (fp32 on the CPU; bf16/fp16 on CUDA). Parameter gradients, norm statistics, losses and
+ *     optimizer state are always fp32 (`float *`).
+ *   - Linear weights use the PyTorch nn.Linear layout: W is (OC, IC), y = x W^T + b.
+ *   - Backward ACCUMULATES (+=) into every gradient it writes, both parameter gradients and
+ *     input gradients. The caller zeroes gradient buffers before a backward pass (and does not
+ *     between micro-batches of gradient accumulation). A gradient pointer may be NULL when
+ *     that gradient is not wanted (e.g. bias absent, dinp of the first layer's embedding).
+ *   - qkv rows hold [q heads | k heads | v heads]: H*hd query values, then KV*hd keys, then
+ *     KV*hd values, so a row is (H + 2*KV)*hd wide. Query head h uses kv head h / (H/KV).
+ */
+#ifndef CT_OPS_H
+#define CT_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ct_ops {
+  const char *name; /* "cpu", "cuda" */
+
+  /* ---- memory (device memory for CUDA, malloc for CPU) ---- */
+  void *(*alloc)(size_t bytes);                 /* zero-filled; NULL on failure */
+  void (*free)(void *p);
+  void (*zero)(void *p, size_t bytes);
+  void (*to_device)(void *dst, const void *src_host, size_t bytes);
+  void (*to_host)(void *dst_host, const void *src, size_t bytes);
+
+  /* ---- embedding ----
+   * out(N,C) = wte[tok[n]] + (wpe ? wpe[n % T] : 0)                 wte (Vp,C), wpe (maxT,C) */
+  void (*embed_fwd)(void *out, const int32_t *tok, const void *wte, const void *wpe,
+                    int B, int T, int C);
+  /* dwte[tok[n]] += dout[n]; dwpe[n % T] += dout[n] (if dwpe) */
+  void (*embed_bwd)(float *dwte, float *dwpe, const void *dout, const int32_t *tok,
+                    int B, int T, int C);
+
+  /* ---- normalization (statistics in fp32) ----
+   * layernorm: out = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps) (biased variance).
+   * mean, rstd (N) are saved for backward. */
+  void (*layernorm_fwd)(void *out, float *mean, float *rstd, const void *inp, const void *w,
+                        const void *b, int N, int C, float eps);
+  void (*layernorm_bwd)(void *dinp, float *dw, float *db, const void *dout, const void *inp,
+                        const void *w, const float *mean, const float *rstd, int N, int C);
+  /* rmsnorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); rows may be strided:
+   * row r starts at inp + (r / rows_per_group) * group_stride + (r % rows_per_group) * C.
+   * Plain use: rows_per_group = N, group_stride = 0 (rows contiguous). The strided form
+   * normalizes the q or k heads inside qkv rows (Qwen3 qk_norm): C = hd, rows_per_group = H,
+   * group_stride = qkv row width. out uses the same layout as inp. rstd (N) saved. */
+  void (*rmsnorm_fwd)(void *out, float *rstd, const void *inp, const void *w, int N, int C,
+                      int rows_per_group, long group_stride, float eps);
+  void (*rmsnorm_bwd)(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                      const float *rstd, int N, int C, int rows_per_group, long group_stride);
+
+  /* ---- matmul (fp32 accumulate) ----
+   * out(N,OC) = inp(N,IC) @ w(OC,IC)^T + bias(OC)   (bias may be NULL; out overwritten) */
+  void (*matmul_fwd)(void *out, const void *inp, const void *w, const void *bias,
+                     int N, int IC, int OC);
+  /* dinp(N,IC) += dout @ w;  dw(OC,IC) += dout^T @ inp;  dbias(OC) += sum_n dout */
+  void (*matmul_bwd)(void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
+                     const void *w, int N, int IC, int OC);
+
+  /* ---- rotary position embedding, HF "rotate_half" convention, in place ----
+   * On the q and k heads of qkv (N rows of (H+2KV)*hd): for each head and i < hd/2,
+   *   x1 = x[i], x2 = x[i + hd/2]; x[i] = x1*cos - x2*sin; x[i+hd/2] = x2*cos + x1*sin
+   * with angle (pos0 + t) * theta^(-2i/hd), t = n % T. v is untouched.
+   * rope_bwd applies the inverse rotation to dqkv in place (rope is linear). */
+  void (*rope_fwd)(void *qkv, int B, int T, int H, int KV, int hd, int pos0, float theta);
+  void (*rope_bwd)(void *dqkv, int B, int T, int H, int KV, int hd, int pos0, float theta);
+
+  /* ---- causal self-attention with grouped-query heads ----
+   * out(N, H*hd) = softmax(q k^T / sqrt(hd) + causal mask) v, per batch and head.
+   * `state` is backend-defined saved state for backward, attention_state_floats() floats
+   * (CPU: the probabilities (B,H,T,T)). */
+  size_t (*attention_state_floats)(int B, int T, int H, int KV, int hd);
+  void (*attention_fwd)(void *out, float *state, const void *qkv, int B, int T, int H, int KV,
+                        int hd);
+  /* dqkv += gradient w.r.t. qkv (q, k and v sections). */
+  void (*attention_bwd)(void *dqkv, const void *dout, const void *qkv, const float *state,
+                        int B, int T, int H, int KV, int hd);
+
+  /* ---- activations ----
+   * gelu: tanh approximation (GPT-2 "gelu_new"), n elements. */
+  void (*gelu_fwd)(void *out, const void *inp, size_t n);
+  void (*gelu_bwd)(void *dinp, const void *dout, const void *inp, size_t n);
+  /* swiglu: inp (N, 2F) rows [gate | up]; out (N, F) = silu(gate) * up. */
+  void (*swiglu_fwd)(void *out, const void *inp, int N, int F);
+  void (*swiglu_bwd)(void *dinp, const void *dout, const void *inp, int N, int F);
+
+  /* out = a + b, n elements (out may alias a or b). */
+  void (*add_fwd)(void *out, const void *a, const void *b, size_t n);
+
+  /* ---- fused softmax + cross-entropy ----
+   * logits (N, Vp), only the first V columns are real (padding columns get zero gradient).
+   * losses[n] = -log softmax(logits[n])[targets[n]]; targets[n] < 0 means "ignore" (loss 0).
+   * If `grad_scale` != 0, logits is overwritten IN PLACE by the gradient of
+   * grad_scale * sum_n losses[n] w.r.t. logits (padding columns set to 0; ignored rows 0).
+   * Nothing else is stored, so (N, V) probabilities are never materialized separately. */
+  void (*xent_fwd_bwd)(float *losses, void *logits, const int32_t *targets, int N, int V,
+                       int Vp, float grad_scale);
+
+  /* ---- optimizer & reductions (fp32 master state) ----
+   * AdamW, PyTorch semantics, `step` 1-based:
+   *   m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * wd * p (decoupled);
+   *   p -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps)
+   * g is read as grad * grad_scale (for clipping and loss-scale unscaling). */
+  void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n, float lr,
+                float b1, float b2, float eps, float wd, float grad_scale, int step);
+  /* sum of squares in double precision */
+  double (*sumsq)(const float *x, size_t n);
+  /* x *= s */
+  void (*scale)(float *x, float s, size_t n);
+} ct_ops;
+
+/* The CPU reference table (always available). `threads` <= 0 keeps the OpenMP default. */
+const ct_ops *ct_ops_cpu(void);
+void ct_ops_cpu_set_threads(int threads);
+
+#endif
