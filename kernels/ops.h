@@ -31,6 +31,10 @@ typedef struct ct_ops {
   void (*zero)(void *p, size_t bytes);
   void (*to_device)(void *dst, const void *src_host, size_t bytes);
   void (*to_host)(void *dst_host, const void *src, size_t bytes);
+  /* 2-D copy within device memory: `rows` rows of `row_bytes`, strides in bytes
+   * (cudaMemcpy2D-style); used to move the v section of qkv rows around qk_norm. */
+  void (*copy2d)(void *dst, size_t dst_stride, const void *src, size_t src_stride,
+                 size_t row_bytes, size_t rows);
 
   /* ---- embedding ----
    * out(N,C) = wte[tok[n]] + (wpe ? wpe[n % T] : 0)                 wte (Vp,C), wpe (maxT,C) */

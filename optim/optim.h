@@ -1,0 +1,36 @@
+/* optim/optim.h — AdamW over the flat parameter table, global-norm clipping, lr schedules.
+ *
+ * Optimizer state (m, v) mirrors the flat parameter buffer (same offsets). Weight decay is
+ * decoupled and applies to 2-D parameters only (ct_param.decay), as in nanoGPT / HF recipes.
+ */
+#ifndef CT_OPTIM_H
+#define CT_OPTIM_H
+
+#include "common/status.h"
+#include "trainer/config.h"
+#include "trainer/model.h"
+
+typedef struct ct_adamw {
+  float *m, *v;   /* (numel) first and second moments, backend memory */
+  size_t numel;
+  int step;       /* completed optimizer steps */
+  double lr, beta1, beta2, eps, weight_decay;
+} ct_adamw;
+
+ct_status ct_adamw_create(ct_adamw *opt, const ct_model *model, const ct_train_cfg *t);
+void ct_adamw_destroy(ct_adamw *opt, const ct_ops *ops);
+
+/* Global L2 norm of all gradients (double accumulation). */
+double ct_grad_norm(ct_model *model);
+
+/* One update with learning rate `lr`; gradients are read as grad * grad_scale (the clip
+ * factor min(1, clip / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_). */
+void ct_adamw_step(ct_adamw *opt, ct_model *model, double lr, float grad_scale);
+
+/* Clip factor for a global norm (1 when clip <= 0 or norm <= clip). */
+float ct_clip_scale(double norm, double clip);
+
+/* Learning rate for 0-based step `step` of `max_steps` (train.schedule, warmup, min ratio). */
+double ct_lr_at(const ct_train_cfg *t, int step);
+
+#endif

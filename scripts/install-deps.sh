@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# scripts/install-deps.sh — installs the Debian packages ctrain needs to build, test and run.
+# Idempotent: checks each package with dpkg and installs only what is missing (as root, or
+# via sudo when available); otherwise prints the apt-get command and fails.
+set -euo pipefail
+
+PACKAGES=(
+  gcc g++ make pkg-config file   # toolchain (g++: the Gloo adapter in later stages)
+  meson ninja-build              # build system
+  libhdf5-dev hdf5-tools         # token datasets, checkpoints (h5dump for inspection)
+  libopenblas-dev                # CPU GEMM
+  libcjson-dev                   # JSON (HF configs, safetensors headers)
+  fortunes                       # the bundled default training corpus
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: missing Debian packages: ${missing[*]}"
+if [ "$(id -u)" -eq 0 ]; then
+  SUDO=""
+elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+  SUDO="sudo"
+else
+  echo "install-deps: run as root: apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

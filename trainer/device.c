@@ -1,0 +1,76 @@
+#include "trainer/device.h"
+
+#include <H5public.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "ct_build_config.h"
+
+#if CT_HAVE_CUDA
+int ct_cuda_device_count(void);
+int ct_cuda_device_info(int i, char *name, size_t name_cap, char *pci, size_t pci_cap, int *major,
+                        int *minor, size_t *mem_bytes);
+void ct_cuda_versions(int *runtime, int *driver);
+#endif
+
+int ct_cuda_visible_devices(void) {
+#if CT_HAVE_CUDA
+  const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+  if (vis && !vis[0]) return 0; /* empty: the user asked for the CPU */
+  return ct_cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+ct_status ct_backend_select(const ct_train_cfg *t, ct_backend *b) {
+  memset(b, 0, sizeof *b);
+  int ngpu = ct_cuda_visible_devices();
+  if (t->threads > 0) ct_ops_cpu_set_threads(t->threads);
+  b->threads = t->threads > 0 ? t->threads : omp_get_max_threads();
+  b->ops = ct_ops_cpu();
+  snprintf(b->precision, sizeof b->precision, "fp32");
+  snprintf(b->device, sizeof b->device, "cpu (%d threads)", b->threads);
+  if (strcmp(t->precision, "auto") && strcmp(t->precision, "fp32"))
+    ct_log_warn("train.precision = \"%s\": the CPU backend computes in fp32", t->precision);
+  if (ngpu > 0)
+    ct_log_info("device: %s, fp32 (%d CUDA device(s) visible, but this build has no CUDA training"
+                " kernels yet)", b->device, ngpu);
+  else
+    ct_log_info("device: %s, fp32 (no CUDA device%s)", b->device,
+                CT_HAVE_CUDA ? " visible" : ": CPU-only build");
+  return CT_OK;
+}
+
+void ct_env_print(FILE *f) {
+  const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+  const char *order = getenv("CUDA_DEVICE_ORDER");
+  unsigned maj, min, rel;
+  H5get_libversion(&maj, &min, &rel);
+  fprintf(f, "ctrain %s\n", "0.1.0");
+  fprintf(f, "build: %s\n", CT_HAVE_CUDA ? "CUDA + CPU" : "CPU only");
+  fprintf(f, "CUDA_VISIBLE_DEVICES: %s\n", vis ? (vis[0] ? vis : "(empty: CPU only)") : "(unset: all)");
+  fprintf(f, "CUDA_DEVICE_ORDER: %s\n", order ? order : "(unset: FASTEST_FIRST; set PCI_BUS_ID to match nvidia-smi)");
+#if CT_HAVE_CUDA
+  int rt = 0, drv = 0;
+  ct_cuda_versions(&rt, &drv);
+  fprintf(f, "CUDA runtime %d.%d, driver %d.%d\n", rt / 1000, rt % 1000 / 10, drv / 1000, drv % 1000 / 10);
+  int n = ct_cuda_visible_devices();
+  fprintf(f, "devices: %d\n", n);
+  for (int i = 0; i < n; i++) {
+    char name[256], pci[32];
+    int ma, mi;
+    size_t mem;
+    if (ct_cuda_device_info(i, name, sizeof name, pci, sizeof pci, &ma, &mi, &mem) == 0)
+      fprintf(f, "  cuda:%d  %-28s pci %s  %.1f GiB  sm_%d%d  precision auto -> %s\n", i, name, pci,
+              mem / 1073741824.0, ma, mi, ma >= 8 ? "bf16" : "fp16");
+  }
+#else
+  fprintf(f, "devices: none (CPU-only build)\n");
+#endif
+  fprintf(f, "cpu: %d OpenMP threads; precision auto -> fp32\n", omp_get_max_threads());
+  fprintf(f, "libraries: HDF5 %u.%u.%u, OpenBLAS\n", maj, min, rel);
+  fprintf(f, "attention backends: cpu: eager\n");
+}

@@ -1,0 +1,29 @@
+/* trainer/device.h — backend selection and the `ctrain env` report.
+ * The same binary runs everywhere: without a CUDA build, a driver or a visible device
+ * (CUDA_VISIBLE_DEVICES= empty) it uses the CPU backend and says so in one line. */
+#ifndef CT_DEVICE_H
+#define CT_DEVICE_H
+
+#include <stdio.h>
+
+#include "common/status.h"
+#include "kernels/ops.h"
+#include "trainer/config.h"
+
+typedef struct ct_backend {
+  const ct_ops *ops;
+  char device[160];    /* "cpu (2 threads)" */
+  char precision[8];   /* resolved: fp32 | bf16 | fp16 */
+  int threads;
+} ct_backend;
+
+/* Picks the backend for this process and resolves train.precision; prints one line. */
+ct_status ct_backend_select(const ct_train_cfg *t, ct_backend *b);
+
+/* Number of visible CUDA devices (0 without a CUDA build, driver or device). */
+int ct_cuda_visible_devices(void);
+
+/* `ctrain env`: devices, CUDA_VISIBLE_DEVICES mapping, precision auto picks, library versions. */
+void ct_env_print(FILE *f);
+
+#endif

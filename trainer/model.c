@@ -1,0 +1,504 @@
+/* trainer/model.c — the decoder over the op table: parameter tables, forward, backward.
+ *
+ * gpt2 block:  x -> LN -> qkv (+b) -> attention -> proj (+b) -> +x -> LN -> fc (+b) -> GELU
+ *              -> proj (+b) -> +    with learned positions and a tied head.
+ * llama block: x -> RMSNorm -> qkv [+b] -> [q/k RMSNorm] -> RoPE -> GQA attention -> o_proj
+ *              -> +x -> RMSNorm -> gate_up -> SwiGLU -> down -> +    (Llama / Qwen2 / Qwen3).
+ */
+#include "trainer/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+/* Parameter roles shared by both architectures; the forward code addresses parameters by role. */
+typedef enum {
+  P_WTE, P_WPE, P_LNF_W, P_LNF_B, P_LM_HEAD,
+  P_LN1_W, P_LN1_B, P_QKV_W, P_QKV_B, P_QNORM, P_KNORM, P_ATTO_W, P_ATTO_B,
+  P_LN2_W, P_LN2_B, P_FC_W, P_FC_B, P_PROJ_W, P_PROJ_B,
+  P_COUNT
+} role;
+#define P_FIRST_LAYER P_LN1_W
+
+/* The one list per architecture: X(role, name, rows, cols (0 = 1-D), init, present).
+ * Names follow the Hugging Face checkpoints (minus the "transformer." / "model." prefix);
+ * fused tensors (c_attn, qkv_proj, gate_up_proj) are concatenations along rows. */
+#define GPT2_PRE(X)                                         \
+  X(P_WTE, "wte", Vp, C, CT_INIT_NORMAL, 1)                 \
+  X(P_WPE, "wpe", maxT, C, CT_INIT_NORMAL, 1)
+#define GPT2_LAYER(X)                                                   \
+  X(P_LN1_W, "ln_1.weight", C, 0, CT_INIT_ONE, 1)                       \
+  X(P_LN1_B, "ln_1.bias", C, 0, CT_INIT_ZERO, 1)                        \
+  X(P_QKV_W, "attn.c_attn.weight", Wqkv, C, CT_INIT_NORMAL, 1)          \
+  X(P_QKV_B, "attn.c_attn.bias", Wqkv, 0, CT_INIT_ZERO, 1)              \
+  X(P_ATTO_W, "attn.c_proj.weight", C, Hhd, CT_INIT_NORMAL_RESID, 1)    \
+  X(P_ATTO_B, "attn.c_proj.bias", C, 0, CT_INIT_ZERO, 1)                \
+  X(P_LN2_W, "ln_2.weight", C, 0, CT_INIT_ONE, 1)                       \
+  X(P_LN2_B, "ln_2.bias", C, 0, CT_INIT_ZERO, 1)                        \
+  X(P_FC_W, "mlp.c_fc.weight", F, C, CT_INIT_NORMAL, 1)                 \
+  X(P_FC_B, "mlp.c_fc.bias", F, 0, CT_INIT_ZERO, 1)                     \
+  X(P_PROJ_W, "mlp.c_proj.weight", C, F, CT_INIT_NORMAL_RESID, 1)       \
+  X(P_PROJ_B, "mlp.c_proj.bias", C, 0, CT_INIT_ZERO, 1)
+#define GPT2_POST(X)                                        \
+  X(P_LNF_W, "ln_f.weight", C, 0, CT_INIT_ONE, 1)           \
+  X(P_LNF_B, "ln_f.bias", C, 0, CT_INIT_ZERO, 1)            \
+  X(P_LM_HEAD, "lm_head", Vp, C, CT_INIT_NORMAL, !tie)
+
+#define LLAMA_PRE(X) X(P_WTE, "embed_tokens", Vp, C, CT_INIT_NORMAL, 1)
+#define LLAMA_LAYER(X)                                                           \
+  X(P_LN1_W, "input_layernorm.weight", C, 0, CT_INIT_ONE, 1)                     \
+  X(P_QKV_W, "self_attn.qkv_proj.weight", Wqkv, C, CT_INIT_NORMAL, 1)            \
+  X(P_QKV_B, "self_attn.qkv_proj.bias", Wqkv, 0, CT_INIT_ZERO, attn_bias)        \
+  X(P_QNORM, "self_attn.q_norm.weight", hd, 0, CT_INIT_ONE, qk_norm)             \
+  X(P_KNORM, "self_attn.k_norm.weight", hd, 0, CT_INIT_ONE, qk_norm)             \
+  X(P_ATTO_W, "self_attn.o_proj.weight", C, Hhd, CT_INIT_NORMAL_RESID, 1)        \
+  X(P_LN2_W, "post_attention_layernorm.weight", C, 0, CT_INIT_ONE, 1)            \
+  X(P_FC_W, "mlp.gate_up_proj.weight", 2 * F, C, CT_INIT_NORMAL, 1)              \
+  X(P_PROJ_W, "mlp.down_proj.weight", C, F, CT_INIT_NORMAL_RESID, 1)
+#define LLAMA_POST(X)                                       \
+  X(P_LNF_W, "norm.weight", C, 0, CT_INIT_ONE, 1)           \
+  X(P_LM_HEAD, "lm_head", Vp, C, CT_INIT_NORMAL, !tie)
+
+#define ALIGN_FLOATS 16 /* 64-byte aligned parameters: whole cache lines, vector loads */
+#define NONE ((size_t)-1)
+
+/* Activation offsets (floats into `acts`) for one layer. */
+typedef struct layer_acts {
+  size_t ln1, ln1_mean, ln1_rstd;   /* (N,C) (N) (N) */
+  size_t qkv_raw;                   /* (N,W) pre-qk_norm projection (qk_norm only) */
+  size_t qkv;                       /* (N,W) q,k normed + roped; v */
+  size_t qn_rstd, kn_rstd;          /* (N*H) (N*KV) */
+  size_t att;                       /* attention saved state */
+  size_t atty;                      /* (N,H*hd) */
+  size_t res2;                      /* (N,C) x + attention */
+  size_t ln2, ln2_mean, ln2_rstd;   /* (N,C) (N) (N) */
+  size_t fch;                       /* (N,Fw) fc output (gpt2: F, llama: 2F) */
+  size_t act;                       /* (N,F) after GELU / SwiGLU */
+  size_t out;                       /* (N,C) block output */
+} layer_acts;
+
+struct ct_model {
+  ct_model_cfg cfg;
+  const ct_ops *ops;
+  bool gpt2;
+  int C, H, KV, hd, F, Vp, W;       /* W = qkv row width (H + 2KV) * hd */
+  int max_B, max_T;
+
+  ct_param *params;                  /* table */
+  int n_params;
+  size_t (*off)[P_COUNT];            /* per layer (L entries) + one global row at index L */
+  size_t numel;
+  float *w;                          /* (numel) parameters */
+  float *g;                          /* (numel) gradients */
+
+  float *acts;                       /* activation arena (backend memory) */
+  layer_acts *la;                    /* (L) */
+  size_t emb, lnf, lnf_mean, lnf_rstd, logits, losses;
+  size_t d_res, d_ln, d_qkv, d_qkv_raw, d_atty, d_fch, d_act;
+  int32_t *tok, *tgt;                /* (max_B*max_T) backend memory */
+  float *host_losses;                /* (max_B*max_T) */
+
+  int B, T;                          /* shape of the last forward */
+  bool have_grad;                    /* last forward prepared backward */
+};
+
+/* ---- parameter table ---- */
+
+static ct_status add_param(ct_model *m, int *cap, int layer, role r, const char *name, int rows,
+                           int cols, ct_init init) {
+  if (m->n_params == *cap) {
+    *cap = *cap ? *cap * 2 : 64;
+    ct_param *grown = realloc(m->params, sizeof(ct_param) * (size_t)*cap);
+    if (!grown) return ct_set_error(CT_ERR_NOMEM, "out of memory for the parameter table");
+    m->params = grown;
+  }
+  ct_param *p = &m->params[m->n_params++];
+  memset(p, 0, sizeof *p);
+  if (layer >= 0) snprintf(p->name, sizeof p->name, "%s%d.%s", m->gpt2 ? "h." : "layers.", layer, name);
+  else snprintf(p->name, sizeof p->name, "%s", name);
+  p->ndim = cols ? 2 : 1;
+  p->shape[0] = rows;
+  p->shape[1] = cols;
+  p->numel = (size_t)rows * (size_t)(cols ? cols : 1);
+  p->offset = m->numel;
+  p->layer = layer;
+  p->init = init;
+  p->decay = p->ndim == 2;
+  m->numel += (p->numel + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS;
+  m->off[layer >= 0 ? layer : m->cfg.n_layer][r] = p->offset;
+  return CT_OK;
+}
+
+static ct_status build_table(ct_model *m) {
+  const ct_model_cfg *c = &m->cfg;
+  const int C = m->C, Vp = m->Vp, maxT = c->max_seq_len, Wqkv = m->W, Hhd = m->H * m->hd;
+  const int F = m->F, hd = m->hd;
+  const bool tie = c->tie_embeddings, attn_bias = c->attn_bias, qk_norm = c->qk_norm;
+  (void)hd; (void)attn_bias; (void)qk_norm; (void)maxT;
+  int cap = 0, layer = -1;
+  for (int l = 0; l <= c->n_layer; l++)
+    for (int r = 0; r < P_COUNT; r++) m->off[l][r] = NONE;
+#define X(r, name, rows, cols, init, present) \
+  if (present) CT_TRY(add_param(m, &cap, layer, r, name, rows, cols, init));
+  if (m->gpt2) {
+    GPT2_PRE(X)
+    for (layer = 0; layer < c->n_layer; layer++) { GPT2_LAYER(X) }
+    layer = -1;
+    GPT2_POST(X)
+  } else {
+    LLAMA_PRE(X)
+    for (layer = 0; layer < c->n_layer; layer++) { LLAMA_LAYER(X) }
+    layer = -1;
+    LLAMA_POST(X)
+  }
+#undef X
+  return CT_OK;
+}
+
+/* ---- creation ---- */
+
+static size_t take(size_t *top, size_t floats) {
+  size_t at = *top;
+  *top += (floats + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS;
+  return at;
+}
+
+ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B, int max_T,
+                          ct_model **out) {
+  ct_status st = CT_OK;
+  ct_model *m = ct_calloc(1, sizeof *m, "model");
+  if (!m) return CT_ERR_NOMEM;
+  m->cfg = *cfg;
+  m->ops = ops;
+  m->gpt2 = !strcmp(cfg->arch, "gpt2");
+  m->C = cfg->d_model;
+  m->H = cfg->n_head;
+  m->KV = cfg->n_kv_head ? cfg->n_kv_head : cfg->n_head;
+  m->hd = cfg->head_dim ? cfg->head_dim : cfg->d_model / cfg->n_head;
+  m->F = cfg->d_ff;
+  m->Vp = ct_model_padded_vocab(cfg);
+  m->W = (m->H + 2 * m->KV) * m->hd;
+  m->max_B = max_B;
+  m->max_T = max_T;
+  if (max_T > cfg->max_seq_len) {
+    st = ct_set_error(CT_ERR_CONFIG, "sequence length %d exceeds model.max_seq_len = %d", max_T,
+                      cfg->max_seq_len);
+    goto fail;
+  }
+  const int L = cfg->n_layer;
+  m->off = ct_calloc((size_t)L + 1, sizeof *m->off, "parameter offsets");
+  m->la = ct_calloc((size_t)L, sizeof *m->la, "activation offsets");
+  if (!m->off || !m->la) { st = CT_ERR_NOMEM; goto fail; }
+  CT_TRY_GOTO(build_table(m), fail);
+
+  m->w = ops->alloc(m->numel * sizeof(float));
+  m->g = ops->alloc(m->numel * sizeof(float));
+  if (!m->w || !m->g) {
+    st = ct_set_error(CT_ERR_NOMEM, "out of memory for %zu parameters (+ gradients) on %s",
+                      m->numel, ops->name);
+    goto fail;
+  }
+
+  /* Activation arena: everything a forward keeps for backward, plus backward scratch. */
+  const size_t N = (size_t)max_B * max_T, C = m->C, W = m->W, Hhd = (size_t)m->H * m->hd;
+  const size_t Fw = m->gpt2 ? (size_t)m->F : 2 * (size_t)m->F;
+  const size_t att = ops->attention_state_floats(max_B, max_T, m->H, m->KV, m->hd);
+  size_t top = 0;
+  m->emb = take(&top, N * C);
+  for (int l = 0; l < L; l++) {
+    layer_acts *a = &m->la[l];
+    a->ln1 = take(&top, N * C);
+    a->ln1_mean = take(&top, N);
+    a->ln1_rstd = take(&top, N);
+    a->qkv_raw = cfg->qk_norm ? take(&top, N * W) : NONE;
+    a->qkv = take(&top, N * W);
+    a->qn_rstd = take(&top, N * m->H);
+    a->kn_rstd = take(&top, N * m->KV);
+    a->att = take(&top, att);
+    a->atty = take(&top, N * Hhd);
+    a->res2 = take(&top, N * C);
+    a->ln2 = take(&top, N * C);
+    a->ln2_mean = take(&top, N);
+    a->ln2_rstd = take(&top, N);
+    a->fch = take(&top, N * Fw);
+    a->act = take(&top, N * m->F);
+    a->out = take(&top, N * C);
+  }
+  m->lnf = take(&top, N * C);
+  m->lnf_mean = take(&top, N);
+  m->lnf_rstd = take(&top, N);
+  m->logits = take(&top, N * m->Vp);
+  m->losses = take(&top, N);
+  m->d_res = take(&top, N * C);
+  m->d_ln = take(&top, N * C);
+  m->d_qkv = take(&top, N * W);
+  m->d_qkv_raw = cfg->qk_norm ? take(&top, N * W) : NONE;
+  m->d_atty = take(&top, N * Hhd);
+  m->d_fch = take(&top, N * Fw);
+  m->d_act = take(&top, N * m->F);
+  m->acts = ops->alloc(top * sizeof(float));
+  m->tok = ops->alloc(N * sizeof(int32_t));
+  m->tgt = ops->alloc(N * sizeof(int32_t));
+  m->host_losses = ct_malloc(N * sizeof(float), "losses");
+  if (!m->acts || !m->tok || !m->tgt || !m->host_losses) {
+    st = ct_set_error(CT_ERR_NOMEM, "out of memory for activations (%.1f MiB for %d x %d tokens)"
+                      " on %s", top * 4.0 / 1048576.0, max_B, max_T, ops->name);
+    goto fail;
+  }
+  *out = m;
+  return CT_OK;
+fail:
+  ct_model_destroy(m);
+  return st;
+}
+
+void ct_model_destroy(ct_model *m) {
+  if (!m) return;
+  if (m->ops) {
+    if (m->w) m->ops->free(m->w);
+    if (m->g) m->ops->free(m->g);
+    if (m->acts) m->ops->free(m->acts);
+    if (m->tok) m->ops->free(m->tok);
+    if (m->tgt) m->ops->free(m->tgt);
+  }
+  free(m->host_losses);
+  free(m->params);
+  free(m->off);
+  free(m->la);
+  free(m);
+}
+
+void ct_model_init_weights(ct_model *m, uint64_t seed) {
+  const double std = m->cfg.init_std, resid = std / sqrt(2.0 * m->cfg.n_layer);
+  float *host = malloc(m->numel * sizeof(float));
+  if (!host) return;
+  memset(host, 0, m->numel * sizeof(float));
+  for (int i = 0; i < m->n_params; i++) {
+    const ct_param *p = &m->params[i];
+    float *w = host + p->offset;
+    /* one RNG stream per parameter (seeded by index): adding a parameter does not reshuffle
+     * the others, and the init does not depend on the parallel layout */
+    ct_rng rng = {ct_mix64(seed) ^ ct_mix64(0x1000 + (uint64_t)i), 0};
+    size_t n = p->numel;
+    /* embedding rows past the real vocabulary stay zero */
+    if (!strcmp(p->name, "wte") || !strcmp(p->name, "embed_tokens") || !strcmp(p->name, "lm_head"))
+      n = (size_t)m->cfg.vocab_size * (size_t)p->shape[1];
+    switch (p->init) {
+      case CT_INIT_ZERO: break;
+      case CT_INIT_ONE: for (size_t j = 0; j < n; j++) w[j] = 1.0f; break;
+      case CT_INIT_NORMAL: for (size_t j = 0; j < n; j++) w[j] = (float)std * ct_rng_normal(&rng); break;
+      case CT_INIT_NORMAL_RESID:
+        for (size_t j = 0; j < n; j++) w[j] = (float)resid * ct_rng_normal(&rng);
+        break;
+    }
+  }
+  m->ops->to_device(m->w, host, m->numel * sizeof(float));
+  free(host);
+}
+
+int ct_model_n_params(const ct_model *m) { return m->n_params; }
+const ct_param *ct_model_param(const ct_model *m, int i) { return &m->params[i]; }
+const ct_param *ct_model_find_param(const ct_model *m, const char *name) {
+  for (int i = 0; i < m->n_params; i++)
+    if (!strcmp(m->params[i].name, name)) return &m->params[i];
+  return NULL;
+}
+size_t ct_model_numel(const ct_model *m) { return m->numel; }
+float *ct_model_params(ct_model *m) { return m->w; }
+float *ct_model_grads(ct_model *m) { return m->g; }
+const ct_model_cfg *ct_model_config(const ct_model *m) { return &m->cfg; }
+const ct_ops *ct_model_ops(const ct_model *m) { return m->ops; }
+int ct_model_max_T(const ct_model *m) { return m->max_T; }
+const float *ct_model_logits(const ct_model *m) { return m->acts + m->logits; }
+
+size_t ct_model_count_params(const ct_model *m) {
+  size_t n = 0;
+  for (int i = 0; i < m->n_params; i++) {
+    const ct_param *p = &m->params[i];
+    if (!strcmp(p->name, "wte") || !strcmp(p->name, "embed_tokens") || !strcmp(p->name, "lm_head"))
+      n += (size_t)m->cfg.vocab_size * (size_t)p->shape[1];
+    else
+      n += p->numel;
+  }
+  return n;
+}
+
+double ct_model_flops_per_token(const ct_model *m, int T) {
+  /* 6 * matmul parameters (embedding lookups are not matmuls; the head is) + attention
+   * (QK^T and AV: 2 * 2 * T * H * hd forward per layer per token, x3 with backward, halved by
+   * causality) */
+  double n = 0;
+  for (int i = 0; i < m->n_params; i++) {
+    const ct_param *p = &m->params[i];
+    if (p->ndim == 2 && strcmp(p->name, "wpe")) n += (double)p->numel;
+  }
+  if (m->cfg.tie_embeddings) n += 0; /* wte counted once: it is the head */
+  double attn = 6.0 * m->cfg.n_layer * (double)T * m->H * m->hd;
+  return 6.0 * n + attn;
+}
+
+/* ---- forward / backward ---- */
+
+#define PW(l, r) (m->w + m->off[l][r])                       /* parameter by role */
+#define PG(l, r) (m->off[l][r] == NONE ? NULL : m->g + m->off[l][r])
+#define PWO(l, r) (m->off[l][r] == NONE ? NULL : m->w + m->off[l][r])
+#define A(x) (m->acts + (x))
+
+static void norm_fwd(ct_model *m, float *out, float *mean, float *rstd, const float *inp,
+                     const float *w, const float *b, int N) {
+  if (m->gpt2) m->ops->layernorm_fwd(out, mean, rstd, inp, w, b, N, m->C, (float)m->cfg.norm_eps);
+  else m->ops->rmsnorm_fwd(out, rstd, inp, w, N, m->C, N, 0, (float)m->cfg.norm_eps);
+}
+
+static void norm_bwd(ct_model *m, float *dinp, float *dw, float *db, const float *dout,
+                     const float *inp, const float *w, const float *mean, const float *rstd, int N) {
+  if (m->gpt2) m->ops->layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, m->C);
+  else m->ops->rmsnorm_bwd(dinp, dw, dout, inp, w, rstd, N, m->C, N, 0);
+}
+
+ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                           int T, float grad_scale, float *mean_loss) {
+  if (B > m->max_B || T > m->max_T || B <= 0 || T <= 0)
+    return ct_set_error(CT_ERR_RUNTIME, "forward shape (%d, %d) outside the allocated (%d, %d)", B,
+                        T, m->max_B, m->max_T);
+  const ct_ops *o = m->ops;
+  const int L = m->cfg.n_layer, N = B * T, C = m->C, H = m->H, KV = m->KV, hd = m->hd;
+  const int W = m->W, F = m->F, G = L; /* G: row of global parameters in m->off */
+  const float eps = (float)m->cfg.norm_eps, theta = (float)m->cfg.rope_theta;
+  for (int i = 0; i < N; i++)
+    if (inputs[i] < 0 || inputs[i] >= m->cfg.vocab_size)
+      return ct_set_error(CT_ERR_INPUT, "input token %d at position %d is outside the vocabulary"
+                          " [0, %d)", inputs[i], i, m->cfg.vocab_size);
+  m->B = B;
+  m->T = T;
+  m->have_grad = false;
+  o->to_device(m->tok, inputs, (size_t)N * sizeof(int32_t));
+  o->embed_fwd(A(m->emb), m->tok, PW(G, P_WTE), PWO(G, P_WPE), B, T, C);
+
+  const float *x = A(m->emb);
+  for (int l = 0; l < L; l++) {
+    layer_acts *a = &m->la[l];
+    norm_fwd(m, A(a->ln1), A(a->ln1_mean), A(a->ln1_rstd), x, PW(l, P_LN1_W), PWO(l, P_LN1_B), N);
+    float *qkv = A(a->qkv);
+    if (m->cfg.qk_norm) {
+      float *raw = A(a->qkv_raw);
+      o->matmul_fwd(raw, A(a->ln1), PW(l, P_QKV_W), PWO(l, P_QKV_B), N, C, W);
+      const size_t row = (size_t)W * sizeof(float), v0 = (size_t)(H + KV) * hd;
+      o->copy2d(qkv + v0, row, raw + v0, row, (size_t)KV * hd * sizeof(float), (size_t)N);
+      o->rmsnorm_fwd(qkv, A(a->qn_rstd), raw, PW(l, P_QNORM), N * H, hd, H, W, eps);
+      o->rmsnorm_fwd(qkv + (size_t)H * hd, A(a->kn_rstd), raw + (size_t)H * hd, PW(l, P_KNORM),
+                     N * KV, hd, KV, W, eps);
+    } else {
+      o->matmul_fwd(qkv, A(a->ln1), PW(l, P_QKV_W), PWO(l, P_QKV_B), N, C, W);
+    }
+    if (!m->gpt2) o->rope_fwd(qkv, B, T, H, KV, hd, 0, theta);
+    o->attention_fwd(A(a->atty), A(a->att), qkv, B, T, H, KV, hd);
+    o->matmul_fwd(A(a->res2), A(a->atty), PW(l, P_ATTO_W), PWO(l, P_ATTO_B), N, H * hd, C);
+    o->add_fwd(A(a->res2), A(a->res2), x, (size_t)N * C);
+    norm_fwd(m, A(a->ln2), A(a->ln2_mean), A(a->ln2_rstd), A(a->res2), PW(l, P_LN2_W),
+             PWO(l, P_LN2_B), N);
+    if (m->gpt2) {
+      o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), PWO(l, P_FC_B), N, C, F);
+      o->gelu_fwd(A(a->act), A(a->fch), (size_t)N * F);
+    } else {
+      o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), NULL, N, C, 2 * F);
+      o->swiglu_fwd(A(a->act), A(a->fch), N, F);
+    }
+    o->matmul_fwd(A(a->out), A(a->act), PW(l, P_PROJ_W), PWO(l, P_PROJ_B), N, F, C);
+    o->add_fwd(A(a->out), A(a->out), A(a->res2), (size_t)N * C);
+    x = A(a->out);
+  }
+  norm_fwd(m, A(m->lnf), A(m->lnf_mean), A(m->lnf_rstd), x, PW(G, P_LNF_W), PWO(G, P_LNF_B), N);
+  const float *head = m->cfg.tie_embeddings ? PW(G, P_WTE) : PW(G, P_LM_HEAD);
+  o->matmul_fwd(A(m->logits), A(m->lnf), head, NULL, N, C, m->Vp);
+  if (!targets) return CT_OK;
+
+  for (int i = 0; i < N; i++)
+    if (targets[i] >= m->cfg.vocab_size)
+      return ct_set_error(CT_ERR_INPUT, "target token %d at position %d is outside the vocabulary"
+                          " [0, %d)", targets[i], i, m->cfg.vocab_size);
+  o->to_device(m->tgt, targets, (size_t)N * sizeof(int32_t));
+  o->xent_fwd_bwd(A(m->losses), A(m->logits), m->tgt, N, m->cfg.vocab_size, m->Vp, grad_scale);
+  o->to_host(m->host_losses, A(m->losses), (size_t)N * sizeof(float));
+  double sum = 0;
+  int counted = 0;
+  for (int i = 0; i < N; i++)
+    if (targets[i] >= 0) { sum += m->host_losses[i]; counted++; }
+  if (mean_loss) *mean_loss = counted ? (float)(sum / counted) : 0.0f;
+  m->have_grad = grad_scale != 0.0f;
+  return CT_OK;
+}
+
+ct_status ct_model_backward(ct_model *m) {
+  if (!m->have_grad)
+    return ct_set_error(CT_ERR_RUNTIME, "backward without a forward that prepared gradients");
+  const ct_ops *o = m->ops;
+  const int L = m->cfg.n_layer, B = m->B, T = m->T, N = B * T, C = m->C, H = m->H, KV = m->KV;
+  const int hd = m->hd, W = m->W, F = m->F, G = L;
+  const float theta = (float)m->cfg.rope_theta;
+  const size_t NC = (size_t)N * C * sizeof(float);
+  const size_t Fw = m->gpt2 ? (size_t)F : 2 * (size_t)F;
+  float *dres = A(m->d_res), *dln = A(m->d_ln), *dqkv = A(m->d_qkv), *datty = A(m->d_atty);
+  float *dfch = A(m->d_fch), *dact = A(m->d_act);
+
+  /* head and final norm: dlogits sit in the logits buffer */
+  const bool tie = m->cfg.tie_embeddings;
+  o->zero(dln, NC);
+  o->matmul_bwd(dln, tie ? PG(G, P_WTE) : PG(G, P_LM_HEAD), NULL, A(m->logits), A(m->lnf),
+                tie ? PW(G, P_WTE) : PW(G, P_LM_HEAD), N, C, m->Vp);
+  const float *xL = L ? A(m->la[L - 1].out) : A(m->emb);
+  o->zero(dres, NC);
+  norm_bwd(m, dres, PG(G, P_LNF_W), PG(G, P_LNF_B), dln, xL, PW(G, P_LNF_W), A(m->lnf_mean),
+           A(m->lnf_rstd), N);
+
+  /* dres holds d(block output); each block adds its branch gradients and passes it down */
+  for (int l = L - 1; l >= 0; l--) {
+    layer_acts *a = &m->la[l];
+    const float *x = l ? A(m->la[l - 1].out) : A(m->emb);
+    /* MLP branch */
+    o->zero(dact, (size_t)N * F * sizeof(float));
+    o->matmul_bwd(dact, PG(l, P_PROJ_W), PG(l, P_PROJ_B), dres, A(a->act), PW(l, P_PROJ_W), N, F, C);
+    o->zero(dfch, (size_t)N * Fw * sizeof(float));
+    if (m->gpt2) {
+      o->gelu_bwd(dfch, dact, A(a->fch), (size_t)N * F);
+      o->zero(dln, NC);
+      o->matmul_bwd(dln, PG(l, P_FC_W), PG(l, P_FC_B), dfch, A(a->ln2), PW(l, P_FC_W), N, C, F);
+    } else {
+      o->swiglu_bwd(dfch, dact, A(a->fch), N, F);
+      o->zero(dln, NC);
+      o->matmul_bwd(dln, PG(l, P_FC_W), NULL, dfch, A(a->ln2), PW(l, P_FC_W), N, C, 2 * F);
+    }
+    norm_bwd(m, dres, PG(l, P_LN2_W), PG(l, P_LN2_B), dln, A(a->res2), PW(l, P_LN2_W),
+             A(a->ln2_mean), A(a->ln2_rstd), N);
+    /* attention branch (dres is now d res2) */
+    o->zero(datty, (size_t)N * H * hd * sizeof(float));
+    o->matmul_bwd(datty, PG(l, P_ATTO_W), PG(l, P_ATTO_B), dres, A(a->atty), PW(l, P_ATTO_W), N,
+                  H * hd, C);
+    o->zero(dqkv, (size_t)N * W * sizeof(float));
+    o->attention_bwd(dqkv, datty, A(a->qkv), A(a->att), B, T, H, KV, hd);
+    if (!m->gpt2) o->rope_bwd(dqkv, B, T, H, KV, hd, 0, theta);
+    float *dproj = dqkv; /* gradient w.r.t. the qkv projection output */
+    if (m->cfg.qk_norm) {
+      float *draw = A(m->d_qkv_raw), *raw = A(a->qkv_raw);
+      const size_t row = (size_t)W * sizeof(float), v0 = (size_t)(H + KV) * hd;
+      o->zero(draw, (size_t)N * W * sizeof(float));
+      o->copy2d(draw + v0, row, dqkv + v0, row, (size_t)KV * hd * sizeof(float), (size_t)N);
+      o->rmsnorm_bwd(draw, PG(l, P_QNORM), dqkv, raw, PW(l, P_QNORM), A(a->qn_rstd), N * H, hd, H, W);
+      o->rmsnorm_bwd(draw + (size_t)H * hd, PG(l, P_KNORM), dqkv + (size_t)H * hd,
+                     raw + (size_t)H * hd, PW(l, P_KNORM), A(a->kn_rstd), N * KV, hd, KV, W);
+      dproj = draw;
+    }
+    o->zero(dln, NC);
+    o->matmul_bwd(dln, PG(l, P_QKV_W), PG(l, P_QKV_B), dproj, A(a->ln1), PW(l, P_QKV_W), N, C, W);
+    norm_bwd(m, dres, PG(l, P_LN1_W), PG(l, P_LN1_B), dln, x, PW(l, P_LN1_W), A(a->ln1_mean),
+             A(a->ln1_rstd), N);
+  }
+  o->embed_bwd(PG(G, P_WTE), PG(G, P_WPE), dres, m->tok, B, T, C);
+  m->have_grad = false;
+  return CT_OK;
+}
+
+void ct_model_zero_grad(ct_model *m) { m->ops->zero(m->g, m->numel * sizeof(float)); }

@@ -1,0 +1,79 @@
+/* trainer/model.h — decoder-only transformer (gpt2 / llama families) over the op table.
+ *
+ * Parameters live in one flat fp32 buffer described by a parameter table generated from one
+ * X-macro list per architecture (model.c); gradients mirror it exactly (same offsets), and
+ * optimizer state, checkpoints and HF name mapping work on the same table. Each layer's
+ * parameters are contiguous, in layer order, so a layer is one slice of the buffer (what
+ * ZeRO-3 gathers).
+ *
+ * Forward with `grad_scale != 0` computes the loss and writes d(grad_scale * sum of token
+ * losses)/d(logits) in place of the logits; backward then propagates it and ACCUMULATES into
+ * the gradient buffer, so gradient accumulation over micro-batches is: zero_grad, then
+ * (forward, backward) per micro-batch with grad_scale = 1 / (B * T * accum).
+ */
+#ifndef CT_MODEL_H
+#define CT_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "kernels/ops.h"
+#include "trainer/config.h"
+
+typedef enum ct_init { CT_INIT_NORMAL, CT_INIT_NORMAL_RESID, CT_INIT_ZERO, CT_INIT_ONE } ct_init;
+
+typedef struct ct_param {
+  char name[96];     /* ctrain name, e.g. "h.3.attn.c_attn.weight" */
+  int ndim;          /* 1 or 2 */
+  int shape[2];      /* (rows, cols) for 2-D (rows = out features), (n) for 1-D */
+  size_t offset;     /* in floats, into the flat parameter buffer */
+  size_t numel;
+  int layer;         /* -1 for embeddings / final norm / head */
+  ct_init init;
+  bool decay;        /* weight decay applies (2-D parameters) */
+} ct_param;
+
+typedef struct ct_model ct_model;
+
+/* Builds the parameter table, allocates parameters and gradients (zeroed) through `ops`, and
+ * activations for up to max_B sequences of max_T tokens. */
+ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B, int max_T,
+                          ct_model **out);
+void ct_model_destroy(ct_model *m);
+
+/* Seeded initialization: normal(0, init_std) for weights, init_std / sqrt(2 n_layer) for the
+ * residual output projections, zeros for biases and embedding padding rows, ones for norm
+ * weights. Deterministic for a seed. */
+void ct_model_init_weights(ct_model *m, uint64_t seed);
+
+int ct_model_n_params(const ct_model *m);
+const ct_param *ct_model_param(const ct_model *m, int i);
+const ct_param *ct_model_find_param(const ct_model *m, const char *name);
+size_t ct_model_numel(const ct_model *m);       /* floats in the flat buffer */
+float *ct_model_params(ct_model *m);             /* flat fp32 parameters (backend memory) */
+float *ct_model_grads(ct_model *m);              /* flat fp32 gradients (backend memory) */
+const ct_model_cfg *ct_model_config(const ct_model *m);
+const ct_ops *ct_model_ops(const ct_model *m);
+int ct_model_max_T(const ct_model *m);           /* longest sequence the activations hold */
+
+/* Forward pass over inputs (B,T) (host int32). With targets (B,T), *mean_loss receives the
+ * mean token loss; grad_scale != 0 prepares backward (see above). targets may be NULL
+ * (inference: logits only). */
+ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                           int T, float grad_scale, float *mean_loss);
+/* Backward for the last forward (which must have had grad_scale != 0). */
+ct_status ct_model_backward(ct_model *m);
+void ct_model_zero_grad(ct_model *m);
+
+/* Logits of the last forward without targets: (B, T, Vp) in backend memory. */
+const float *ct_model_logits(const ct_model *m);
+
+/* Parameter count excluding embedding padding rows. */
+size_t ct_model_count_params(const ct_model *m);
+
+/* Training FLOPs per token (6N + attention), for MFU and throughput reports. */
+double ct_model_flops_per_token(const ct_model *m, int T);
+
+#endif

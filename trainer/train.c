@@ -1,0 +1,194 @@
+#include "trainer/train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "optim/optim.h"
+#include "trainer/checkpoint.h"
+#include "trainer/data.h"
+#include "trainer/device.h"
+#include "trainer/generate.h"
+#include "trainer/metrics.h"
+#include "trainer/model.h"
+
+typedef struct run {
+  const ct_config *cfg;
+  ct_backend be;
+  ct_model *model;
+  ct_adamw opt;
+  ct_loader *train, *val;
+  ct_metrics *metrics;
+  int32_t *inputs, *targets; /* (B, T) host */
+} run;
+
+static ct_status evaluate(run *r, double *val_loss) {
+  const ct_train_cfg *t = &r->cfg->train;
+  double sum = 0;
+  ct_loader_reset(r->val);
+  for (int i = 0; i < t->eval_steps; i++) {
+    float loss = 0;
+    CT_TRY(ct_loader_next(r->val, t->micro_batch, r->inputs, r->targets));
+    CT_TRY(ct_model_forward(r->model, r->inputs, r->targets, t->micro_batch, t->seq_len, 0.0f, &loss));
+    sum += loss;
+  }
+  *val_loss = sum / t->eval_steps;
+  return CT_OK;
+}
+
+static void print_token(int32_t id, void *user) {
+  (void)user;
+  if (id >= 0 && id < 256) fputc(id, stdout);
+}
+
+static ct_status sample(run *r) {
+  const ct_train_cfg *t = &r->cfg->train;
+  if (t->sample_tokens <= 0 || strcmp(r->cfg->data.tokenizer, "byte")) return CT_OK;
+  size_t plen = strlen(t->sample_prompt);
+  int32_t *ids = malloc(sizeof(int32_t) * (plen + 1));
+  int32_t *out = malloc(sizeof(int32_t) * (size_t)t->sample_tokens);
+  if (!ids || !out) { free(ids); free(out); return ct_set_error(CT_ERR_NOMEM, "out of memory"); }
+  ct_sample_cfg s = CT_SAMPLE_INIT;
+  s.max_new_tokens = t->sample_tokens;
+  s.temperature = 0.8f;
+  s.top_k = 40;
+  s.seed = t->seed;
+  s.stop_id = CT_BYTE_EOT;
+  int n = 0;
+  printf("sample (temperature 0.8, top_k 40):\n%s", t->sample_prompt);
+  ct_status st = ct_generate(r->model, ids, (int)ct_byte_encode(t->sample_prompt, plen, ids), &s,
+                             out, &n, print_token, NULL);
+  printf("\n");
+  fflush(stdout);
+  free(ids);
+  free(out);
+  return st;
+}
+
+ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
+  const ct_train_cfg *t = &cfg->train;
+  const int B = t->micro_batch, T = t->seq_len;
+  run r = {.cfg = cfg};
+  ct_status st = CT_OK;
+  double t_start = ct_now();
+  memset(res, 0, sizeof *res);
+  res->final_val_loss = NAN;
+
+  ct_config_print(cfg, stderr);
+  CT_TRY(ct_backend_select(t, &r.be));
+  CT_TRY_GOTO(ct_loader_open(cfg->data.train, cfg->data.tokenizer, cfg->model.vocab_size, T, 0, 1,
+                             t->seed, CT_LOADER_RANDOM, &r.train), done);
+  if (cfg->data.val[0])
+    CT_TRY_GOTO(ct_loader_open(cfg->data.val, cfg->data.tokenizer, cfg->model.vocab_size, T, 0, 1,
+                               t->seed, CT_LOADER_SEQUENTIAL, &r.val), done);
+  CT_TRY_GOTO(ct_model_create(&cfg->model, r.be.ops, B, T, &r.model), done);
+  ct_model_init_weights(r.model, t->seed);
+  CT_TRY_GOTO(ct_adamw_create(&r.opt, r.model, t), done);
+  CT_TRY_GOTO(ct_metrics_open(t->out_dir, &r.metrics), done);
+  r.inputs = ct_malloc(sizeof(int32_t) * (size_t)B * T, "batch");
+  r.targets = ct_malloc(sizeof(int32_t) * (size_t)B * T, "batch");
+  if (!r.inputs || !r.targets) { st = CT_ERR_NOMEM; goto done; }
+  ct_log_info("model: %s, %.2fM parameters, %d layers, d_model %d, %d heads (%d kv), vocab %d",
+              cfg->model.arch, ct_model_count_params(r.model) / 1e6, cfg->model.n_layer,
+              cfg->model.d_model, cfg->model.n_head, cfg->model.n_kv_head, cfg->model.vocab_size);
+  ct_log_info("data: %s (%lld tokens)%s%s; %d x %d tokens x %d accumulation = %d tokens per step",
+              cfg->data.train, (long long)ct_loader_info(r.train)->n_tokens,
+              r.val ? ", val " : "", r.val ? cfg->data.val : "", B, T, t->grad_accum,
+              B * T * t->grad_accum);
+  ct_log_info("start-up %.2f s; writing %s/metrics.jsonl", ct_now() - t_start, t->out_dir);
+
+  const double tokens_per_step = (double)B * T * t->grad_accum;
+  const float grad_scale = 1.0f / (float)(B * T * t->grad_accum);
+  double timed = 0;
+  int timed_steps = 0;
+  double t_loop = ct_now();
+  for (int step = 0; step < t->max_steps; step++) {
+    double t0 = ct_now();
+    double loss = 0;
+    ct_model_zero_grad(r.model);
+    for (int micro = 0; micro < t->grad_accum; micro++) {
+      float l = 0;
+      CT_TRY_GOTO(ct_loader_next(r.train, B, r.inputs, r.targets), done);
+      CT_TRY_GOTO(ct_model_forward(r.model, r.inputs, r.targets, B, T, grad_scale, &l), done);
+      CT_TRY_GOTO(ct_model_backward(r.model), done);
+      loss += l / t->grad_accum;
+    }
+    double norm = ct_grad_norm(r.model);
+    double lr = ct_lr_at(t, step);
+    if (!isfinite(loss) || !isfinite(norm)) {
+      st = ct_set_error(CT_ERR_RUNTIME, "step %d: loss %g, gradient norm %g: training diverged"
+                        " (lower train.lr or check the data)", step + 1, loss, norm);
+      goto done;
+    }
+    ct_adamw_step(&r.opt, r.model, lr, ct_clip_scale(norm, t->grad_clip));
+    double dt = ct_now() - t0;
+    if (step > 0) { timed += dt; timed_steps++; }  /* the first step includes warm-up */
+    double tok_s = tokens_per_step / dt;
+    ct_metrics_step(r.metrics, step + 1, loss, lr, norm, tok_s, dt * 1e3);
+    res->final_loss = loss;
+    double avg_step = (ct_now() - t_loop) / (step + 1);
+    ct_progress(step + 1, t->max_steps, loss, tok_s, avg_step * (t->max_steps - step - 1),
+                (step + 1) % t->log_every == 0 || step + 1 == t->max_steps);
+    bool last = step + 1 == t->max_steps;
+    if (r.val && ((t->eval_every > 0 && (step + 1) % t->eval_every == 0) || last)) {
+      double vl;
+      CT_TRY_GOTO(evaluate(&r, &vl), done);
+      ct_metrics_eval(r.metrics, step + 1, vl);
+      res->final_val_loss = vl;
+      ct_progress_end();
+      ct_log_info("step %d: val_loss %.4f", step + 1, vl);
+    }
+    if ((t->checkpoint_every > 0 && (step + 1) % t->checkpoint_every == 0) || last) {
+      char saved[4096];
+      CT_TRY_GOTO(ct_checkpoint_save(t->out_dir, step + 1, cfg, r.model, t->keep_last, saved,
+                                     sizeof saved), done);
+      ct_progress_end();
+      ct_log_info("step %d: saved %s", step + 1, saved);
+    }
+    res->steps = step + 1;
+  }
+  ct_progress_end();
+  res->tokens_per_s = timed_steps ? tokens_per_step * timed_steps / timed : 0;
+  res->seconds = ct_now() - t_start;
+  ct_log_info("done: %d steps in %.1f s, %.0f tokens/s, final loss %.4f%s", res->steps,
+              res->seconds, res->tokens_per_s, res->final_loss, "");
+  if (!isnan(res->final_val_loss)) printf("final val_loss %.4f\n", res->final_val_loss);
+  fflush(stdout);
+  CT_TRY_GOTO(sample(&r), done);
+done:
+  free(r.inputs);
+  free(r.targets);
+  ct_metrics_close(r.metrics);
+  if (r.model) ct_adamw_destroy(&r.opt, r.be.ops);
+  ct_model_destroy(r.model);
+  ct_loader_destroy(r.train);
+  ct_loader_destroy(r.val);
+  return st;
+}
+
+ct_status ct_cmd_train(int argc, char **argv) {
+  const char *path = NULL;
+  char **overrides = calloc((size_t)argc + 1, sizeof(char *));
+  int n_over = 0;
+  if (!overrides) return ct_set_error(CT_ERR_NOMEM, "out of memory");
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("usage: ctrain train CONFIG.toml [section.key=value ...]\n");
+      free(overrides);
+      return CT_OK;
+    }
+    if (strchr(argv[i], '=')) overrides[n_over++] = argv[i];
+    else if (!path && argv[i][0] != '-') path = argv[i];
+    else { free(overrides); return ct_set_error(CT_ERR_USAGE, "train: unexpected argument %s (usage: ctrain train CONFIG.toml [key=value ...])", argv[i]); }
+  }
+  if (!path) { free(overrides); return ct_set_error(CT_ERR_USAGE, "train: missing CONFIG.toml (usage: ctrain train CONFIG.toml [key=value ...])"); }
+  ct_config cfg;
+  ct_status st = ct_config_load(path, n_over, overrides, &cfg);
+  free(overrides);
+  if (st != CT_OK) return st;
+  ct_train_result res;
+  return ct_train_run(&cfg, &res);
+}
