@@ -93,7 +93,7 @@ static ct_status table_add(ct_toml_value *t, char *key, ct_toml_value *v) {
     t->u.table.items = items;
     t->u.table.cap = cap;
   }
-  t->u.table.items[t->u.table.n++] = (ct_toml_entry){key, v};
+  t->u.table.items[t->u.table.n++] = (ct_toml_entry){key, v, v->line, v->col};
   return CT_OK;
 fail:
   free(key);
@@ -868,6 +868,10 @@ static ct_status parse_keyval(parser *ps, ct_toml_value *table) {
   CT_TRY_GOTO(parse_value(ps, &v), done);
   st = table_add(t, last->s, v);
   last->s = NULL; /* the table owns it now, or table_add freed it */
+  if (st == CT_OK) { /* remember where the key itself was written */
+    t->u.table.items[t->u.table.n - 1].line = last->at.line;
+    t->u.table.items[t->u.table.n - 1].col = last->at.col;
+  }
 done:
   keypath_free(&k);
   return st;

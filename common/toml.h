@@ -34,6 +34,7 @@ typedef struct ct_toml_value ct_toml_value;
 typedef struct ct_toml_entry {
   char *key;            /* one key segment, unescaped (owned) */
   ct_toml_value *value; /* owned */
+  int line, col;        /* where the key appeared (for "unknown key" messages) */
 } ct_toml_entry;
 
 struct ct_toml_value {

@@ -182,8 +182,8 @@ static ct_status set_value(ct_config *c, const key_def *k, const ct_toml_value *
   return CT_ERR_RUNTIME;
 }
 
-static void locate(char *out, size_t cap, const char *file, const ct_toml_value *v) {
-  if (v->line > 0) snprintf(out, cap, "%s:%d:%d", file, v->line, v->col);
+static void locate(char *out, size_t cap, const char *file, int line, int col) {
+  if (line > 0) snprintf(out, cap, "%s:%d:%d", file, line, col);
   else snprintf(out, cap, "%s", file);
 }
 
@@ -192,7 +192,7 @@ static ct_status apply_doc(ct_config *c, const ct_toml_value *root, const char *
   char where[512], sug[128], full[256];
   for (int i = 0; i < root->u.table.n; i++) {
     const ct_toml_entry *sec = &root->u.table.items[i];
-    locate(where, sizeof where, origin, sec->value);
+    locate(where, sizeof where, origin, sec->line, sec->col);
     if (sec->value->type != CT_TOML_TABLE) {
       suggest(sec->key, sug, sizeof sug);
       return ct_set_error(CT_ERR_CONFIG, "%s: %s: unknown key (keys live in [model], [data] and"
@@ -206,13 +206,14 @@ static ct_status apply_doc(ct_config *c, const ct_toml_value *root, const char *
     for (int j = 0; j < t->u.table.n; j++) {
       const ct_toml_entry *e = &t->u.table.items[j];
       snprintf(full, sizeof full, "%s.%s", sec->key, e->key);
-      locate(where, sizeof where, origin, e->value);
+      locate(where, sizeof where, origin, e->line, e->col);
       const key_def *k = find_key(sec->key, e->key);
       if (!k) {
         suggest(full, sug, sizeof sug);
         return ct_set_error(CT_ERR_CONFIG, "%s: %s: unknown key%s%s%s", where, full,
                             sug[0] ? "; did you mean " : "", sug, sug[0] ? "?" : "");
       }
+      locate(where, sizeof where, origin, e->value->line, e->value->col); /* type errors: the value */
       CT_TRY(set_value(c, k, e->value, where));
     }
   }
