@@ -8,7 +8,7 @@ PACKAGES=(
   gcc g++ make pkg-config file   # toolchain (g++: the Gloo adapter in later stages)
   meson ninja-build              # build system
   libhdf5-dev hdf5-tools         # token datasets, checkpoints (h5dump for inspection)
-  libopenblas-dev                # CPU GEMM
+  libopenblas-openmp-dev         # CPU GEMM (OpenMP build: shares our thread pool)
   libcjson-dev                   # JSON (HF configs, safetensors headers)
   fortunes                       # the bundled default training corpus
 )

@@ -107,24 +107,30 @@ static void prune(const char *ckdir, int keep_last) {
   }
 }
 
-ct_status ct_checkpoint_save(const char *out_dir, int step, const ct_config *cfg, ct_model *m,
-                             int keep_last, char *saved_path, size_t saved_cap) {
-  char ckdir[4096], tmp[4096], final[4096], file[4200], link_tmp[4200], link[4200], target[64];
-  snprintf(ckdir, sizeof ckdir, "%s/ckpt", out_dir);
-  CT_TRY(ct_mkdirs(ckdir));
-  snprintf(target, sizeof target, "step_%08d", step);
-  snprintf(final, sizeof final, "%s/%s", ckdir, target);
-  snprintf(tmp, sizeof tmp, "%s.tmp", final);
+ct_status ct_checkpoint_write_dir(const char *dir, int step, const ct_config *cfg, ct_model *m) {
+  char tmp[4200], file[4300];
+  snprintf(tmp, sizeof tmp, "%s.tmp", dir);
   remove_tree(tmp);
   if (mkdir(tmp, 0777) != 0)
     return ct_set_error(CT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
   snprintf(file, sizeof file, "%s/model.h5", tmp);
   ct_status st = write_model_file(file, step, cfg, m);
   if (st != CT_OK) { remove_tree(tmp); return st; }
-  /* an older checkpoint of the same step is replaced only once the new one is complete */
-  if (ct_file_exists(final)) remove_tree(final);
-  if (rename(tmp, final) != 0)
-    return ct_set_error(CT_ERR_IO, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
+  /* an older checkpoint at the same path is replaced only once the new one is complete */
+  if (ct_file_exists(dir)) remove_tree(dir);
+  if (rename(tmp, dir) != 0)
+    return ct_set_error(CT_ERR_IO, "cannot rename %s to %s: %s", tmp, dir, strerror(errno));
+  return CT_OK;
+}
+
+ct_status ct_checkpoint_save(const char *out_dir, int step, const ct_config *cfg, ct_model *m,
+                             int keep_last, char *saved_path, size_t saved_cap) {
+  char ckdir[4096], final[4200], link_tmp[4200], link[4200], target[64];
+  snprintf(ckdir, sizeof ckdir, "%s/ckpt", out_dir);
+  CT_TRY(ct_mkdirs(ckdir));
+  snprintf(target, sizeof target, "step_%08d", step);
+  snprintf(final, sizeof final, "%s/%s", ckdir, target);
+  CT_TRY(ct_checkpoint_write_dir(final, step, cfg, m));
   snprintf(link, sizeof link, "%s/latest", ckdir);
   snprintf(link_tmp, sizeof link_tmp, "%s/latest.tmp", ckdir);
   unlink(link_tmp);

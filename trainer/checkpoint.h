@@ -17,6 +17,10 @@
 ct_status ct_checkpoint_save(const char *out_dir, int step, const ct_config *cfg, ct_model *m,
                              int keep_last, char *saved_path, size_t saved_cap);
 
+/* Writes a weights-only checkpoint directory `dir` (model.h5 as above, step 0): written as
+ * dir.tmp and renamed over `dir` when complete. Used by import-hf. */
+ct_status ct_checkpoint_write_dir(const char *dir, int step, const ct_config *cfg, ct_model *m);
+
 /* Resolves a user path (a step directory, <out_dir>/ckpt/latest, or <out_dir>) to the model
  * file and reads the config stored in it. */
 ct_status ct_checkpoint_read_config(const char *path, ct_config *cfg, char *model_file,
