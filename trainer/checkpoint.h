@@ -1,33 +1,64 @@
-/* trainer/checkpoint.h — checkpoint directories.
+/* trainer/checkpoint.h — checkpoint directories with exact resume.
  *
- * <out_dir>/ckpt/step_NNNNNNNN/model.h5 holds every parameter as an fp32 dataset named as in
- * the parameter table (shape as the table, Fletcher32-checksummed), the resolved config as
- * TOML text (root attribute "config") and the step (attribute "step"). The directory is written
- * as step_NNNNNNNN.tmp and renamed when complete; <out_dir>/ckpt/latest (a symlink) is
- * replaced atomically afterwards; older step directories beyond keep_last are removed.
- * (Optimizer state, data position and RNG come with exact resume in the checkpoint issue.)
+ * <out_dir>/ckpt/step_NNNNNNNN/
+ *   model.h5   every parameter as an fp32 dataset named as in the parameter table (shape as
+ *              the table, chunked, Fletcher32-checksummed); root attributes "config" (the
+ *              resolved config as TOML text) and "step".
+ *   state.h5   training state (absent in weights-only checkpoints such as import-hf output):
+ *              groups adam_m/ and adam_v/ (one dataset per parameter, same names: a checkpoint
+ *              is resharded by name, not by offset), root attributes step, adam_step,
+ *              data_position, data_seed, world_size, rank, loss_scale, scaler_good_steps.
+ * The directory is written as step_NNNNNNNN.tmp and renamed when complete; <out_dir>/ckpt/latest
+ * (a symlink) is replaced atomically afterwards; older step directories beyond keep_last are
+ * removed last. A crash at any point leaves the previous checkpoint intact and `latest`
+ * pointing at a complete one. CT_CKPT_ABORT_AFTER=N (testing only) aborts the process after N
+ * tensors have been written.
  */
 #ifndef CT_CHECKPOINT_H
 #define CT_CHECKPOINT_H
 
+#include <stdint.h>
+
 #include "common/status.h"
+#include "optim/optim.h"
 #include "trainer/config.h"
 #include "trainer/model.h"
 
+typedef struct ct_train_state {
+  int step;                   /* completed optimizer steps */
+  uint64_t data_position;     /* the train loader's position (ct_loader_position) */
+  uint64_t data_seed;
+  int world_size, rank;
+  double loss_scale;          /* fp16 dynamic loss scale (1 when unused) */
+  int scaler_good_steps;
+  ct_adamw *opt;              /* moments are saved from / loaded into opt->m, opt->v */
+} ct_train_state;
+
+/* Saves model (+ state when `ts` is not NULL) as <out_dir>/ckpt/step_<step>, updates latest,
+ * prunes. `saved_path` (optional) receives the directory. */
 ct_status ct_checkpoint_save(const char *out_dir, int step, const ct_config *cfg, ct_model *m,
-                             int keep_last, char *saved_path, size_t saved_cap);
+                             const ct_train_state *ts, int keep_last, char *saved_path,
+                             size_t saved_cap);
 
-/* Writes a weights-only checkpoint directory `dir` (model.h5 as above, step 0): written as
- * dir.tmp and renamed over `dir` when complete. Used by import-hf. */
-ct_status ct_checkpoint_write_dir(const char *dir, int step, const ct_config *cfg, ct_model *m);
+/* Writes a checkpoint directory `dir` (model.h5, plus state.h5 when ts != NULL), as dir.tmp
+ * renamed over `dir` when complete. import-hf uses it weights-only. */
+ct_status ct_checkpoint_write_dir(const char *dir, int step, const ct_config *cfg, ct_model *m,
+                                  const ct_train_state *ts);
 
-/* Resolves a user path (a step directory, <out_dir>/ckpt/latest, or <out_dir>) to the model
- * file and reads the config stored in it. */
+/* Resolves a user path (a step directory, <out_dir>/ckpt/latest, or <out_dir>) to the
+ * checkpoint's model file and reads the config stored in it. */
 ct_status ct_checkpoint_read_config(const char *path, ct_config *cfg, char *model_file,
                                     size_t model_file_cap);
 
-/* Loads parameters into a model built from that config. Missing or mis-shaped tensors and
- * checksum failures are CT_ERR_INPUT naming the file and the tensor. */
+/* Loads parameters into a model whose table matches. Missing or mis-shaped tensors, checksum
+ * failures and truncated files are CT_ERR_INPUT naming the file and the tensor. */
 ct_status ct_checkpoint_load_params(const char *model_file, ct_model *m);
+
+/* Loads state.h5 next to model_file into *ts (and ts->opt's moments). CT_ERR_INPUT if the
+ * checkpoint has no training state or it does not match the model. */
+ct_status ct_checkpoint_load_state(const char *model_file, ct_model *m, ct_train_state *ts);
+
+/* Path of <out_dir>/ckpt/latest/model.h5 if it exists (returns false otherwise). */
+bool ct_checkpoint_latest(const char *out_dir, char *model_file, size_t cap);
 
 #endif

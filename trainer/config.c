@@ -74,6 +74,12 @@ static const key_def KEYS[] = {
   {"train", "sample_tokens", K_INT, F(train, sample_tokens), 0, NULL, "tokens sampled at the end"},
   {"train", "sample_prompt", K_STR, F(train, sample_prompt), S(train, sample_prompt), NULL,
    "prompt for the final sample"},
+  {"train", "resume", K_ENUM, F(train, resume), S(train, resume), "never|auto",
+   "auto: continue from out_dir's latest checkpoint"},
+  {"train", "stop_after", K_INT, F(train, stop_after), 0, NULL,
+   "stop after N steps this run, with a checkpoint (0 = off)"},
+  {"train", "init_from", K_STR, F(train, init_from), S(train, init_from), NULL,
+   "start from a checkpoint's weights"},
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -95,6 +101,7 @@ void ct_config_defaults(ct_config *c) {
   t->eval_every = 0; t->eval_steps = 10; t->checkpoint_every = 0; t->keep_last = 3;
   t->seed = 1337; snprintf(t->precision, sizeof t->precision, "auto");
   t->log_every = 10; t->sample_tokens = 0;
+  snprintf(t->resume, sizeof t->resume, "never");
 }
 
 static const key_def *find_key(const char *section, const char *name) {
@@ -325,6 +332,7 @@ ct_status ct_config_validate(ct_config *c) {
   REQUIRE(t->checkpoint_every >= 0, "train.checkpoint_every = %d: must not be negative",
           t->checkpoint_every);
   REQUIRE(t->keep_last >= 0, "train.keep_last = %d: must not be negative", t->keep_last);
+  REQUIRE(t->stop_after >= 0, "train.stop_after = %d: must not be negative", t->stop_after);
   REQUIRE(t->threads >= 0, "train.threads = %d: must not be negative", t->threads);
   REQUIRE(t->log_every > 0, "train.log_every = %d: must be positive", t->log_every);
   REQUIRE(t->sample_tokens >= 0, "train.sample_tokens = %d: must not be negative", t->sample_tokens);

@@ -66,6 +66,9 @@ typedef struct ct_train_cfg {
   int log_every;
   int sample_tokens;    /* tokens generated after training (0 = none) */
   char sample_prompt[CT_STR];
+  char resume[8];       /* never | auto: continue from <out_dir>/ckpt/latest when it exists */
+  char init_from[CT_STR]; /* start from this checkpoint's weights ("" = fresh init) */
+  int stop_after;       /* stop (with a checkpoint) after this many steps in this invocation */
 } ct_train_cfg;
 
 typedef struct ct_config {

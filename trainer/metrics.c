@@ -28,7 +28,8 @@ ct_status ct_metrics_open(const char *out_dir, ct_metrics **out) {
 
 /* JSON has no NaN/Infinity: write null so every line stays parseable. */
 static void num(FILE *f, const char *key, double v) {
-  if (isfinite(v)) fprintf(f, ", \"%s\": %.7g", key, v);
+  const bool exact = !strcmp(key, "loss") || !strcmp(key, "val_loss") || !strcmp(key, "grad_norm");
+  if (isfinite(v)) fprintf(f, exact ? ", \"%s\": %.17g" : ", \"%s\": %.7g", key, v);
   else fprintf(f, ", \"%s\": null", key);
 }
 
@@ -36,7 +37,7 @@ void ct_metrics_step(ct_metrics *mt, int step, double loss, double lr, double gr
                      double tokens_per_s, double step_ms) {
   if (!mt) return;
   fprintf(mt->f, "{\"step\": %d", step);
-  num(mt->f, "loss", loss);
+  num(mt->f, "loss", loss); /* %.17g below for losses: exact, so resumed runs compare bit-for-bit */
   num(mt->f, "lr", lr);
   num(mt->f, "grad_norm", grad_norm);
   num(mt->f, "tokens_per_s", tokens_per_s);

@@ -87,6 +87,28 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   CT_TRY_GOTO(ct_model_create(&cfg->model, r.be.ops, B, T, &r.model), done);
   ct_model_init_weights(r.model, t->seed);
   CT_TRY_GOTO(ct_adamw_create(&r.opt, r.model, t), done);
+  ct_train_state ts = {.data_seed = t->seed, .world_size = 1, .rank = 0, .loss_scale = 1.0,
+                       .opt = &r.opt};
+  char ckfile[4200];
+  if (!strcmp(t->resume, "auto") && ct_checkpoint_latest(t->out_dir, ckfile, sizeof ckfile)) {
+    /* exact resume: weights, AdamW moments and step, data position; the schedule is a
+     * function of the step, and every other source of randomness is counter-based */
+    CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, r.model), done);
+    CT_TRY_GOTO(ct_checkpoint_load_state(ckfile, r.model, &ts), done);
+    if (ts.data_seed != t->seed) {
+      st = ct_set_error(CT_ERR_CONFIG, "%s: saved with train.seed = %llu, but the config says %llu"
+                        " (resuming would change the data order)", ckfile,
+                        (unsigned long long)ts.data_seed, (unsigned long long)t->seed);
+      goto done;
+    }
+    ct_loader_set_position(r.train, ts.data_position);
+    ct_log_info("resumed from %s at step %d", ckfile, ts.step);
+  } else if (t->init_from[0]) {
+    ct_config src;
+    CT_TRY_GOTO(ct_checkpoint_read_config(t->init_from, &src, ckfile, sizeof ckfile), done);
+    CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, r.model), done);
+    ct_log_info("initialized weights from %s", ckfile);
+  }
   CT_TRY_GOTO(ct_metrics_open(t->out_dir, &r.metrics), done);
   r.inputs = ct_malloc(sizeof(int32_t) * (size_t)B * T, "batch");
   r.targets = ct_malloc(sizeof(int32_t) * (size_t)B * T, "batch");
@@ -105,7 +127,10 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   double timed = 0;
   int timed_steps = 0;
   double t_loop = ct_now();
-  for (int step = 0; step < t->max_steps; step++) {
+  if (ts.step >= t->max_steps)
+    ct_log_info("nothing to do: the checkpoint is at step %d, train.max_steps = %d", ts.step, t->max_steps);
+  const int start_step = ts.step;
+  for (int step = ts.step; step < t->max_steps; step++) {
     double t0 = ct_now();
     double loss = 0;
     ct_model_zero_grad(r.model);
@@ -129,10 +154,11 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     double tok_s = tokens_per_step / dt;
     ct_metrics_step(r.metrics, step + 1, loss, lr, norm, tok_s, dt * 1e3);
     res->final_loss = loss;
-    double avg_step = (ct_now() - t_loop) / (step + 1);
+    double avg_step = (ct_now() - t_loop) / (step + 1 - ts.step);
     ct_progress(step + 1, t->max_steps, loss, tok_s, avg_step * (t->max_steps - step - 1),
                 (step + 1) % t->log_every == 0 || step + 1 == t->max_steps);
     bool last = step + 1 == t->max_steps;
+    bool stopping = t->stop_after > 0 && step + 1 - start_step == t->stop_after && !last;
     if (r.val && ((t->eval_every > 0 && (step + 1) % t->eval_every == 0) || last)) {
       double vl;
       CT_TRY_GOTO(evaluate(&r, &vl), done);
@@ -141,14 +167,21 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       ct_progress_end();
       ct_log_info("step %d: val_loss %.4f", step + 1, vl);
     }
-    if ((t->checkpoint_every > 0 && (step + 1) % t->checkpoint_every == 0) || last) {
+    if ((t->checkpoint_every > 0 && (step + 1) % t->checkpoint_every == 0) || last || stopping) {
       char saved[4096];
-      CT_TRY_GOTO(ct_checkpoint_save(t->out_dir, step + 1, cfg, r.model, t->keep_last, saved,
+      ts.step = step + 1;
+      ts.data_position = ct_loader_position(r.train);
+      CT_TRY_GOTO(ct_checkpoint_save(t->out_dir, step + 1, cfg, r.model, &ts, t->keep_last, saved,
                                      sizeof saved), done);
       ct_progress_end();
       ct_log_info("step %d: saved %s", step + 1, saved);
     }
     res->steps = step + 1;
+    if (stopping) {
+      ct_log_info("train.stop_after = %d: stopping at step %d (resume with train.resume=auto)",
+                  t->stop_after, step + 1);
+      break;
+    }
   }
   ct_progress_end();
   res->tokens_per_s = timed_steps ? tokens_per_step * timed_steps / timed : 0;
