@@ -88,6 +88,13 @@ typedef struct ct_ops {
   void (*attention_bwd)(void *dqkv, const void *dout, const void *qkv, const float *state,
                         int B, int T, int H, int KV, int hd);
 
+  /* Inference with a KV cache: n new query rows at positions pos0 .. pos0+n-1 attend over the
+   * cache, which already holds keys/values for positions 0 .. pos0+n-1 (the new ones included).
+   * qkv: n rows in the qkv layout (only the q section is read); kc, vc: (KV, max_T, hd);
+   * out (n, H*hd). Query i sees keys 0 .. pos0+i. Keeps nothing for backward. */
+  void (*attention_cached)(void *out, const void *qkv, const void *kc, const void *vc, int n,
+                           int pos0, int H, int KV, int hd, int max_T);
+
   /* ---- activations ----
    * gelu: tanh approximation (GPT-2 "gelu_new"), n elements. */
   void (*gelu_fwd)(void *out, const void *inp, size_t n);

@@ -54,44 +54,75 @@ int32_t ct_sample_logits(const float *logits, int V, const ct_sample_cfg *s, uin
   return id;
 }
 
-ct_status ct_generate(ct_model *m, const int32_t *prompt, int n_prompt, const ct_sample_cfg *s,
-                      int32_t *out, int *n_out, ct_token_cb on_token, void *user) {
+ct_status ct_generate_batch(ct_model *m, int n_seq, const int32_t *const *prompts,
+                            const int *prompt_lens, const ct_sample_cfg *s, int32_t **outs,
+                            int *n_outs, ct_token_cb on_token, void *user) {
   const ct_model_cfg *cfg = ct_model_config(m);
-  const int Vp = ct_model_padded_vocab(cfg), V = cfg->vocab_size;
-  int window = cfg->max_seq_len; /* caller built the model with max_T >= window or smaller */
-  int total = n_prompt + s->max_new_tokens;
-  int32_t *ctx = ct_malloc(sizeof(int32_t) * (size_t)(total > 0 ? total : 1), "generate context");
+  const int Vp = ct_model_padded_vocab(cfg), V = cfg->vocab_size, ctx = cfg->max_seq_len;
+  ct_kv_cache *cache = NULL;
   float *row = ct_malloc(sizeof(float) * (size_t)Vp, "logits row");
-  if (!ctx || !row) { free(ctx); free(row); return CT_ERR_NOMEM; }
-  if (n_prompt == 0) { /* an empty prompt starts from end-of-text, like a new document */
-    if (s->stop_id < 0) { free(ctx); free(row); return ct_set_error(CT_ERR_USAGE, "generate: empty prompt and no end-of-text id to start from"); }
-    ctx[0] = s->stop_id;
-    n_prompt = 1;
-  } else {
-    memcpy(ctx, prompt, sizeof(int32_t) * (size_t)n_prompt);
+  int32_t *next = ct_calloc((size_t)n_seq, sizeof(int32_t), "next tokens");
+  bool *done = ct_calloc((size_t)n_seq, sizeof(bool), "sequence flags");
+  ct_status st = (row && next && done) ? CT_OK : CT_ERR_NOMEM;
+  if (st == CT_OK) st = ct_kv_cache_create(m, n_seq, ctx, &cache);
+  for (int i = 0; st == CT_OK && i < n_seq; i++) {
+    n_outs[i] = 0;
+    const int32_t *p = prompts[i];
+    int len = prompt_lens[i];
+    int32_t start = s->stop_id;
+    if (len == 0) {
+      if (s->stop_id < 0) {
+        st = ct_set_error(CT_ERR_USAGE, "generate: prompt %d is empty and there is no"
+                          " end-of-text id to start from", i);
+        break;
+      }
+      p = &start;
+      len = 1;
+    }
+    if (len >= ctx) {
+      st = ct_set_error(CT_ERR_USAGE, "generate: prompt %d has %d tokens; the context"
+                        " (model.max_seq_len) is %d", i, len, ctx);
+      break;
+    }
+    /* prefill in chunks the activations hold */
+    int chunk = ct_model_max_T(m);
+    for (int at = 0; st == CT_OK && at < len; at += chunk)
+      st = ct_model_forward_cached(m, cache, i, p + at, len - at < chunk ? len - at : chunk, row);
+    if (st == CT_OK) next[i] = ct_sample_logits(row, V, s, s->seed + (uint64_t)i, 0);
   }
-  ct_status st = CT_OK;
-  int n = n_prompt, produced = 0;
-  if (ct_model_max_T(m) < window) window = ct_model_max_T(m);
-  for (int k = 0; k < s->max_new_tokens; k++) {
-    int start = n > window ? n - window : 0, T = n - start;
-    CT_TRY_GOTO(ct_model_forward(m, ctx + start, NULL, 1, T, 0.0f, NULL), done);
-    ct_model_ops(m)->to_host(row, ct_model_logits(m) + (size_t)(T - 1) * Vp, sizeof(float) * (size_t)Vp);
-    int32_t id = ct_sample_logits(row, V, s, s->seed, (uint64_t)k);
-    ctx[n++] = id;
-    out[produced++] = id;
-    if (on_token) on_token(id, user);
-    if (id == s->stop_id) break;
+  for (int k = 0; st == CT_OK && k < s->max_new_tokens; k++) {
+    bool any = false;
+    for (int i = 0; i < n_seq && st == CT_OK; i++) {
+      if (done[i]) continue;
+      int32_t id = next[i];
+      outs[i][n_outs[i]++] = id;
+      if (on_token) on_token(i, id, user);
+      if (id == s->stop_id || n_outs[i] == s->max_new_tokens ||
+          ct_kv_cache_len(cache, i) + 1 >= ctx) {
+        done[i] = true;
+        continue;
+      }
+      st = ct_model_forward_cached(m, cache, i, &id, 1, row);
+      if (st == CT_OK) next[i] = ct_sample_logits(row, V, s, s->seed + (uint64_t)i, (uint64_t)k + 1);
+      any = true;
+    }
+    if (!any) break;
   }
-done:
-  *n_out = produced;
-  free(ctx);
+  ct_kv_cache_destroy(cache);
   free(row);
+  free(next);
+  free(done);
   return st;
 }
 
-static void print_byte_token(int32_t id, void *user) {
+ct_status ct_generate(ct_model *m, const int32_t *prompt, int n_prompt, const ct_sample_cfg *s,
+                      int32_t *out, int *n_out, ct_token_cb on_token, void *user) {
+  return ct_generate_batch(m, 1, &prompt, &n_prompt, s, &out, n_out, on_token, user);
+}
+
+static void print_byte_token(int seq, int32_t id, void *user) {
   (void)user;
+  (void)seq;
   if (id >= 0 && id < 256) { fputc(id, stdout); fflush(stdout); }
 }
 

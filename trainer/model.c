@@ -502,3 +502,124 @@ ct_status ct_model_backward(ct_model *m) {
 }
 
 void ct_model_zero_grad(ct_model *m) { m->ops->zero(m->g, m->numel * sizeof(float)); }
+
+/* ---- KV cache ---- */
+
+struct ct_kv_cache {
+  const ct_ops *ops;
+  int L, max_B, max_T, KV, hd;
+  float *k, *v; /* (L, max_B, KV, max_T, hd) */
+  int *len;     /* (max_B) */
+};
+
+ct_status ct_kv_cache_create(const ct_model *m, int max_B, int max_T, ct_kv_cache **out) {
+  ct_kv_cache *c = ct_calloc(1, sizeof *c, "KV cache");
+  if (!c) return CT_ERR_NOMEM;
+  c->ops = m->ops;
+  c->L = m->cfg.n_layer;
+  c->max_B = max_B;
+  c->max_T = max_T;
+  c->KV = m->KV;
+  c->hd = m->hd;
+  const size_t n = (size_t)c->L * max_B * m->KV * max_T * m->hd;
+  c->k = m->ops->alloc(n * sizeof(float));
+  c->v = m->ops->alloc(n * sizeof(float));
+  c->len = ct_calloc((size_t)max_B, sizeof(int), "KV cache lengths");
+  if (!c->k || !c->v || !c->len) {
+    ct_kv_cache_destroy(c);
+    return ct_set_error(CT_ERR_NOMEM, "out of memory for a KV cache of %d x %d tokens (%.1f MiB)",
+                        max_B, max_T, 2.0 * n * sizeof(float) / 1048576.0);
+  }
+  *out = c;
+  return CT_OK;
+}
+
+void ct_kv_cache_destroy(ct_kv_cache *c) {
+  if (!c) return;
+  if (c->k) c->ops->free(c->k);
+  if (c->v) c->ops->free(c->v);
+  free(c->len);
+  free(c);
+}
+
+void ct_kv_cache_reset(ct_kv_cache *c, int b) { c->len[b] = 0; }
+int ct_kv_cache_len(const ct_kv_cache *c, int b) { return c->len[b]; }
+int ct_kv_cache_capacity(const ct_kv_cache *c) { return c->max_T; }
+
+ct_status ct_model_forward_cached(ct_model *m, ct_kv_cache *c, int b, const int32_t *tokens,
+                                  int n, float *logits_host) {
+  const int pos0 = c->len[b];
+  if (b < 0 || b >= c->max_B || n <= 0 || n > m->max_B * m->max_T || pos0 + n > c->max_T)
+    return ct_set_error(CT_ERR_RUNTIME, "cached forward: %d new tokens at position %d of sequence %d"
+                        " exceed the cache (%d x %d) or the activations (%d tokens)", n, pos0, b,
+                        c->max_B, c->max_T, m->max_B * m->max_T);
+  if (!m->gpt2 && pos0 + n > m->cfg.max_seq_len)
+    return ct_set_error(CT_ERR_RUNTIME, "position %d exceeds model.max_seq_len", pos0 + n);
+  for (int i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
+      return ct_set_error(CT_ERR_INPUT, "token %d outside the vocabulary [0, %d)", tokens[i],
+                          m->cfg.vocab_size);
+  const ct_ops *o = m->ops;
+  const int L = m->cfg.n_layer, C = m->C, H = m->H, KV = m->KV, hd = m->hd, W = m->W, F = m->F;
+  const int G = L;
+  const float eps = (float)m->cfg.norm_eps, theta = (float)m->cfg.rope_theta;
+  const size_t seq = (size_t)KV * c->max_T * hd, layer = (size_t)c->max_B * seq;
+  layer_acts *a = &m->la[0]; /* nothing is kept for backward: every layer reuses layer 0's space */
+  float *x = A(m->emb), *tmp = A(a->out);
+
+  o->to_device(m->tok, tokens, (size_t)n * sizeof(int32_t));
+  if (m->gpt2) { /* learned positions pos0 .. pos0+n-1: embed with T = n, then add the rows */
+    if (pos0 + n > m->cfg.max_seq_len)
+      return ct_set_error(CT_ERR_RUNTIME, "position %d exceeds model.max_seq_len", pos0 + n);
+    o->embed_fwd(x, m->tok, PW(G, P_WTE), NULL, 1, n, C);
+    o->add_fwd(x, x, PW(G, P_WPE) + (size_t)pos0 * C, (size_t)n * C);
+  } else {
+    o->embed_fwd(x, m->tok, PW(G, P_WTE), NULL, 1, n, C);
+  }
+  for (int l = 0; l < L; l++) {
+    norm_fwd(m, A(a->ln1), A(a->ln1_mean), A(a->ln1_rstd), x, PW(l, P_LN1_W), PWO(l, P_LN1_B), n);
+    float *qkv = A(a->qkv);
+    if (m->cfg.qk_norm) {
+      float *raw = A(a->qkv_raw);
+      o->matmul_fwd(raw, A(a->ln1), PW(l, P_QKV_W), PWO(l, P_QKV_B), n, C, W);
+      const size_t row = (size_t)W * sizeof(float), v0 = (size_t)(H + KV) * hd;
+      o->copy2d(qkv + v0, row, raw + v0, row, (size_t)KV * hd * sizeof(float), (size_t)n);
+      o->rmsnorm_fwd(qkv, A(a->qn_rstd), raw, PW(l, P_QNORM), n * H, hd, H, W, eps);
+      o->rmsnorm_fwd(qkv + (size_t)H * hd, A(a->kn_rstd), raw + (size_t)H * hd, PW(l, P_KNORM),
+                     n * KV, hd, KV, W, eps);
+    } else {
+      o->matmul_fwd(qkv, A(a->ln1), PW(l, P_QKV_W), PWO(l, P_QKV_B), n, C, W);
+    }
+    if (!m->gpt2) o->rope_fwd(qkv, 1, n, H, KV, hd, pos0, theta);
+    float *kc = c->k + l * layer + b * seq, *vc = c->v + l * layer + b * seq;
+    for (int h = 0; h < KV; h++) { /* append this chunk's keys and values */
+      const size_t dst = ((size_t)h * c->max_T + pos0) * hd;
+      o->copy2d(kc + dst, (size_t)hd * sizeof(float), qkv + (size_t)(H + h) * hd,
+                (size_t)W * sizeof(float), (size_t)hd * sizeof(float), (size_t)n);
+      o->copy2d(vc + dst, (size_t)hd * sizeof(float), qkv + (size_t)(H + KV + h) * hd,
+                (size_t)W * sizeof(float), (size_t)hd * sizeof(float), (size_t)n);
+    }
+    o->attention_cached(A(a->atty), qkv, kc, vc, n, pos0, H, KV, hd, c->max_T);
+    o->matmul_fwd(A(a->res2), A(a->atty), PW(l, P_ATTO_W), PWO(l, P_ATTO_B), n, H * hd, C);
+    o->add_fwd(A(a->res2), A(a->res2), x, (size_t)n * C);
+    norm_fwd(m, A(a->ln2), A(a->ln2_mean), A(a->ln2_rstd), A(a->res2), PW(l, P_LN2_W),
+             PWO(l, P_LN2_B), n);
+    if (m->gpt2) {
+      o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), PWO(l, P_FC_B), n, C, F);
+      o->gelu_fwd(A(a->act), A(a->fch), (size_t)n * F);
+    } else {
+      o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), NULL, n, C, 2 * F);
+      o->swiglu_fwd(A(a->act), A(a->fch), n, F);
+    }
+    o->matmul_fwd(tmp, A(a->act), PW(l, P_PROJ_W), PWO(l, P_PROJ_B), n, F, C);
+    o->add_fwd(x, tmp, A(a->res2), (size_t)n * C); /* the block output replaces x in place */
+  }
+  /* only the last position's logits are needed */
+  const float *last = x + (size_t)(n - 1) * C;
+  norm_fwd(m, A(m->lnf), A(m->lnf_mean), A(m->lnf_rstd), last, PW(G, P_LNF_W), PWO(G, P_LNF_B), 1);
+  const float *head = m->cfg.tie_embeddings ? PW(G, P_WTE) : PW(G, P_LM_HEAD);
+  o->matmul_fwd(A(m->logits), A(m->lnf), head, NULL, 1, C, m->Vp);
+  o->to_host(logits_host, A(m->logits), (size_t)m->Vp * sizeof(float));
+  c->len[b] = pos0 + n;
+  return CT_OK;
+}

@@ -70,6 +70,23 @@ void ct_model_zero_grad(ct_model *m);
 /* Logits of the last forward without targets: (B, T, Vp) in backend memory. */
 const float *ct_model_logits(const ct_model *m);
 
+/* ---- inference with a KV cache ----
+ * Per layer K and V of shape (KV, max_T, hd) for each of max_B sequences, in backend memory.
+ * Sequences are independent (each has its own length), so prompts of different lengths are
+ * prefilled one by one and decoded together without padding. */
+typedef struct ct_kv_cache ct_kv_cache;
+ct_status ct_kv_cache_create(const ct_model *m, int max_B, int max_T, ct_kv_cache **out);
+void ct_kv_cache_destroy(ct_kv_cache *c);
+void ct_kv_cache_reset(ct_kv_cache *c, int b);
+int ct_kv_cache_len(const ct_kv_cache *c, int b);
+int ct_kv_cache_capacity(const ct_kv_cache *c);
+/* Runs n new tokens of sequence b (positions len .. len+n-1) through the model, appending their
+ * keys and values to the cache; writes the last token's logits (Vp floats) to logits_host.
+ * n must fit the model's activations (n <= max_B * max_T given to ct_model_create) and the
+ * cache (len + n <= its max_T). Uses the eval path: nothing is kept for backward. */
+ct_status ct_model_forward_cached(ct_model *m, ct_kv_cache *c, int b, const int32_t *tokens,
+                                  int n, float *logits_host);
+
 /* Parameter count excluding embedding padding rows. */
 size_t ct_model_count_params(const ct_model *m);
 

@@ -39,8 +39,9 @@ static ct_status evaluate(run *r, double *val_loss) {
   return CT_OK;
 }
 
-static void print_token(int32_t id, void *user) {
+static void print_token(int seq, int32_t id, void *user) {
   (void)user;
+  (void)seq;
   if (id >= 0 && id < 256) fputc(id, stdout);
 }
 
