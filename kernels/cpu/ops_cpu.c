@@ -804,14 +804,23 @@ static const ct_ops cpu_ops = {
     .scale = scale,
 };
 
-/* OpenBLAS stays single-threaded: every sgemm here is issued by an OpenMP thread on its own
- * slice (see matmul), so OpenMP is the backend's one thread pool and `threads` its size. */
+/* Every sgemm here is issued by an OpenMP thread on its own slice (see matmul), so OpenMP is
+ * the backend's one thread pool and `threads` its size; OpenBLAS must not thread on its own.
+ * The pthread build (openblas_get_parallel() == 1) would, with a pool that spins against
+ * ours, so it is set to one thread. The OpenMP build (== 2) already runs single-threaded
+ * inside an active parallel region, and there openblas_set_num_threads would also set OUR
+ * OpenMP thread count (it calls omp_set_num_threads), so it is left alone. Which build is
+ * loaded is a run-time fact (Debian switches libopenblas.so.0 by alternatives). */
+static void blas_keep_single_threaded(void) {
+  if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
+}
+
 const ct_ops *ct_ops_cpu(void) {
-  openblas_set_num_threads(1);
+  blas_keep_single_threaded();
   return &cpu_ops;
 }
 
 void ct_ops_cpu_set_threads(int threads) {
-  openblas_set_num_threads(1);
+  blas_keep_single_threaded();
   if (threads > 0) omp_set_num_threads(threads);
 }
