@@ -47,6 +47,8 @@ ct_status ct_dist_env_detect(ct_dist_env *e);
  *             rank 0 included, connects (127.0.0.1 when nnodes == 1).
  *   single:   a private loopback server on a free port plus one client, so code paths are
  *             the same at world size 1.
+ * Under the launcher the client's keys are prefixed "w<restart_count>/" (ct_store_set_prefix),
+ * so a restarted group never sees keys (barrier counters, unique ids) left by the group before.
  * The caller owns both: ct_store_close(*client) first, then ct_store_server_stop(*server)
  * (rank 0 should hold a barrier first so no peer still needs the server). */
 ct_status ct_dist_store_open(const ct_dist_env *e, double timeout_s, ct_store_server **server,

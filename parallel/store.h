@@ -91,7 +91,8 @@ void ct_store_server_stop(ct_store_server *s);
 ct_status ct_store_connect(const char *host, int port, const char *token, double timeout_s,
                            ct_store **out);
 
-/* A second connection to the same server with the same token (for another thread). */
+/* A second connection to the same server with the same token and key prefix (for another
+ * thread). */
 ct_status ct_store_clone(ct_store *s, double timeout_s, ct_store **out);
 
 /* Sets key to a copy of val[0..len) (replacing any value) and wakes its waiters. */
@@ -120,6 +121,11 @@ ct_status ct_store_check(ct_store *s, const char *key, bool *exists);
  * call with a name on every rank forms the k-th barrier of that name. The timeout error says
  * how many ranks arrived and lists the missing ones (up to 16). Keys live under "ct/barrier/". */
 ct_status ct_store_barrier(ct_store *s, const char *name, int rank, int world, double timeout_s);
+
+/* Prepends `prefix` (copied; NULL or "" for none) to every key this handle sends, so that
+ * e.g. each restart of a worker group gets fresh keys ("w1/...") on a store that outlives
+ * it. Error messages name keys without the prefix. */
+ct_status ct_store_set_prefix(ct_store *s, const char *prefix);
 
 /* "HOST:PORT" of the server this client talks to (valid while the handle lives). */
 const char *ct_store_address(const ct_store *s);
