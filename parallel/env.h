@@ -49,8 +49,9 @@ ct_status ct_dist_env_detect(ct_dist_env *e);
  *             the same at world size 1.
  * Under the launcher the client's keys are prefixed "w<restart_count>/" (ct_store_set_prefix),
  * so a restarted group never sees keys (barrier counters, unique ids) left by the group before.
- * The caller owns both: ct_store_close(*client) first, then ct_store_server_stop(*server)
- * (rank 0 should hold a barrier first so no peer still needs the server). */
+ * The caller owns both: ct_store_close(*client) first, then
+ * ct_store_server_stop_when_idle(*server, timeout), which waits for the other ranks to close
+ * theirs (a NULL server is a no-op). */
 ct_status ct_dist_store_open(const ct_dist_env *e, double timeout_s, ct_store_server **server,
                              ct_store **client);
 

@@ -309,11 +309,14 @@ struct ct_store_server {
   conn **conns;
   int nconns, capconns;
   int nparked;
+  _Atomic int nclients; /* connections, readable from other threads (stop_when_idle) */
   /* thread mode */
   pthread_t thread;
   bool thread_running;
   int wake[2]; /* self-pipe: stop request */
 };
+
+static void sleep_s(double t);
 
 static ct_status sock_error(ct_status s, const char *what, const char *host, int port) {
   return ct_set_error(s, "store: %s %s:%d: %s", what, host && host[0] ? host : "*", port, strerror(errno));
@@ -431,6 +434,7 @@ static void sweep(ct_store_server *s) {
     }
   }
   s->nconns = j;
+  s->nclients = j;
 }
 
 /* Writes what it can of c->out without blocking. */
@@ -668,6 +672,7 @@ static void accept_all(ct_store_server *s) {
     c->fd = fd;
     c->hello_deadline = ct_now() + HELLO_DEADLINE_S;
     s->conns[s->nconns++] = c;
+    s->nclients = s->nconns;
   }
 }
 
@@ -781,6 +786,14 @@ ct_status ct_store_server_start_thread(ct_store_server *s) {
   }
   s->thread_running = true;
   return CT_OK;
+}
+
+void ct_store_server_stop_when_idle(ct_store_server *s, double timeout_s) {
+  if (!s) return;
+  double deadline = ct_now() + timeout_or_default(timeout_s);
+  /* Polls a counter every 10 ms: this runs once per process, at exit. */
+  while (s->thread_running && s->nclients > 0 && ct_now() < deadline) sleep_s(0.01);
+  ct_store_server_stop(s);
 }
 
 void ct_store_server_stop(ct_store_server *s) {
@@ -961,8 +974,9 @@ ct_status ct_store_connect(const char *host, int port, const char *token, double
       ct_store_close(s);
       return rs;
     }
-    if (ct_now() + backoff > deadline) break;
-    sleep_s(backoff);
+    double left = deadline - ct_now();
+    if (left <= 0) break;
+    sleep_s(backoff < left ? backoff : left); /* one last attempt right at the deadline */
     backoff = backoff * 2 > 1.0 ? 1.0 : backoff * 2;
   }
   ct_store_close(s);

@@ -84,6 +84,11 @@ ct_status ct_store_server_start_thread(ct_store_server *s);
 /* Stops the thread if one runs, closes every socket and frees the server. NULL is a no-op. */
 void ct_store_server_stop(ct_store_server *s);
 
+/* Thread mode: waits until every client has closed its connection (or timeout_s passes), then
+ * stops. Rank 0 closes its own client and calls this, so a peer that is still leaving the last
+ * barrier never finds the store gone. */
+void ct_store_server_stop_when_idle(ct_store_server *s, double timeout_s);
+
 /* ---- client ---- */
 
 /* Connects to host:port and presents `token`, retrying (with backoff) while the server is not
