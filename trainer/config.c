@@ -25,7 +25,8 @@ typedef struct key_def {
 #define F(sec, field) offsetof(ct_config, sec.field)
 #define S(sec, field) sizeof(((ct_config *)0)->sec.field)
 
-/* The one schema: loading, unknown-key suggestions, printing and serialization all walk it. */
+/* The one schema: loading, unknown-key suggestions, printing and serialization all walk it.
+ * Keys of a section stay together: ct_config_to_toml writes one [section] header per run. */
 static const key_def KEYS[] = {
   {"model", "arch", K_ENUM, F(model, arch), S(model, arch), "gpt2|llama", "architecture family"},
   {"model", "n_layer", K_INT, F(model, n_layer), 0, NULL, "transformer blocks"},
@@ -80,6 +81,11 @@ static const key_def KEYS[] = {
    "stop after N steps this run, with a checkpoint (0 = off)"},
   {"train", "init_from", K_STR, F(train, init_from), S(train, init_from), NULL,
    "start from a checkpoint's weights"},
+  {"parallel", "data", K_ENUM, F(parallel, data), S(parallel, data), "ddp",
+   "data parallelism across ranks"},
+  {"parallel", "bucket_mb", K_FLOAT, F(parallel, bucket_mb), 0, NULL, "all-reduce bucket (MiB)"},
+  {"parallel", "timeout_s", K_FLOAT, F(parallel, timeout_s), 0, NULL,
+   "rendezvous / collective timeout"},
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -102,6 +108,9 @@ void ct_config_defaults(ct_config *c) {
   t->seed = 1337; snprintf(t->precision, sizeof t->precision, "auto");
   t->log_every = 10; t->sample_tokens = 0;
   snprintf(t->resume, sizeof t->resume, "never");
+  snprintf(c->parallel.data, sizeof c->parallel.data, "ddp");
+  c->parallel.bucket_mb = 25;
+  c->parallel.timeout_s = 600;
 }
 
 static const key_def *find_key(const char *section, const char *name) {
@@ -202,13 +211,14 @@ static ct_status apply_doc(ct_config *c, const ct_toml_value *root, const char *
     locate(where, sizeof where, origin, sec->line, sec->col);
     if (sec->value->type != CT_TOML_TABLE) {
       suggest(sec->key, sug, sizeof sug);
-      return ct_set_error(CT_ERR_CONFIG, "%s: %s: unknown key (keys live in [model], [data] and"
-                          " [train])%s%s%s", where, sec->key, sug[0] ? "; did you mean " : "",
+      return ct_set_error(CT_ERR_CONFIG, "%s: %s: unknown key (keys live in [model], [data],"
+                          " [train], [parallel])%s%s%s", where, sec->key, sug[0] ? "; did you mean " : "",
                           sug, sug[0] ? "?" : "");
     }
-    if (strcmp(sec->key, "model") && strcmp(sec->key, "data") && strcmp(sec->key, "train"))
-      return ct_set_error(CT_ERR_CONFIG, "%s: [%s]: unknown section (expected model, data or"
-                          " train)", where, sec->key);
+    if (strcmp(sec->key, "model") && strcmp(sec->key, "data") && strcmp(sec->key, "train") &&
+        strcmp(sec->key, "parallel"))
+      return ct_set_error(CT_ERR_CONFIG, "%s: [%s]: unknown section (expected model, data, train"
+                          " or parallel)", where, sec->key);
     const ct_toml_value *t = sec->value;
     for (int j = 0; j < t->u.table.n; j++) {
       const ct_toml_entry *e = &t->u.table.items[j];
@@ -336,6 +346,8 @@ ct_status ct_config_validate(ct_config *c) {
   REQUIRE(t->threads >= 0, "train.threads = %d: must not be negative", t->threads);
   REQUIRE(t->log_every > 0, "train.log_every = %d: must be positive", t->log_every);
   REQUIRE(t->sample_tokens >= 0, "train.sample_tokens = %d: must not be negative", t->sample_tokens);
+  REQUIRE(c->parallel.bucket_mb > 0, "parallel.bucket_mb = %g: must be positive", c->parallel.bucket_mb);
+  REQUIRE(c->parallel.timeout_s > 0, "parallel.timeout_s = %g: must be positive", c->parallel.timeout_s);
   REQUIRE(c->data.train[0], "data.train: must name a token file (make one with `ctrain prepare`)");
   if (!t->out_dir[0]) snprintf(t->out_dir, CT_STR, "runs/%.240s", c->name[0] ? c->name : "default");
   return CT_OK;

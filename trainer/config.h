@@ -71,10 +71,17 @@ typedef struct ct_train_cfg {
   int stop_after;       /* stop (with a checkpoint) after this many steps in this invocation */
 } ct_train_cfg;
 
+typedef struct ct_parallel_cfg {
+  char data[8];         /* ddp (zero1/2/3 come with the multi-GPU issue) */
+  double bucket_mb;     /* gradient all-reduce bucket size */
+  double timeout_s;     /* rendezvous and collective timeout */
+} ct_parallel_cfg;
+
 typedef struct ct_config {
   ct_model_cfg model;
   ct_data_cfg data;
   ct_train_cfg train;
+  ct_parallel_cfg parallel;
   char name[CT_STR];    /* config file base name without .toml */
   char path[CT_STR];    /* the config file */
 } ct_config;

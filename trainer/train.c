@@ -1,6 +1,7 @@
 #include "trainer/train.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,9 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "optim/optim.h"
+#include "parallel/comm.h"
+#include "parallel/ddp.h"
+#include "parallel/env.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data.h"
 #include "trainer/device.h"
@@ -23,7 +27,50 @@ typedef struct run {
   ct_loader *train, *val;
   ct_metrics *metrics;
   int32_t *inputs, *targets; /* (B, T) host */
+  ct_dist_env env;
+  ct_store_server *server;   /* rank 0 under srun/mpirun hosts the store */
+  ct_store *store;
+  ct_comm *comm;             /* data-parallel group; NULL at world size 1 */
 } run;
+
+/* SIGTERM / SIGINT (stop) and SIGUSR1 (Slurm's pre-emption warning): finish the step, agree
+ * across ranks, save a checkpoint, exit. */
+static volatile sig_atomic_t stop_signal;
+static void on_stop_signal(int sig) {
+  if (!stop_signal) stop_signal = sig;
+}
+
+/* Mean of a value over the data-parallel ranks (identity at world size 1). */
+static ct_status dp_mean(run *r, double *v) {
+  if (!r->comm) return CT_OK;
+  float f = (float)*v;
+  CT_TRY(ct_comm_all_reduce(r->comm, &f, 1, CT_F32, CT_AVG));
+  *v = f;
+  return CT_OK;
+}
+
+static ct_status dist_setup(run *r) {
+  CT_TRY(ct_dist_env_detect(&r->env));
+  ct_log_set_rank(r->env.rank, r->env.world_size);
+  if (r->env.world_size == 1) return CT_OK;
+  const double timeout = r->cfg->parallel.timeout_s, t0 = ct_now();
+  CT_TRY(ct_dist_store_open(&r->env, timeout, &r->server, &r->store));
+  CT_TRY(ct_comm_init_gloo(r->store, r->env.rank, r->env.world_size, "dp", timeout, &r->comm));
+  char where[512];
+  ct_dist_env_describe(&r->env, where, sizeof where);
+  ct_log_info("distributed: %s, %s data parallel over %s, rendezvous %.2f s", where,
+              r->cfg->parallel.data, ct_comm_backend(r->comm), ct_now() - t0);
+  return CT_OK;
+}
+
+static void dist_teardown(run *r) {
+  if (r->comm) {
+    ct_comm_barrier(r->comm); /* nobody leaves while a peer (or the store host) still works */
+    ct_comm_destroy(r->comm);
+  }
+  if (r->store) ct_store_close(r->store);
+  if (r->server) ct_store_server_stop(r->server);
+}
 
 static ct_status evaluate(run *r, double *val_loss) {
   const ct_train_cfg *t = &r->cfg->train;
@@ -36,7 +83,7 @@ static ct_status evaluate(run *r, double *val_loss) {
     sum += loss;
   }
   *val_loss = sum / t->eval_steps;
-  return CT_OK;
+  return dp_mean(r, val_loss);
 }
 
 static void print_token(int seq, int32_t id, void *user) {
@@ -78,17 +125,20 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   memset(res, 0, sizeof *res);
   res->final_val_loss = NAN;
 
-  ct_config_print(cfg, stderr);
-  CT_TRY(ct_backend_select(t, &r.be));
-  CT_TRY_GOTO(ct_loader_open(cfg->data.train, cfg->data.tokenizer, cfg->model.vocab_size, T, 0, 1,
-                             t->seed, CT_LOADER_RANDOM, &r.train), done);
+  CT_TRY_GOTO(dist_setup(&r), done);
+  const int rank = r.env.rank, world = r.env.world_size;
+  const bool writer = rank == 0; /* one writer for metrics, checkpoints and samples */
+  if (writer) ct_config_print(cfg, stderr);
+  CT_TRY_GOTO(ct_backend_select(t, &r.be), done);
+  CT_TRY_GOTO(ct_loader_open(cfg->data.train, cfg->data.tokenizer, cfg->model.vocab_size, T, rank,
+                             world, t->seed, CT_LOADER_RANDOM, &r.train), done);
   if (cfg->data.val[0])
-    CT_TRY_GOTO(ct_loader_open(cfg->data.val, cfg->data.tokenizer, cfg->model.vocab_size, T, 0, 1,
-                               t->seed, CT_LOADER_SEQUENTIAL, &r.val), done);
+    CT_TRY_GOTO(ct_loader_open(cfg->data.val, cfg->data.tokenizer, cfg->model.vocab_size, T, rank,
+                               world, t->seed, CT_LOADER_SEQUENTIAL, &r.val), done);
   CT_TRY_GOTO(ct_model_create(&cfg->model, r.be.ops, B, T, &r.model), done);
   ct_model_init_weights(r.model, t->seed);
   CT_TRY_GOTO(ct_adamw_create(&r.opt, r.model, t), done);
-  ct_train_state ts = {.data_seed = t->seed, .world_size = 1, .rank = 0, .loss_scale = 1.0,
+  ct_train_state ts = {.data_seed = t->seed, .world_size = world, .rank = rank, .loss_scale = 1.0,
                        .opt = &r.opt};
   char ckfile[4200];
   if (!strcmp(t->resume, "auto") && ct_checkpoint_latest(t->out_dir, ckfile, sizeof ckfile)) {
@@ -110,20 +160,29 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, r.model), done);
     ct_log_info("initialized weights from %s", ckfile);
   }
-  CT_TRY_GOTO(ct_metrics_open(t->out_dir, &r.metrics), done);
+  if (r.comm) /* identical starting weights everywhere, whatever each rank computed or loaded */
+    CT_TRY_GOTO(ct_comm_broadcast(r.comm, ct_model_params(r.model), ct_model_numel(r.model),
+                                  CT_F32, 0), done);
+  if (writer) CT_TRY_GOTO(ct_metrics_open(t->out_dir, &r.metrics), done);
+  struct sigaction sa = {.sa_handler = on_stop_signal};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
   r.inputs = ct_malloc(sizeof(int32_t) * (size_t)B * T, "batch");
   r.targets = ct_malloc(sizeof(int32_t) * (size_t)B * T, "batch");
   if (!r.inputs || !r.targets) { st = CT_ERR_NOMEM; goto done; }
   ct_log_info("model: %s, %.2fM parameters, %d layers, d_model %d, %d heads (%d kv), vocab %d",
               cfg->model.arch, ct_model_count_params(r.model) / 1e6, cfg->model.n_layer,
               cfg->model.d_model, cfg->model.n_head, cfg->model.n_kv_head, cfg->model.vocab_size);
-  ct_log_info("data: %s (%lld tokens)%s%s; %d x %d tokens x %d accumulation = %d tokens per step",
-              cfg->data.train, (long long)ct_loader_info(r.train)->n_tokens,
-              r.val ? ", val " : "", r.val ? cfg->data.val : "", B, T, t->grad_accum,
-              B * T * t->grad_accum);
+  ct_log_info("data: %s (%lld tokens)%s%s; %d x %d tokens x %d accumulation x %d ranks = %d"
+              " tokens per step", cfg->data.train, (long long)ct_loader_info(r.train)->n_tokens,
+              r.val ? ", val " : "", r.val ? cfg->data.val : "", B, T, t->grad_accum, world,
+              B * T * t->grad_accum * world);
   ct_log_info("start-up %.2f s; writing %s/metrics.jsonl", ct_now() - t_start, t->out_dir);
 
-  const double tokens_per_step = (double)B * T * t->grad_accum;
+  const double tokens_per_step = (double)B * T * t->grad_accum * world;
+  const size_t bucket = ct_ddp_bucket_floats(cfg->parallel.bucket_mb);
   const float grad_scale = 1.0f / (float)(B * T * t->grad_accum);
   double timed = 0;
   int timed_steps = 0;
@@ -142,6 +201,11 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       CT_TRY_GOTO(ct_model_backward(r.model), done);
       loss += l / t->grad_accum;
     }
+    if (r.comm) { /* average gradients (each rank's are means over its own tokens) and losses */
+      CT_TRY_GOTO(ct_ddp_reduce_grads(r.comm, ct_model_grads(r.model), ct_model_numel(r.model),
+                                      bucket), done);
+      CT_TRY_GOTO(dp_mean(&r, &loss), done);
+    }
     double norm = ct_grad_norm(r.model);
     double lr = ct_lr_at(t, step);
     if (!isfinite(loss) || !isfinite(norm)) {
@@ -156,10 +220,17 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     ct_metrics_step(r.metrics, step + 1, loss, lr, norm, tok_s, dt * 1e3);
     res->final_loss = loss;
     double avg_step = (ct_now() - t_loop) / (step + 1 - ts.step);
-    ct_progress(step + 1, t->max_steps, loss, tok_s, avg_step * (t->max_steps - step - 1),
-                (step + 1) % t->log_every == 0 || step + 1 == t->max_steps);
+    if (writer)
+      ct_progress(step + 1, t->max_steps, loss, tok_s, avg_step * (t->max_steps - step - 1),
+                  (step + 1) % t->log_every == 0 || step + 1 == t->max_steps);
     bool last = step + 1 == t->max_steps;
-    bool stopping = t->stop_after > 0 && step + 1 - start_step == t->stop_after && !last;
+    double sig = stop_signal; /* every rank must agree to stop at the same step */
+    if (r.comm) {
+      float f = (float)sig;
+      CT_TRY_GOTO(ct_comm_all_reduce(r.comm, &f, 1, CT_F32, CT_MAX), done);
+      sig = f;
+    }
+    bool stopping = !last && ((t->stop_after > 0 && step + 1 - start_step == t->stop_after) || sig);
     if (r.val && ((t->eval_every > 0 && (step + 1) % t->eval_every == 0) || last)) {
       double vl;
       CT_TRY_GOTO(evaluate(&r, &vl), done);
@@ -172,15 +243,24 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       char saved[4096];
       ts.step = step + 1;
       ts.data_position = ct_loader_position(r.train);
-      CT_TRY_GOTO(ct_checkpoint_save(t->out_dir, step + 1, cfg, r.model, &ts, t->keep_last, saved,
-                                     sizeof saved), done);
-      ct_progress_end();
-      ct_log_info("step %d: saved %s", step + 1, saved);
+      if (writer) {
+        CT_TRY_GOTO(ct_checkpoint_save(t->out_dir, step + 1, cfg, r.model, &ts, t->keep_last,
+                                       saved, sizeof saved), done);
+        ct_progress_end();
+        ct_log_info("step %d: saved %s", step + 1, saved);
+      }
+      if (r.comm) CT_TRY_GOTO(ct_comm_barrier(r.comm), done); /* saved before anyone exits */
     }
     res->steps = step + 1;
     if (stopping) {
-      ct_log_info("train.stop_after = %d: stopping at step %d (resume with train.resume=auto)",
-                  t->stop_after, step + 1);
+      if (sig) {
+        res->stop_signal = (int)sig;
+        ct_log_info("%s: stopped at step %d after saving a checkpoint (resume with"
+                    " train.resume=auto)", (int)sig == SIGUSR1 ? "SIGUSR1" : (int)sig == SIGINT ? "SIGINT" : "SIGTERM", step + 1);
+      } else {
+        ct_log_info("train.stop_after = %d: stopping at step %d (resume with train.resume=auto)",
+                    t->stop_after, step + 1);
+      }
       break;
     }
   }
@@ -189,10 +269,17 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   res->seconds = ct_now() - t_start;
   ct_log_info("done: %d steps in %.1f s, %.0f tokens/s, final loss %.4f%s", res->steps,
               res->seconds, res->tokens_per_s, res->final_loss, "");
-  if (!isnan(res->final_val_loss)) printf("final val_loss %.4f\n", res->final_val_loss);
+  if (writer && !isnan(res->final_val_loss)) printf("final val_loss %.4f\n", res->final_val_loss);
   fflush(stdout);
-  CT_TRY_GOTO(sample(&r), done);
+  if (writer && !res->stop_signal) CT_TRY_GOTO(sample(&r), done);
 done:
+  if (st != CT_OK) ct_progress_end();
+  if (st == CT_OK) dist_teardown(&r);
+  else { /* a failed rank must not wait in a barrier for peers that may be gone */
+    if (r.comm) ct_comm_destroy(r.comm);
+    if (r.store) ct_store_close(r.store);
+    if (r.server) ct_store_server_stop(r.server);
+  }
   free(r.inputs);
   free(r.targets);
   ct_metrics_close(r.metrics);
@@ -224,5 +311,9 @@ ct_status ct_cmd_train(int argc, char **argv) {
   free(overrides);
   if (st != CT_OK) return st;
   ct_train_result res;
-  return ct_train_run(&cfg, &res);
+  st = ct_train_run(&cfg, &res);
+  if (st == CT_OK && (res.stop_signal == SIGTERM || res.stop_signal == SIGINT))
+    return ct_set_error(CT_ERR_RUNTIME, "interrupted by %s at step %d (checkpoint saved)",
+                        res.stop_signal == SIGTERM ? "SIGTERM" : "SIGINT", res.steps);
+  return st;
 }

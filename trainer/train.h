@@ -11,6 +11,7 @@ typedef struct ct_train_result {
   double final_val_loss;  /* NAN when there is no validation set */
   double tokens_per_s;    /* mean over steps after the first */
   double seconds;
+  int stop_signal;        /* SIGTERM / SIGINT / SIGUSR1 that stopped the run early, else 0 */
 } ct_train_result;
 
 /* Runs training for a loaded, validated config. */
