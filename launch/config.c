@@ -1,0 +1,246 @@
+/* launch/config.c — ctrain-launch's command line -> ct_launch_config. Options come before
+ * CONFIG.toml; everything from the first positional argument on is handed to the workers.
+ * Option names take '_' or '-' and "--opt value" or "--opt=value", as torchrun's do. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "launch/launch.h"
+#include "trainer/device.h"
+
+void ct_launch_usage(FILE *f) {
+  fputs(
+      "usage: ctrain-launch [options] CONFIG.toml [key=value ...]\n"
+      "Runs `ctrain train CONFIG.toml key=value ...` in nproc_per_node worker processes per node,\n"
+      "with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
+      "MASTER_ADDR, MASTER_PORT, CTRAIN_RESTART_COUNT, CTRAIN_RUN_ID, CTRAIN_STORE_TOKEN).\n"
+      "\n"
+      "  --nproc_per_node N|gpu|cpu|auto  workers on this node (gpu/auto: visible CUDA devices,\n"
+      "                                   1 without one; cpu: available cores) [1]\n"
+      "  --nnodes N                       nodes in the run [1]\n"
+      "  --node_rank K                    this node, 0..nnodes-1 (node 0 hosts the store) [0]\n"
+      "  --master_addr HOST               node 0's address [127.0.0.1]\n"
+      "  --master_port PORT               the store's port on node 0 [29500]\n"
+      "  --standalone                     one node, a free port on 127.0.0.1: nothing to set\n"
+      "  --max_restarts N                 restart the whole group up to N times after a failure;\n"
+      "                                   restarts add train.resume=auto [0]\n"
+      "  --monitor_interval S             seconds between health checks [0.5]\n"
+      "  --grace_period S                 SIGTERM -> SIGKILL window when stopping workers [60]\n"
+      "  --rdzv_timeout S                 how long nodes wait for each other [600]\n"
+      "  --log_dir DIR                    also write each rank's output to DIR/rank_N.log\n"
+      "  --tee[=0|1]                      worker output on the console as \"[rankN]: ...\" lines [1]\n"
+      "  --local_ranks_filter 0,1         only these local ranks' output on the console\n"
+      "  --run_id ID                      run id for CTRAIN_RUN_ID [random]\n"
+      "  --cmd PROGRAM                    run PROGRAM ARGS... instead of ctrain train (tests, tools)\n"
+      "  -h, --help                       this text\n"
+      "\n"
+      "Signals: SIGINT/SIGTERM/SIGHUP are forwarded, then SIGKILL after the grace period (exit\n"
+      "128+signal); SIGUSR1 is forwarded (workers checkpoint and exit) and the launcher exits 0\n"
+      "when they do. Multi-node: the store token is CTRAIN_STORE_TOKEN from the environment when\n"
+      "set (use the same on every node), else derived from --run_id and the master address.\n",
+      f);
+}
+
+static const char *const OPTIONS[] = {
+    "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "standalone",
+    "max_restarts", "monitor_interval", "grace_period", "rdzv_timeout", "log_dir", "tee",
+    "local_ranks_filter", "run_id", "cmd", "help", NULL};
+
+static bool is_flag(const char *name) {
+  return !strcmp(name, "standalone") || !strcmp(name, "help") || !strcmp(name, "tee");
+}
+
+static ct_status parse_int(const char *opt, const char *v, long lo, long hi, int *out) {
+  char *end;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi)
+    return ct_set_error(CT_ERR_USAGE, "--%s: \"%s\" is not an integer in %ld..%ld", opt, v, lo, hi);
+  *out = (int)x;
+  return CT_OK;
+}
+
+static ct_status parse_seconds(const char *opt, const char *v, double lo, double *out) {
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || *end || !isfinite(x) || x < lo)
+    return ct_set_error(CT_ERR_USAGE, "--%s: \"%s\" is not a number of seconds >= %g", opt, v, lo);
+  *out = x;
+  return CT_OK;
+}
+
+static int available_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+static ct_status parse_nproc(const char *v, int *out) {
+  if (!strcmp(v, "gpu") || !strcmp(v, "auto")) {
+    int n = ct_cuda_visible_devices();
+    *out = n > 0 ? n : 1; /* no GPU: one CPU worker */
+    return CT_OK;
+  }
+  if (!strcmp(v, "cpu")) {
+    *out = available_cpus();
+    return CT_OK;
+  }
+  char *end;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno || end == v || *end || x < 1 || x > 4096)
+    return ct_set_error(CT_ERR_USAGE, "--nproc_per_node: \"%s\" is not a count in 1..4096, gpu, cpu or auto", v);
+  *out = (int)x;
+  return CT_OK;
+}
+
+/* The ctrain binary next to this launcher's own executable. */
+static ct_status find_ctrain(char *out, size_t cap) {
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return ct_set_error(CT_ERR_USAGE, "cannot read /proc/self/exe to find ctrain: %s; use --cmd", strerror(errno));
+  self[n] = '\0';
+  char *slash = strrchr(self, '/');
+  if (slash) *slash = '\0';
+  int w = snprintf(out, cap, "%s/ctrain", self);
+  if (w < 0 || (size_t)w >= cap) return ct_set_error(CT_ERR_USAGE, "path of ctrain too long");
+  if (access(out, X_OK) != 0)
+    return ct_set_error(CT_ERR_USAGE, "cannot find ctrain next to this launcher (%s: %s); use --cmd PROGRAM", out,
+                        strerror(errno));
+  return CT_OK;
+}
+
+static ct_status unknown_option(const char *arg, const char *name) {
+  const char *best = NULL;
+  int bestd = 4;
+  for (int i = 0; OPTIONS[i]; i++) {
+    int d = ct_edit_distance(name, OPTIONS[i]);
+    if (d < bestd) { bestd = d; best = OPTIONS[i]; }
+  }
+  if (best) return ct_set_error(CT_ERR_USAGE, "unknown option %s; did you mean --%s?", arg, best);
+  return ct_set_error(CT_ERR_USAGE, "unknown option %s (see --help)", arg);
+}
+
+ct_status ct_launch_parse(int argc, char **argv, ct_launch_config *cfg, bool *help) {
+  *help = false;
+  const char *nproc = "1", *filter = NULL, *cmd = NULL;
+  bool port_given = false, addr_given = false;
+  int i = 1;
+  for (; i < argc; i++) {
+    const char *arg = argv[i];
+    if (!strcmp(arg, "--")) { i++; break; }
+    if (!strcmp(arg, "-h")) { *help = true; break; }
+    if (strncmp(arg, "--", 2) != 0) break; /* first positional: the rest goes to the workers */
+    char name[64];
+    const char *eq = strchr(arg + 2, '=');
+    size_t nl = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+    if (nl == 0 || nl >= sizeof name) return unknown_option(arg, arg + 2);
+    memcpy(name, arg + 2, nl);
+    name[nl] = '\0';
+    for (char *p = name; *p; p++)
+      if (*p == '-') *p = '_';
+    bool known = false;
+    for (int k = 0; OPTIONS[k]; k++) known |= !strcmp(name, OPTIONS[k]);
+    if (!known) return unknown_option(arg, name);
+    const char *val = eq ? eq + 1 : NULL;
+    if (!val && !is_flag(name)) {
+      if (i + 1 >= argc) return ct_set_error(CT_ERR_USAGE, "--%s needs a value", name);
+      val = argv[++i];
+    }
+    if (!strcmp(name, "help")) { *help = true; break; }
+    else if (!strcmp(name, "nproc_per_node")) nproc = val;
+    else if (!strcmp(name, "nnodes")) {
+      if (strchr(val, ':'))
+        return ct_set_error(CT_ERR_USAGE, "--nnodes %s: elastic node ranges are not supported yet; give a fixed count", val);
+      CT_TRY(parse_int(name, val, 1, 100000, &cfg->nnodes));
+    }
+    else if (!strcmp(name, "node_rank")) CT_TRY(parse_int(name, val, 0, 100000, &cfg->node_rank));
+    else if (!strcmp(name, "master_addr")) {
+      if (!val[0] || strlen(val) >= sizeof cfg->master_addr) return ct_set_error(CT_ERR_USAGE, "--master_addr: bad host \"%s\"", val);
+      snprintf(cfg->master_addr, sizeof cfg->master_addr, "%s", val);
+      addr_given = true;
+    }
+    else if (!strcmp(name, "master_port")) { CT_TRY(parse_int(name, val, 0, 65535, &cfg->master_port)); port_given = true; }
+    else if (!strcmp(name, "standalone")) {
+      if (val) return ct_set_error(CT_ERR_USAGE, "--standalone takes no value");
+      cfg->standalone = true;
+    }
+    else if (!strcmp(name, "max_restarts")) CT_TRY(parse_int(name, val, 0, 1000000, &cfg->max_restarts));
+    else if (!strcmp(name, "monitor_interval")) CT_TRY(parse_seconds(name, val, 0.001, &cfg->monitor_interval));
+    else if (!strcmp(name, "grace_period")) CT_TRY(parse_seconds(name, val, 0, &cfg->grace_period));
+    else if (!strcmp(name, "rdzv_timeout")) CT_TRY(parse_seconds(name, val, 0.1, &cfg->rdzv_timeout));
+    else if (!strcmp(name, "log_dir")) {
+      if (!val[0] || strlen(val) >= sizeof cfg->log_dir - 32) return ct_set_error(CT_ERR_USAGE, "--log_dir: bad path \"%s\"", val);
+      snprintf(cfg->log_dir, sizeof cfg->log_dir, "%s", val);
+    }
+    else if (!strcmp(name, "tee")) {
+      if (!val || !strcmp(val, "1") || !strcmp(val, "true")) cfg->tee = true;
+      else if (!strcmp(val, "0") || !strcmp(val, "false")) cfg->tee = false;
+      else return ct_set_error(CT_ERR_USAGE, "--tee: \"%s\" is not 0 or 1", val);
+    }
+    else if (!strcmp(name, "local_ranks_filter")) filter = val;
+    else if (!strcmp(name, "run_id")) {
+      if (!val[0] || strlen(val) >= sizeof cfg->run_id) return ct_set_error(CT_ERR_USAGE, "--run_id: bad id \"%s\"", val);
+      snprintf(cfg->run_id, sizeof cfg->run_id, "%s", val);
+    }
+    else if (!strcmp(name, "cmd")) cmd = val;
+  }
+  if (*help) {
+    ct_launch_usage(stdout);
+    return CT_OK;
+  }
+  cfg->nargs = argc - i;
+  cfg->args = argv + i;
+
+  CT_TRY(parse_nproc(nproc, &cfg->nproc_per_node));
+  if (cfg->standalone) {
+    if (cfg->nnodes != 1 || cfg->node_rank != 0)
+      return ct_set_error(CT_ERR_USAGE, "--standalone runs one node: drop --nnodes / --node_rank");
+    if (addr_given || port_given)
+      return ct_set_error(CT_ERR_USAGE, "--standalone picks its own address and port: drop --master_addr / --master_port");
+    snprintf(cfg->master_addr, sizeof cfg->master_addr, "127.0.0.1");
+    cfg->master_port = 0;
+  }
+  if (cfg->node_rank >= cfg->nnodes)
+    return ct_set_error(CT_ERR_USAGE, "--node_rank %d must be below --nnodes %d", cfg->node_rank, cfg->nnodes);
+  if (cfg->master_port == 0 && cfg->nnodes > 1)
+    return ct_set_error(CT_ERR_USAGE, "--master_port 0 (a free port) works only on one node: the other nodes must know the port");
+  if (filter) {
+    cfg->show_local = calloc((size_t)cfg->nproc_per_node, sizeof *cfg->show_local);
+    if (!cfg->show_local) return ct_set_error(CT_ERR_NOMEM, "out of memory");
+    const char *p = filter;
+    while (*p) {
+      char *end;
+      errno = 0;
+      long r = strtol(p, &end, 10);
+      if (errno || end == p || (*end && *end != ',') || r < 0 || r >= cfg->nproc_per_node)
+        return ct_set_error(CT_ERR_USAGE, "--local_ranks_filter \"%s\": want local ranks in 0..%d separated by commas",
+                            filter, cfg->nproc_per_node - 1);
+      cfg->show_local[r] = true;
+      p = *end ? end + 1 : end;
+    }
+  }
+  if (cmd) {
+    if (!cmd[0] || strlen(cmd) >= sizeof cfg->program) return ct_set_error(CT_ERR_USAGE, "--cmd: bad program \"%s\"", cmd);
+    snprintf(cfg->program, sizeof cfg->program, "%s", cmd);
+    cfg->custom_cmd = true;
+  } else {
+    if (cfg->nargs < 1) return ct_set_error(CT_ERR_USAGE, "missing CONFIG.toml (usage: ctrain-launch [options] CONFIG.toml [key=value ...])");
+    CT_TRY(find_ctrain(cfg->program, sizeof cfg->program));
+  }
+  return CT_OK;
+}
+
+void ct_launch_config_free(ct_launch_config *cfg) {
+  free(cfg->show_local);
+  cfg->show_local = NULL;
+}
