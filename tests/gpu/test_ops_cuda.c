@@ -1,0 +1,781 @@
+/* tests/gpu/test_ops_cuda.c — every op of the CUDA table against the CPU reference.
+ *
+ * Table-driven (ggml's test-backend-ops): a case names an op family, a shape and a tolerance.
+ * For each case the inputs are drawn from a seeded generator, the CPU table (ct_ops_cpu) runs on
+ * host copies and the CUDA table (ct_ops_cuda) on device copies moved with the table's own
+ * to_device / to_host, and every buffer the op writes is compared by normalized error
+ * (max|diff| / max|ref|, ct_check_close) with NaN/Inf checks. Around every device buffer sit
+ * GUARD sentinel elements on each side that must come back unchanged (out-of-bounds writes);
+ * outputs that the op must overwrite start as NaN (unwritten elements fail); gradients start
+ * random (backward must accumulate); inputs must come back bit-identical.
+ *
+ *   test_ops_cuda            correctness, then a table of the worst normalized error per op
+ *   test_ops_cuda --perf     time per op, GB/s (bytes each buffer must move once) and TFLOP/s
+ *                            on the cases marked perf (realistic shapes); no CPU reference
+ *   test_ops_cuda --small    correctness on the small cases only (for compute-sanitizer runs)
+ *   test_ops_cuda --op NAME  only the ops whose name contains NAME (with any mode)
+ *   test_ops_cuda --cpu      runs the harness with the CPU table in place of CUDA (checks the
+ *                            harness itself on a machine without a GPU)
+ *
+ * Exits 77 (meson: skipped) when no CUDA device is visible.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "kernels/ops.h"
+#include "tests/unit/ct_test.h"
+
+int ct_cuda_device_count(void); /* kernels/cuda/device_query.cu */
+
+#define GUARD 64              /* sentinel elements on each side of a device buffer */
+#define SENTINEL 0x7fc0deadu  /* a NaN bit pattern: no op writes it by accident */
+#define MAXB 10
+#define RT_ELEM 1e-5          /* elementwise ops */
+#define RT_RED 1e-4           /* reductions, matmul, attention */
+
+/* ---- cases ------------------------------------------------------------------------------ */
+
+enum { R_IN, R_OUT, R_ACC }; /* read only; overwritten (starts NaN); read and written */
+enum { I_RAND, I_POS, I_TOK, I_TGT };
+enum { NOBIAS = 1, NODINP = 2, NOSTATS = 4, NOWPE = 8, NODW = 16 };
+
+typedef struct bspec {
+  const char *name;
+  size_t n; /* elements; 0 passes NULL */
+  int role, init;
+  float scale, offset; /* I_RAND: offset + scale * U(-sqrt3, sqrt3); I_POS: offset + scale * U(0,1) */
+  int range;           /* I_TOK / I_TGT: integers in [0, range); I_TGT also -1 (ignored) */
+} bspec;
+
+struct tcase;
+typedef struct family {
+  const char *op;                                  /* op name, for the summary */
+  int (*setup)(const struct tcase *c, bspec *b);   /* the buffers; returns how many */
+  void (*prep)(const struct tcase *c, void **h);   /* derived inputs, computed on the CPU */
+  void (*call)(const ct_ops *o, void **p, const struct tcase *c);
+  double (*flops)(const struct tcase *c);
+  int scalar; /* the call's result is g_scalar (sumsq) */
+} family;
+
+typedef struct tcase {
+  const family *fam;
+  const char *shape;
+  int B, T, C, H, KV, hd;
+  int N, IC, OC, F, V, Vp;
+  size_t n;
+  int flags, pos0, step;
+  float x; /* grad_scale / theta / scale factor, per family */
+  double rtol;
+  int perf;
+} tcase;
+
+static double g_scalar;
+static int W3(const tcase *c) { return (c->H + 2 * c->KV) * c->hd; }
+static int NT(const tcase *c) { return c->B * c->T; }
+
+#define BUF(nm, cnt, role, init, sc, off, rg) \
+  (bspec) { nm, (size_t)(cnt), role, init, sc, off, rg }
+#define IN(nm, cnt) BUF(nm, cnt, R_IN, I_RAND, 1.0f, 0.0f, 0)
+#define OUT(nm, cnt) BUF(nm, cnt, R_OUT, I_RAND, 1.0f, 0.0f, 0)
+#define ACC(nm, cnt) BUF(nm, cnt, R_ACC, I_RAND, 1.0f, 0.0f, 0)
+#define F(i) ((float *)p[i])
+
+/* embedding */
+static int su_embed_fwd(const tcase *c, bspec *b) {
+  b[0] = OUT("out", (size_t)NT(c) * c->C);
+  b[1] = BUF("tok", NT(c), R_IN, I_TOK, 0, 0, c->Vp);
+  b[2] = IN("wte", (size_t)c->Vp * c->C);
+  b[3] = IN("wpe", c->flags & NOWPE ? 0 : (size_t)(c->T + 3) * c->C);
+  return 4;
+}
+static void ca_embed_fwd(const ct_ops *o, void **p, const tcase *c) {
+  o->embed_fwd(p[0], p[1], p[2], p[3], c->B, c->T, c->C);
+}
+static int su_embed_bwd(const tcase *c, bspec *b) {
+  b[0] = ACC("dwte", c->flags & NODW ? 0 : (size_t)c->Vp * c->C);
+  b[1] = ACC("dwpe", c->flags & NOWPE ? 0 : (size_t)(c->T + 3) * c->C);
+  b[2] = IN("dout", (size_t)NT(c) * c->C);
+  b[3] = BUF("tok", NT(c), R_IN, I_TOK, 0, 0, c->V); /* V < Vp: small V repeats tokens */
+  return 4;
+}
+static void ca_embed_bwd(const ct_ops *o, void **p, const tcase *c) {
+  o->embed_bwd(F(0), F(1), p[2], p[3], c->B, c->T, c->C);
+}
+
+/* layernorm */
+static int su_ln_fwd(const tcase *c, bspec *b) {
+  size_t nc = (size_t)c->N * c->C, ns = c->flags & NOSTATS ? 0 : (size_t)c->N;
+  b[0] = OUT("out", nc);
+  b[1] = OUT("mean", ns);
+  b[2] = OUT("rstd", ns);
+  b[3] = BUF("inp", nc, R_IN, I_RAND, 2.0f, 0.5f, 0);
+  b[4] = BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  b[5] = IN("b", c->flags & NOBIAS ? 0 : c->C);
+  return 6;
+}
+static void ca_ln_fwd(const ct_ops *o, void **p, const tcase *c) {
+  o->layernorm_fwd(p[0], F(1), F(2), p[3], p[4], p[5], c->N, c->C, 1e-5f);
+}
+static int su_ln_bwd(const tcase *c, bspec *b) {
+  size_t nc = (size_t)c->N * c->C;
+  b[0] = ACC("dinp", c->flags & NODINP ? 0 : nc);
+  b[1] = ACC("dw", c->C);
+  b[2] = ACC("db", c->flags & NOBIAS ? 0 : c->C);
+  b[3] = IN("dout", nc);
+  b[4] = BUF("inp", nc, R_IN, I_RAND, 2.0f, 0.5f, 0);
+  b[5] = BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  b[6] = IN("mean", c->N); /* prep */
+  b[7] = IN("rstd", c->N);
+  return 8;
+}
+static void pr_ln_bwd(const tcase *c, void **h) {
+  float *tmp = malloc(sizeof(float) * (size_t)c->N * c->C);
+  ct_ops_cpu()->layernorm_fwd(tmp, h[6], h[7], h[4], h[5], NULL, c->N, c->C, 1e-5f);
+  free(tmp);
+}
+static void ca_ln_bwd(const ct_ops *o, void **p, const tcase *c) {
+  o->layernorm_bwd(p[0], F(1), F(2), p[3], p[4], p[5], F(6), F(7), c->N, c->C);
+}
+
+/* rmsnorm, plain rows */
+static int su_rms_fwd(const tcase *c, bspec *b) {
+  size_t nc = (size_t)c->N * c->C;
+  b[0] = OUT("out", nc);
+  b[1] = OUT("rstd", c->flags & NOSTATS ? 0 : (size_t)c->N);
+  b[2] = BUF("inp", nc, R_IN, I_RAND, 2.0f, 0.3f, 0);
+  b[3] = BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  return 4;
+}
+static void ca_rms_fwd(const ct_ops *o, void **p, const tcase *c) {
+  o->rmsnorm_fwd(p[0], F(1), p[2], p[3], c->N, c->C, c->N, 0, 1e-6f);
+}
+static int su_rms_bwd(const tcase *c, bspec *b) {
+  size_t nc = (size_t)c->N * c->C;
+  b[0] = ACC("dinp", c->flags & NODINP ? 0 : nc);
+  b[1] = ACC("dw", c->flags & NODW ? 0 : c->C);
+  b[2] = IN("dout", nc);
+  b[3] = BUF("inp", nc, R_IN, I_RAND, 2.0f, 0.3f, 0);
+  b[4] = BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  b[5] = IN("rstd", c->N); /* prep */
+  return 6;
+}
+static void pr_rms_bwd(const tcase *c, void **h) {
+  float *tmp = malloc(sizeof(float) * (size_t)c->N * c->C);
+  ct_ops_cpu()->rmsnorm_fwd(tmp, h[5], h[3], h[4], c->N, c->C, c->N, 0, 1e-6f);
+  free(tmp);
+}
+static void ca_rms_bwd(const ct_ops *o, void **p, const tcase *c) {
+  o->rmsnorm_bwd(p[0], F(1), p[2], p[3], p[4], F(5), c->N, c->C, c->N, 0);
+}
+
+/* rmsnorm, strided (Qwen3 qk_norm): the q heads then the k heads of N qkv rows, like model.c */
+static int su_qk_fwd(const tcase *c, bspec *b) {
+  size_t nw = (size_t)c->N * W3(c);
+  b[0] = ACC("qkv", nw); /* v section untouched: starts random, must stay so */
+  b[1] = OUT("rstd_q", (size_t)c->N * c->H);
+  b[2] = OUT("rstd_k", (size_t)c->N * c->KV);
+  b[3] = BUF("raw", nw, R_IN, I_RAND, 2.0f, 0.3f, 0);
+  b[4] = BUF("wq", c->hd, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  b[5] = BUF("wk", c->hd, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  return 6;
+}
+static void ca_qk_fwd(const ct_ops *o, void **p, const tcase *c) {
+  const int H = c->H, KV = c->KV, hd = c->hd, N = c->N, W = W3(c);
+  o->rmsnorm_fwd(p[0], F(1), p[3], p[4], N * H, hd, H, W, 1e-6f);
+  o->rmsnorm_fwd(F(0) + (size_t)H * hd, F(2), F(3) + (size_t)H * hd, p[5], N * KV, hd, KV, W, 1e-6f);
+}
+static int su_qk_bwd(const tcase *c, bspec *b) {
+  size_t nw = (size_t)c->N * W3(c);
+  b[0] = ACC("draw", nw);
+  b[1] = ACC("dwq", c->hd);
+  b[2] = ACC("dwk", c->hd);
+  b[3] = IN("dqkv", nw);
+  b[4] = BUF("raw", nw, R_IN, I_RAND, 2.0f, 0.3f, 0);
+  b[5] = BUF("wq", c->hd, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  b[6] = BUF("wk", c->hd, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  b[7] = IN("rstd_q", (size_t)c->N * c->H); /* prep */
+  b[8] = IN("rstd_k", (size_t)c->N * c->KV);
+  return 9;
+}
+static void pr_qk_bwd(const tcase *c, void **h) {
+  const int H = c->H, KV = c->KV, hd = c->hd, N = c->N, W = W3(c);
+  float *tmp = calloc((size_t)N * W, sizeof(float));
+  const ct_ops *o = ct_ops_cpu();
+  o->rmsnorm_fwd(tmp, h[7], h[4], h[5], N * H, hd, H, W, 1e-6f);
+  o->rmsnorm_fwd(tmp + (size_t)H * hd, h[8], (float *)h[4] + (size_t)H * hd, h[6], N * KV, hd, KV,
+                 W, 1e-6f);
+  free(tmp);
+}
+static void ca_qk_bwd(const ct_ops *o, void **p, const tcase *c) {
+  const int H = c->H, KV = c->KV, hd = c->hd, N = c->N, W = W3(c);
+  o->rmsnorm_bwd(p[0], F(1), p[3], p[4], p[5], F(7), N * H, hd, H, W);
+  o->rmsnorm_bwd(F(0) + (size_t)H * hd, F(2), F(3) + (size_t)H * hd, F(4) + (size_t)H * hd, p[6],
+                 F(8), N * KV, hd, KV, W);
+}
+
+/* matmul */
+static int su_mm_fwd(const tcase *c, bspec *b) {
+  b[0] = OUT("out", (size_t)c->N * c->OC);
+  b[1] = IN("inp", (size_t)c->N * c->IC);
+  b[2] = BUF("w", (size_t)c->OC * c->IC, R_IN, I_RAND, 1.0f / sqrtf((float)c->IC), 0, 0);
+  b[3] = IN("bias", c->flags & NOBIAS ? 0 : c->OC);
+  return 4;
+}
+static void ca_mm_fwd(const ct_ops *o, void **p, const tcase *c) {
+  o->matmul_fwd(p[0], p[1], p[2], p[3], c->N, c->IC, c->OC);
+}
+static double fl_mm_fwd(const tcase *c) { return 2.0 * c->N * c->IC * c->OC; }
+static int su_mm_bwd(const tcase *c, bspec *b) {
+  b[0] = ACC("dinp", c->flags & NODINP ? 0 : (size_t)c->N * c->IC);
+  b[1] = ACC("dw", c->flags & NODW ? 0 : (size_t)c->OC * c->IC);
+  b[2] = ACC("dbias", c->flags & NOBIAS ? 0 : c->OC);
+  b[3] = IN("dout", (size_t)c->N * c->OC);
+  b[4] = IN("inp", (size_t)c->N * c->IC);
+  b[5] = BUF("w", (size_t)c->OC * c->IC, R_IN, I_RAND, 1.0f / sqrtf((float)c->IC), 0, 0);
+  return 6;
+}
+static void ca_mm_bwd(const ct_ops *o, void **p, const tcase *c) {
+  o->matmul_bwd(p[0], F(1), F(2), p[3], p[4], p[5], c->N, c->IC, c->OC);
+}
+static double fl_mm_bwd(const tcase *c) {
+  return 2.0 * c->N * c->IC * c->OC * (!(c->flags & NODINP) + !(c->flags & NODW));
+}
+
+/* rope (in place on q and k of qkv) */
+static int su_rope(const tcase *c, bspec *b) {
+  b[0] = ACC("qkv", (size_t)NT(c) * W3(c));
+  return 1;
+}
+static void ca_rope_fwd(const ct_ops *o, void **p, const tcase *c) {
+  o->rope_fwd(p[0], c->B, c->T, c->H, c->KV, c->hd, c->pos0, c->x);
+}
+static void ca_rope_bwd(const ct_ops *o, void **p, const tcase *c) {
+  o->rope_bwd(p[0], c->B, c->T, c->H, c->KV, c->hd, c->pos0, c->x);
+}
+
+/* attention; flops counted as the useful (causal) ones: half of the dense products */
+static size_t att_state(const tcase *c) {
+  return ct_ops_cpu()->attention_state_floats(c->B, c->T, c->H, c->KV, c->hd);
+}
+static int su_att_fwd(const tcase *c, bspec *b) {
+  b[0] = OUT("out", (size_t)NT(c) * c->H * c->hd);
+  b[1] = OUT("state", att_state(c));
+  b[2] = IN("qkv", (size_t)NT(c) * W3(c));
+  return 3;
+}
+static void ca_att_fwd(const ct_ops *o, void **p, const tcase *c) {
+  o->attention_fwd(p[0], F(1), p[2], c->B, c->T, c->H, c->KV, c->hd);
+}
+static double fl_att_fwd(const tcase *c) { return 2.0 * c->B * c->H * (double)c->T * c->T * c->hd; }
+static int su_att_bwd(const tcase *c, bspec *b) {
+  b[0] = ACC("dqkv", (size_t)NT(c) * W3(c));
+  b[1] = IN("dout", (size_t)NT(c) * c->H * c->hd);
+  b[2] = IN("qkv", (size_t)NT(c) * W3(c));
+  b[3] = IN("state", att_state(c)); /* prep */
+  return 4;
+}
+static void pr_att_bwd(const tcase *c, void **h) {
+  float *tmp = malloc(sizeof(float) * (size_t)NT(c) * c->H * c->hd);
+  ct_ops_cpu()->attention_fwd(tmp, h[3], h[2], c->B, c->T, c->H, c->KV, c->hd);
+  free(tmp);
+}
+static void ca_att_bwd(const ct_ops *o, void **p, const tcase *c) {
+  o->attention_bwd(p[0], p[1], p[2], F(3), c->B, c->T, c->H, c->KV, c->hd);
+}
+static double fl_att_bwd(const tcase *c) { return 2.0 * fl_att_fwd(c); }
+
+/* attention over a KV cache: N new queries at positions pos0.., cache (KV, T = max_T, hd) */
+static int su_att_cached(const tcase *c, bspec *b) {
+  b[0] = OUT("out", (size_t)c->N * c->H * c->hd);
+  b[1] = IN("qkv", (size_t)c->N * W3(c));
+  b[2] = IN("kc", (size_t)c->KV * c->T * c->hd);
+  b[3] = IN("vc", (size_t)c->KV * c->T * c->hd);
+  return 4;
+}
+static void ca_att_cached(const ct_ops *o, void **p, const tcase *c) {
+  o->attention_cached(p[0], p[1], p[2], p[3], c->N, c->pos0, c->H, c->KV, c->hd, c->T);
+}
+static double fl_att_cached(const tcase *c) {
+  return 4.0 * c->N * c->H * c->hd * (c->pos0 + (c->N + 1) / 2.0);
+}
+
+/* activations */
+static int su_gelu_fwd(const tcase *c, bspec *b) {
+  b[0] = OUT("out", c->n);
+  b[1] = BUF("inp", c->n, R_IN, I_RAND, 3.0f, 0, 0);
+  return 2;
+}
+static void ca_gelu_fwd(const ct_ops *o, void **p, const tcase *c) { o->gelu_fwd(p[0], p[1], c->n); }
+static int su_gelu_bwd(const tcase *c, bspec *b) {
+  b[0] = ACC("dinp", c->n);
+  b[1] = IN("dout", c->n);
+  b[2] = BUF("inp", c->n, R_IN, I_RAND, 3.0f, 0, 0);
+  return 3;
+}
+static void ca_gelu_bwd(const ct_ops *o, void **p, const tcase *c) {
+  o->gelu_bwd(p[0], p[1], p[2], c->n);
+}
+static int su_swi_fwd(const tcase *c, bspec *b) {
+  b[0] = OUT("out", (size_t)c->N * c->F);
+  b[1] = BUF("inp", (size_t)c->N * 2 * c->F, R_IN, I_RAND, 3.0f, 0, 0);
+  return 2;
+}
+static void ca_swi_fwd(const ct_ops *o, void **p, const tcase *c) {
+  o->swiglu_fwd(p[0], p[1], c->N, c->F);
+}
+static int su_swi_bwd(const tcase *c, bspec *b) {
+  b[0] = ACC("dinp", (size_t)c->N * 2 * c->F);
+  b[1] = IN("dout", (size_t)c->N * c->F);
+  b[2] = BUF("inp", (size_t)c->N * 2 * c->F, R_IN, I_RAND, 3.0f, 0, 0);
+  return 3;
+}
+static void ca_swi_bwd(const ct_ops *o, void **p, const tcase *c) {
+  o->swiglu_bwd(p[0], p[1], p[2], c->N, c->F);
+}
+static int su_add(const tcase *c, bspec *b) {
+  b[0] = OUT("out", c->n);
+  b[1] = IN("a", c->n);
+  b[2] = IN("b", c->n);
+  return 3;
+}
+static void ca_add(const ct_ops *o, void **p, const tcase *c) { o->add_fwd(p[0], p[1], p[2], c->n); }
+static int su_add_alias(const tcase *c, bspec *b) {
+  b[0] = ACC("out=a", c->n);
+  b[1] = IN("b", c->n);
+  return 2;
+}
+static void ca_add_alias(const ct_ops *o, void **p, const tcase *c) {
+  o->add_fwd(p[0], p[0], p[1], c->n);
+}
+
+/* fused softmax + cross-entropy (logits overwritten by the gradient when grad_scale != 0) */
+static int su_xent(const tcase *c, bspec *b) {
+  b[0] = OUT("losses", c->N);
+  b[1] = BUF("logits", (size_t)c->N * c->Vp, R_ACC, I_RAND, 3.0f, 0, 0);
+  b[2] = BUF("targets", c->N, R_IN, I_TGT, 0, 0, c->V);
+  return 3;
+}
+static void ca_xent(const ct_ops *o, void **p, const tcase *c) {
+  o->xent_fwd_bwd(F(0), p[1], p[2], c->N, c->V, c->Vp, c->x);
+}
+
+/* optimizer and reductions */
+static int su_adamw(const tcase *c, bspec *b) {
+  b[0] = ACC("param", c->n);
+  b[1] = IN("grad", c->n);
+  b[2] = BUF("m", c->n, R_ACC, I_RAND, 0.1f, 0, 0);
+  b[3] = BUF("v", c->n, R_ACC, I_POS, 0.01f, 1e-4f, 0);
+  return 4;
+}
+static void ca_adamw(const ct_ops *o, void **p, const tcase *c) {
+  o->adamw(F(0), F(1), F(2), F(3), c->n, 0.01f, 0.9f, 0.95f, 1e-8f, 0.1f, c->x, c->step);
+}
+static int su_sumsq(const tcase *c, bspec *b) {
+  b[0] = IN("x", c->n);
+  return 1;
+}
+static void ca_sumsq(const ct_ops *o, void **p, const tcase *c) { g_scalar = o->sumsq(F(0), c->n); }
+static int su_scale(const tcase *c, bspec *b) {
+  b[0] = ACC("x", c->n);
+  return 1;
+}
+static void ca_scale(const ct_ops *o, void **p, const tcase *c) { o->scale(F(0), c->x, c->n); }
+
+/* memory: copy2d moves `C` floats from each of N rows, src stride OC floats, dst stride IC
+ * floats, both starting `H` floats in (the v section of qkv rows, as model.c does); zero
+ * clears all but 5 elements at each end. */
+static int su_copy2d(const tcase *c, bspec *b) {
+  b[0] = ACC("dst", (size_t)c->N * c->IC);
+  b[1] = IN("src", (size_t)c->N * c->OC);
+  return 2;
+}
+static void ca_copy2d(const ct_ops *o, void **p, const tcase *c) {
+  o->copy2d(F(0) + c->H, (size_t)c->IC * 4, F(1) + c->H, (size_t)c->OC * 4, (size_t)c->C * 4,
+            (size_t)c->N);
+}
+static int su_zero(const tcase *c, bspec *b) {
+  b[0] = ACC("x", c->n);
+  return 1;
+}
+static void ca_zero(const ct_ops *o, void **p, const tcase *c) {
+  o->zero(F(0) + 5, (c->n - 10) * sizeof(float));
+}
+
+static const family
+    fam_embed_fwd = {"embed_fwd", su_embed_fwd, NULL, ca_embed_fwd, NULL, 0},
+    fam_embed_bwd = {"embed_bwd", su_embed_bwd, NULL, ca_embed_bwd, NULL, 0},
+    fam_ln_fwd = {"layernorm_fwd", su_ln_fwd, NULL, ca_ln_fwd, NULL, 0},
+    fam_ln_bwd = {"layernorm_bwd", su_ln_bwd, pr_ln_bwd, ca_ln_bwd, NULL, 0},
+    fam_rms_fwd = {"rmsnorm_fwd", su_rms_fwd, NULL, ca_rms_fwd, NULL, 0},
+    fam_rms_bwd = {"rmsnorm_bwd", su_rms_bwd, pr_rms_bwd, ca_rms_bwd, NULL, 0},
+    fam_qk_fwd = {"rmsnorm_fwd", su_qk_fwd, NULL, ca_qk_fwd, NULL, 0},
+    fam_qk_bwd = {"rmsnorm_bwd", su_qk_bwd, pr_qk_bwd, ca_qk_bwd, NULL, 0},
+    fam_mm_fwd = {"matmul_fwd", su_mm_fwd, NULL, ca_mm_fwd, fl_mm_fwd, 0},
+    fam_mm_bwd = {"matmul_bwd", su_mm_bwd, NULL, ca_mm_bwd, fl_mm_bwd, 0},
+    fam_rope_fwd = {"rope_fwd", su_rope, NULL, ca_rope_fwd, NULL, 0},
+    fam_rope_bwd = {"rope_bwd", su_rope, NULL, ca_rope_bwd, NULL, 0},
+    fam_att_fwd = {"attention_fwd", su_att_fwd, NULL, ca_att_fwd, fl_att_fwd, 0},
+    fam_att_bwd = {"attention_bwd", su_att_bwd, pr_att_bwd, ca_att_bwd, fl_att_bwd, 0},
+    fam_att_cached = {"attention_cached", su_att_cached, NULL, ca_att_cached, fl_att_cached, 0},
+    fam_gelu_fwd = {"gelu_fwd", su_gelu_fwd, NULL, ca_gelu_fwd, NULL, 0},
+    fam_gelu_bwd = {"gelu_bwd", su_gelu_bwd, NULL, ca_gelu_bwd, NULL, 0},
+    fam_swi_fwd = {"swiglu_fwd", su_swi_fwd, NULL, ca_swi_fwd, NULL, 0},
+    fam_swi_bwd = {"swiglu_bwd", su_swi_bwd, NULL, ca_swi_bwd, NULL, 0},
+    fam_add = {"add_fwd", su_add, NULL, ca_add, NULL, 0},
+    fam_add_alias = {"add_fwd", su_add_alias, NULL, ca_add_alias, NULL, 0},
+    fam_xent = {"xent_fwd_bwd", su_xent, NULL, ca_xent, NULL, 0},
+    fam_adamw = {"adamw", su_adamw, NULL, ca_adamw, NULL, 0},
+    fam_sumsq = {"sumsq", su_sumsq, NULL, ca_sumsq, NULL, 1},
+    fam_scale = {"scale", su_scale, NULL, ca_scale, NULL, 0},
+    fam_copy2d = {"copy2d", su_copy2d, NULL, ca_copy2d, NULL, 0},
+    fam_zero = {"zero", su_zero, NULL, ca_zero, NULL, 0};
+
+/* Small and odd shapes (not multiples of 32) first, then realistic ones (perf = 1):
+ * GPT-2 124M (B=4, T=256, C=768, H=12), Qwen3-0.6B-like GQA (H=16/KV=8, hd=128; H=8/KV=2, hd=64). */
+static const tcase cases[] = {
+    {&fam_embed_fwd, "B3 T7 C37 Vp53", .B = 3, .T = 7, .C = 37, .Vp = 53, .rtol = RT_ELEM},
+    {&fam_embed_fwd, "B2 T5 C70 Vp9 no wpe", .B = 2, .T = 5, .C = 70, .Vp = 9, .flags = NOWPE, .rtol = RT_ELEM},
+    {&fam_embed_fwd, "B4 T256 C768 Vp50304", .B = 4, .T = 256, .C = 768, .Vp = 50304, .rtol = RT_ELEM, .perf = 1},
+    {&fam_embed_bwd, "B3 T7 C37 V5 (repeats)", .B = 3, .T = 7, .C = 37, .V = 5, .Vp = 6, .rtol = RT_ELEM},
+    {&fam_embed_bwd, "B4 T300 C45 V3 no wpe", .B = 4, .T = 300, .C = 45, .V = 3, .Vp = 3, .flags = NOWPE, .rtol = RT_ELEM},
+    {&fam_embed_bwd, "B2 T9 C33 V40 no dwte", .B = 2, .T = 9, .C = 33, .V = 40, .Vp = 40, .flags = NODW, .rtol = RT_ELEM},
+    {&fam_embed_bwd, "B4 T256 C768 V50257", .B = 4, .T = 256, .C = 768, .V = 50257, .Vp = 50304, .rtol = RT_ELEM, .perf = 1},
+    {&fam_ln_fwd, "N37 C45", .N = 37, .C = 45, .rtol = RT_RED},
+    {&fam_ln_fwd, "N5 C1000 no bias/stats", .N = 5, .C = 1000, .flags = NOBIAS | NOSTATS, .rtol = RT_RED},
+    {&fam_ln_fwd, "N1024 C768", .N = 1024, .C = 768, .rtol = RT_RED, .perf = 1},
+    {&fam_ln_bwd, "N37 C45", .N = 37, .C = 45, .rtol = RT_RED},
+    {&fam_ln_bwd, "N300 C17 no bias/dinp", .N = 300, .C = 17, .flags = NOBIAS | NODINP, .rtol = RT_RED},
+    {&fam_ln_bwd, "N1024 C768", .N = 1024, .C = 768, .rtol = RT_RED, .perf = 1},
+    {&fam_rms_fwd, "N37 C45", .N = 37, .C = 45, .rtol = RT_RED},
+    {&fam_rms_fwd, "N3 C999 no stats", .N = 3, .C = 999, .flags = NOSTATS, .rtol = RT_RED},
+    {&fam_rms_fwd, "N1024 C1024", .N = 1024, .C = 1024, .rtol = RT_RED, .perf = 1},
+    {&fam_rms_bwd, "N37 C45", .N = 37, .C = 45, .rtol = RT_RED},
+    {&fam_rms_bwd, "N129 C7 no dinp", .N = 129, .C = 7, .flags = NODINP, .rtol = RT_RED},
+    {&fam_rms_bwd, "N9 C33 no dw", .N = 9, .C = 33, .flags = NODW, .rtol = RT_RED},
+    {&fam_rms_bwd, "N1024 C1024", .N = 1024, .C = 1024, .rtol = RT_RED, .perf = 1},
+    {&fam_qk_fwd, "qk N13 H3 KV1 hd10", .N = 13, .H = 3, .KV = 1, .hd = 10, .rtol = RT_RED},
+    {&fam_qk_fwd, "qk N1024 H16 KV8 hd128", .N = 1024, .H = 16, .KV = 8, .hd = 128, .rtol = RT_RED, .perf = 1},
+    {&fam_qk_bwd, "qk N13 H3 KV1 hd10", .N = 13, .H = 3, .KV = 1, .hd = 10, .rtol = RT_RED},
+    {&fam_qk_bwd, "qk N1024 H16 KV8 hd128", .N = 1024, .H = 16, .KV = 8, .hd = 128, .rtol = RT_RED, .perf = 1},
+    {&fam_mm_fwd, "N37 IC45 OC71 bias", .N = 37, .IC = 45, .OC = 71, .rtol = RT_RED},
+    {&fam_mm_fwd, "N1 IC3 OC5", .N = 1, .IC = 3, .OC = 5, .flags = NOBIAS, .rtol = RT_RED},
+    {&fam_mm_fwd, "N1024 768->2304 bias", .N = 1024, .IC = 768, .OC = 2304, .rtol = RT_RED, .perf = 1},
+    {&fam_mm_fwd, "N1024 768->3072 bias", .N = 1024, .IC = 768, .OC = 3072, .rtol = RT_RED, .perf = 1},
+    {&fam_mm_fwd, "N1024 3072->768 bias", .N = 1024, .IC = 3072, .OC = 768, .rtol = RT_RED, .perf = 1},
+    {&fam_mm_fwd, "N1024 768->50304 head", .N = 1024, .IC = 768, .OC = 50304, .flags = NOBIAS, .rtol = RT_RED, .perf = 1},
+    {&fam_mm_bwd, "N37 IC45 OC71 bias", .N = 37, .IC = 45, .OC = 71, .rtol = RT_RED},
+    {&fam_mm_bwd, "N300 IC5 OC3 no dinp/bias", .N = 300, .IC = 5, .OC = 3, .flags = NODINP | NOBIAS, .rtol = RT_RED},
+    {&fam_mm_bwd, "N7 IC33 OC9 no dw", .N = 7, .IC = 33, .OC = 9, .flags = NODW, .rtol = RT_RED},
+    {&fam_mm_bwd, "N1024 768->2304 bias", .N = 1024, .IC = 768, .OC = 2304, .rtol = RT_RED, .perf = 1},
+    {&fam_mm_bwd, "N1024 768->3072 bias", .N = 1024, .IC = 768, .OC = 3072, .rtol = RT_RED, .perf = 1},
+    {&fam_mm_bwd, "N1024 3072->768 bias", .N = 1024, .IC = 3072, .OC = 768, .rtol = RT_RED, .perf = 1},
+    {&fam_mm_bwd, "N1024 768->50304 head", .N = 1024, .IC = 768, .OC = 50304, .flags = NOBIAS, .rtol = RT_RED, .perf = 1},
+    {&fam_rope_fwd, "B2 T5 H4 KV2 hd6 pos0=3", .B = 2, .T = 5, .H = 4, .KV = 2, .hd = 6, .pos0 = 3, .x = 10000.0f, .rtol = RT_ELEM},
+    {&fam_rope_fwd, "B1 T64 H2 KV1 hd16 pos0=4000", .B = 1, .T = 64, .H = 2, .KV = 1, .hd = 16, .pos0 = 4000, .x = 1e6f, .rtol = RT_ELEM},
+    {&fam_rope_fwd, "B4 T256 H16 KV8 hd128", .B = 4, .T = 256, .H = 16, .KV = 8, .hd = 128, .x = 1e6f, .rtol = RT_ELEM, .perf = 1},
+    {&fam_rope_bwd, "B2 T5 H4 KV2 hd6 pos0=3", .B = 2, .T = 5, .H = 4, .KV = 2, .hd = 6, .pos0 = 3, .x = 10000.0f, .rtol = RT_ELEM},
+    {&fam_rope_bwd, "B4 T256 H16 KV8 hd128", .B = 4, .T = 256, .H = 16, .KV = 8, .hd = 128, .x = 1e6f, .rtol = RT_ELEM, .perf = 1},
+    {&fam_att_fwd, "B2 T7 H3 KV3 hd5", .B = 2, .T = 7, .H = 3, .KV = 3, .hd = 5, .rtol = RT_RED},
+    {&fam_att_fwd, "B2 T33 H4 KV2 hd8", .B = 2, .T = 33, .H = 4, .KV = 2, .hd = 8, .rtol = RT_RED},
+    {&fam_att_fwd, "B1 T1 H2 KV1 hd4", .B = 1, .T = 1, .H = 2, .KV = 1, .hd = 4, .rtol = RT_RED},
+    {&fam_att_fwd, "B4 T256 H12 hd64", .B = 4, .T = 256, .H = 12, .KV = 12, .hd = 64, .rtol = RT_RED, .perf = 1},
+    {&fam_att_fwd, "B4 T256 H8 KV2 hd64", .B = 4, .T = 256, .H = 8, .KV = 2, .hd = 64, .rtol = RT_RED, .perf = 1},
+    {&fam_att_fwd, "B4 T1024 H12 hd64", .B = 4, .T = 1024, .H = 12, .KV = 12, .hd = 64, .rtol = RT_RED, .perf = 1},
+    {&fam_att_bwd, "B2 T7 H3 KV3 hd5", .B = 2, .T = 7, .H = 3, .KV = 3, .hd = 5, .rtol = RT_RED},
+    {&fam_att_bwd, "B2 T33 H4 KV2 hd8", .B = 2, .T = 33, .H = 4, .KV = 2, .hd = 8, .rtol = RT_RED},
+    {&fam_att_bwd, "B4 T256 H12 hd64", .B = 4, .T = 256, .H = 12, .KV = 12, .hd = 64, .rtol = RT_RED, .perf = 1},
+    {&fam_att_bwd, "B4 T256 H8 KV2 hd64", .B = 4, .T = 256, .H = 8, .KV = 2, .hd = 64, .rtol = RT_RED, .perf = 1},
+    {&fam_att_bwd, "B4 T1024 H12 hd64", .B = 4, .T = 1024, .H = 12, .KV = 12, .hd = 64, .rtol = RT_RED, .perf = 1},
+    {&fam_att_cached, "n5 pos0=0 H4 KV2 hd8 maxT16", .N = 5, .pos0 = 0, .H = 4, .KV = 2, .hd = 8, .T = 16, .rtol = RT_RED},
+    {&fam_att_cached, "n1 pos0=37 H3 KV1 hd10 maxT64", .N = 1, .pos0 = 37, .H = 3, .KV = 1, .hd = 10, .T = 64, .rtol = RT_RED},
+    {&fam_att_cached, "n3 pos0=200 H6 KV3 hd300", .N = 3, .pos0 = 200, .H = 6, .KV = 3, .hd = 300, .T = 203, .rtol = RT_RED},
+    {&fam_att_cached, "decode n1 pos0=1000 H16 KV8 hd128", .N = 1, .pos0 = 1000, .H = 16, .KV = 8, .hd = 128, .T = 2048, .rtol = RT_RED, .perf = 1},
+    {&fam_att_cached, "prefill n256 H12 hd64 maxT1024", .N = 256, .pos0 = 0, .H = 12, .KV = 12, .hd = 64, .T = 1024, .rtol = RT_RED, .perf = 1},
+    {&fam_gelu_fwd, "n1001", .n = 1001, .rtol = RT_ELEM},
+    {&fam_gelu_fwd, "n 1024x3072", .n = 1024 * 3072, .rtol = RT_ELEM, .perf = 1},
+    {&fam_gelu_bwd, "n1001", .n = 1001, .rtol = RT_ELEM},
+    {&fam_gelu_bwd, "n 1024x3072", .n = 1024 * 3072, .rtol = RT_ELEM, .perf = 1},
+    {&fam_swi_fwd, "N7 F13", .N = 7, .F = 13, .rtol = RT_ELEM},
+    {&fam_swi_fwd, "N1024 F3072", .N = 1024, .F = 3072, .rtol = RT_ELEM, .perf = 1},
+    {&fam_swi_bwd, "N7 F13", .N = 7, .F = 13, .rtol = RT_ELEM},
+    {&fam_swi_bwd, "N1024 F3072", .N = 1024, .F = 3072, .rtol = RT_ELEM, .perf = 1},
+    {&fam_add, "n1001", .n = 1001, .rtol = RT_ELEM},
+    {&fam_add_alias, "n1001 out=a", .n = 1001, .rtol = RT_ELEM},
+    {&fam_add, "n 1024x768", .n = 1024 * 768, .rtol = RT_ELEM, .perf = 1},
+    {&fam_xent, "N7 V37 Vp40 gs=1/7", .N = 7, .V = 37, .Vp = 40, .x = 1.0f / 7, .rtol = RT_RED},
+    {&fam_xent, "N9 V1000 Vp1000 gs=0", .N = 9, .V = 1000, .Vp = 1000, .x = 0.0f, .rtol = RT_RED},
+    {&fam_xent, "N1024 V50257 Vp50304", .N = 1024, .V = 50257, .Vp = 50304, .x = 1.0f / 1024, .rtol = RT_RED, .perf = 1},
+    {&fam_adamw, "n1001 step1 gs0.5", .n = 1001, .step = 1, .x = 0.5f, .rtol = RT_ELEM},
+    {&fam_adamw, "n1001 step7", .n = 1001, .step = 7, .x = 1.0f, .rtol = RT_ELEM},
+    {&fam_adamw, "n 16M step3", .n = 16 << 20, .step = 3, .x = 1.0f, .rtol = RT_ELEM, .perf = 1},
+    {&fam_sumsq, "n1", .n = 1, .rtol = 1e-10},
+    {&fam_sumsq, "n1000003", .n = 1000003, .rtol = 1e-10},
+    {&fam_sumsq, "n 16M", .n = 16 << 20, .rtol = 1e-10, .perf = 1},
+    {&fam_scale, "n1001", .n = 1001, .x = 0.37f, .rtol = RT_ELEM},
+    {&fam_scale, "n 16M", .n = 16 << 20, .x = 0.999f, .rtol = RT_ELEM, .perf = 1},
+    {&fam_copy2d, "37 rows 5 of 11<-13", .N = 37, .C = 5, .IC = 11, .OC = 13, .H = 2, .rtol = 0},
+    {&fam_copy2d, "1 row", .N = 1, .C = 7, .IC = 8, .OC = 9, .H = 1, .rtol = 0},
+    {&fam_copy2d, "qkv v: 1024 rows 1024 of 4096", .N = 1024, .C = 1024, .IC = 4096, .OC = 4096, .H = 3072, .rtol = 0, .perf = 1},
+    {&fam_zero, "n1001", .n = 1001, .rtol = 0},
+};
+#define NCASES (sizeof cases / sizeof cases[0])
+
+/* ---- harness ---------------------------------------------------------------------------- */
+
+static const ct_ops *dev;
+static int dev_is_cpu;
+
+static int dev_check(const char *what) {
+  if (dev_is_cpu) return 0;
+  char err[768];
+  if (ct_cuda_check(err, sizeof err) == 0) return 0;
+  fprintf(stderr, "%s: %s\n", what, err);
+  return -1;
+}
+
+/* Counter-based, so buffers fill in parallel and the values depend only on (seed, index). */
+static void fill(void *dst, const bspec *b, uint64_t seed) {
+  const size_t n = b->n;
+  if (b->role == R_OUT) {
+    uint32_t nan = 0x7fc00000u;
+#pragma omp parallel for if (n > 65536)
+    for (size_t i = 0; i < n; i++) memcpy((char *)dst + 4 * i, &nan, 4);
+    return;
+  }
+#pragma omp parallel for if (n > 65536)
+  for (size_t i = 0; i < n; i++) {
+    uint64_t r = ct_mix64(seed ^ ct_mix64(i));
+    float u = (float)(r >> 40) * (1.0f / 16777216.0f);
+    if (b->init == I_TOK) {
+      ((int32_t *)dst)[i] = (int32_t)((r >> 8) % (uint64_t)b->range);
+    } else if (b->init == I_TGT) {
+      ((int32_t *)dst)[i] = (r & 7) == 0 ? -1 : (int32_t)((r >> 8) % (uint64_t)b->range);
+    } else if (b->init == I_POS) {
+      ((float *)dst)[i] = b->offset + b->scale * u;
+    } else {
+      ((float *)dst)[i] = b->offset + b->scale * 1.7320508f * (2.0f * u - 1.0f);
+    }
+  }
+}
+
+typedef struct opstat {
+  const char *op;
+  double worst;
+  int cases;
+} opstat;
+static opstat stats[64];
+static int nstats;
+static void note(const char *op, double err) {
+  for (int i = 0; i < nstats; i++)
+    if (!strcmp(stats[i].op, op)) {
+      if (err > stats[i].worst) stats[i].worst = err;
+      stats[i].cases++;
+      return;
+    }
+  stats[nstats++] = (opstat){op, err, 1};
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Times the op on the device: warm-up, then 5 batches sized to ~20 ms; median batch mean. */
+static double time_op(const tcase *c, void **gp) {
+  for (int i = 0; i < 2; i++) c->fam->call(dev, gp, c);
+  if (dev_check("warm-up")) return NAN;
+  double t0 = ct_now();
+  c->fam->call(dev, gp, c);
+  dev_check("timing");
+  double est = ct_now() - t0;
+  int reps = est > 0 ? (int)(0.02 / est) : 1000;
+  reps = reps < 3 ? 3 : reps > 1000 ? 1000 : reps;
+  double samples[5];
+  for (int s = 0; s < 5; s++) {
+    t0 = ct_now();
+    for (int r = 0; r < reps; r++) c->fam->call(dev, gp, c);
+    if (dev_check("timing")) return NAN;
+    samples[s] = (ct_now() - t0) / reps;
+  }
+  qsort(samples, 5, sizeof samples[0], cmp_double);
+  return samples[2];
+}
+
+static void run_case(size_t ci, int perf) {
+  const tcase *c = &cases[ci];
+  bspec b[MAXB];
+  memset(b, 0, sizeof b);
+  const int nb = c->fam->setup(c, b);
+  void *init[MAXB] = {0}, *cpu[MAXB] = {0}, *gp[MAXB] = {0}, *gbase[MAXB] = {0};
+  uint32_t *got[MAXB] = {0};
+  char what[256];
+  int ok = 1;
+
+  for (int i = 0; i < nb; i++) {
+    if (!b[i].n) continue;
+    init[i] = malloc(4 * b[i].n);
+    if (!init[i]) { fprintf(stderr, "out of host memory\n"); exit(1); }
+    fill(init[i], &b[i], 0x5eed0000ull + ci * 131 + i);
+  }
+  if (c->fam->prep) c->fam->prep(c, init);
+
+  double cpu_scalar = 0;
+  if (!perf) { /* the reference */
+    for (int i = 0; i < nb; i++) {
+      if (!b[i].n) continue;
+      cpu[i] = malloc(4 * b[i].n);
+      memcpy(cpu[i], init[i], 4 * b[i].n);
+    }
+    c->fam->call(ct_ops_cpu(), cpu, c);
+    cpu_scalar = g_scalar;
+  }
+
+  /* device copies: [GUARD sentinels | data | GUARD sentinels] */
+  for (int i = 0; i < nb; i++) {
+    if (!b[i].n) continue;
+    size_t tot = b[i].n + 2 * GUARD;
+    got[i] = malloc(4 * tot);
+    for (size_t k = 0; k < GUARD; k++) got[i][k] = got[i][GUARD + b[i].n + k] = SENTINEL;
+    memcpy(got[i] + GUARD, init[i], 4 * b[i].n);
+    gbase[i] = dev->alloc(4 * tot);
+    CHECK_MSG(gbase[i] != NULL, "%s %s: alloc of %zu bytes failed", c->fam->op, c->shape, 4 * tot);
+    if (!gbase[i]) { ok = 0; goto done; }
+    dev->to_device(gbase[i], got[i], 4 * tot);
+    gp[i] = (uint32_t *)gbase[i] + GUARD;
+  }
+  c->fam->call(dev, gp, c);
+  snprintf(what, sizeof what, "%s [%s]", c->fam->op, c->shape);
+  if (dev_check(what)) { CHECK_MSG(0, "%s: the device reported an error", what); ok = 0; goto done; }
+
+  if (!perf) {
+    double worst = 0;
+    if (c->fam->scalar) {
+      double err = fabs(g_scalar - cpu_scalar) / (fabs(cpu_scalar) > 1e-300 ? fabs(cpu_scalar) : 1e-300);
+      CHECK_MSG(isfinite(g_scalar) && err <= c->rtol, "%s: got %.17g, want %.17g (normalized %.3e)",
+                what, g_scalar, cpu_scalar, err);
+      worst = err;
+    }
+    for (int i = 0; i < nb; i++) {
+      if (!b[i].n) continue;
+      size_t tot = b[i].n + 2 * GUARD;
+      dev->to_host(got[i], gbase[i], 4 * tot);
+      if (dev_check(what)) { ok = 0; goto done; }
+      size_t bad = 0;
+      for (size_t k = 0; k < GUARD; k++)
+        bad += (got[i][k] != SENTINEL) + (got[i][GUARD + b[i].n + k] != SENTINEL);
+      CHECK_MSG(bad == 0, "%s: %s: %zu guard elements overwritten (out-of-bounds write)", what,
+                b[i].name, bad);
+      uint32_t *g = got[i] + GUARD;
+      if (b[i].role == R_IN) {
+        CHECK_MSG(!memcmp(g, init[i], 4 * b[i].n), "%s: input %s was modified", what, b[i].name);
+        continue;
+      }
+      char nm[300];
+      snprintf(nm, sizeof nm, "%s: %s", what, b[i].name);
+      double e = ct_check_close(nm, (const float *)g, cpu[i], b[i].n, c->rtol, 0.0);
+      if (e > worst) worst = e;
+    }
+    note(c->fam->op, worst);
+    printf("  %-16s %-32s worst normalized error %.2e\n", c->fam->op, c->shape, worst);
+  } else {
+    double t = time_op(c, gp);
+    double bytes = 0;
+    for (int i = 0; i < nb; i++) bytes += 4.0 * b[i].n * (b[i].role == R_ACC ? 2 : 1);
+    double fl = c->fam->flops ? c->fam->flops(c) : 0;
+    printf("  %-16s %-32s %10.1f us %9.1f GB/s", c->fam->op, c->shape, t * 1e6, bytes / t / 1e9);
+    if (fl > 0) printf(" %8.2f TFLOP/s", fl / t / 1e12);
+    printf("\n");
+  }
+
+done:
+  if (!ok) note(c->fam->op, INFINITY);
+  for (int i = 0; i < nb; i++) {
+    if (gbase[i]) dev->free(gbase[i]);
+    free(init[i]);
+    free(cpu[i]);
+    free(got[i]);
+  }
+}
+
+/* alloc returns zero-filled memory; zero-byte allocations are valid and freeable. */
+static void test_alloc(void) {
+  size_t n = 1000;
+  float *d = dev->alloc(n * sizeof(float));
+  CHECK(d != NULL);
+  if (!d) return;
+  float *h = malloc(n * sizeof(float));
+  memset(h, 0xff, n * sizeof(float));
+  dev->to_host(h, d, n * sizeof(float));
+  size_t nz = 0;
+  for (size_t i = 0; i < n; i++) nz += h[i] != 0.0f;
+  CHECK_MSG(nz == 0, "alloc: %zu of %zu elements not zero", nz, n);
+  dev->free(d);
+  void *z = dev->alloc(0);
+  CHECK(z != NULL);
+  dev->free(z);
+  CHECK(dev_check("alloc") == 0);
+  free(h);
+}
+
+/* The sticky error: a bad copy2d (pitch smaller than the row) must be reported, naming the op. */
+static void test_sticky_error(void) {
+  char err[768] = "";
+  float *d = dev->alloc(64 * sizeof(float));
+  if (!d) { CHECK(d != NULL); return; }
+  dev->copy2d(d, 4, d + 32, 4, 16, 4);
+  int rc = ct_cuda_check(err, sizeof err);
+  CHECK_MSG(rc == -1 && strstr(err, "copy2d"), "sticky error: rc %d, message \"%s\"", rc, err);
+  printf("  sticky error reported as: %s\n", err);
+  rc = ct_cuda_check(err, sizeof err);
+  CHECK_MSG(rc == -1, "the error state must stay set");
+}
+
+int main(int argc, char **argv) {
+  int perf = 0, small = 0;
+  const char *only = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--perf")) perf = 1;
+    else if (!strcmp(argv[i], "--small")) small = 1;
+    else if (!strcmp(argv[i], "--op") && i + 1 < argc) only = argv[++i];
+    else if (!strcmp(argv[i], "--cpu")) dev_is_cpu = 1;
+    else { fprintf(stderr, "usage: %s [--perf | --small] [--op NAME] [--cpu]\n", argv[0]); return 2; }
+  }
+  if (dev_is_cpu) {
+    dev = ct_ops_cpu();
+  } else {
+    char err[512];
+    if (ct_cuda_device_count() <= 0) {
+      printf("no CUDA device visible: skipped\n");
+      return 77;
+    }
+    if (ct_cuda_init(0, err, sizeof err) != 0) {
+      fprintf(stderr, "ct_cuda_init: %s\n", err);
+      return 1;
+    }
+    dev = ct_ops_cuda();
+    CHECK(dev->attention_state_floats(3, 5, 4, 2, 8) == ct_ops_cpu()->attention_state_floats(3, 5, 4, 2, 8));
+  }
+  printf("%s: %s table against the CPU reference%s\n", argv[0], dev->name,
+         perf ? " (perf: realistic shapes)" : "");
+  if (perf) {
+    printf("  %-16s %-32s %13s %14s %16s\n", "op", "shape", "time", "bandwidth", "compute");
+    for (size_t i = 0; i < NCASES; i++)
+      if (cases[i].perf && (!only || strstr(cases[i].fam->op, only))) run_case(i, 1);
+    printf("  (GB/s counts each buffer once, read+write for accumulated ones; attention TFLOP/s"
+           " counts the causal half)\n");
+    return ct_test_finish();
+  }
+  test_alloc();
+  for (size_t i = 0; i < NCASES; i++)
+    if ((!small || !cases[i].perf) && (!only || strstr(cases[i].fam->op, only))) run_case(i, 0);
+  printf("\nworst normalized error per op (cases):\n");
+  for (int i = 0; i < nstats; i++)
+    printf("  %-16s %.2e (%d)\n", stats[i].op, stats[i].worst, stats[i].cases);
+  if (!dev_is_cpu && !small && !only) test_sticky_error(); /* last: it leaves the error state set */
+  return ct_test_finish();
+}
