@@ -380,7 +380,7 @@ static bool rendezvous(agent *a) {
     round_key(a, key, sizeof key, "join");
     if (a->server || a->client) kv_peek(a, key, v, sizeof v, &found);
     char text[400];
-    snprintf(text, sizeof text, "rendezvous timed out after %.0f s: %s of %d nodes joined round %d at %s:%d%s",
+    snprintf(text, sizeof text, "rendezvous timed out after %g s: %s of %d nodes joined round %d at %s:%d%s",
              c->rdzv_timeout, found ? v : "0", c->nnodes, a->restarts, a->store_host, a->port,
              a->server || a->client ? "" : " (could not connect to node 0's store)");
     record_remote_failure(a, 1, false, text);
@@ -746,10 +746,14 @@ int ct_agent_run(const ct_launch_config *cfg) {
           publish_abort(&a, a.state == G_STOPPED ? 128 + a.signal_got : a.exit_code, text);
         }
       }
-      char val[32];
+      /* wait for the nodes that joined this round (a node that never came cannot say bye) */
+      char val[32], key[128];
       bool found;
+      round_key(&a, key, sizeof key, "join");
+      kv_peek(&a, key, val, sizeof val, &found);
+      long long others = found ? strtoll(val, NULL, 10) - 1 : 0;
       kv_peek(&a, "launch/bye", val, sizeof val, &found);
-      if ((found && strtoll(val, NULL, 10) >= cfg->nnodes - 1) || ct_now() > linger_until) break;
+      if ((found ? strtoll(val, NULL, 10) : 0) >= others || ct_now() > linger_until) break;
     }
     int need = 1 + 2 * a.n + (a.server ? ct_store_server_nfds(a.server) : 0);
     if (need > cap) {
