@@ -650,6 +650,14 @@ static ct_status setup_signals(agent *a) {
   if (sigprocmask(SIG_BLOCK, &set, NULL) != 0) return ct_set_error(CT_ERR_RUNTIME, "sigprocmask: %s", strerror(errno));
   a->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
   if (a->sigfd < 0) return ct_set_error(CT_ERR_RUNTIME, "signalfd: %s", strerror(errno));
+  /* Inherited dispositions: SIGCHLD ignored would make the kernel auto-reap our workers (and
+   * waitpid lose their exit status); a script's `cmd &` ignores SIGINT. Blocked signals reach
+   * the signalfd either way, but restore the defaults so that nothing depends on that (safe:
+   * they are blocked). A SIGHUP ignored on purpose (nohup) stays ignored. */
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGUSR1, SIG_DFL);
+  signal(SIGCHLD, SIG_DFL);
   signal(SIGPIPE, SIG_IGN); /* a closed console or store socket is an error return, not death */
   /* Orphans of our workers (their own children) are reparented to us, so we can reap them and
    * see through kill(-pgid, 0) whether a worker's process group is really gone. */

@@ -160,6 +160,26 @@ else
   kill -9 $lpid
 fi
 
+# ---- SIGINT, to a launcher started in the background of a script (which ignores SIGINT)
+rm -f "$TMP"/pid_* "$TMP"/term_*
+W=$(worker sigint '
+trap "echo int > \"$D/term_$RANK\"; exit 0" INT
+echo $$ > "$D/pid_$RANK"
+while :; do "$D/sleeper" 0.05; done')
+"$LAUNCH" --nproc_per_node 2 --standalone --grace_period 10 --cmd "$W" >/dev/null 2>"$TMP/err" &
+lpid=$!
+if wait_files 2 "$TMP/pid_*"; then
+  kill -INT $lpid
+  wait $lpid
+  rc=$?
+  check "SIGINT: launcher exits 130, got $rc" test $rc -eq 130
+  check "SIGINT: both workers received SIGINT" bash -c "[ -f '$TMP/term_0' ] && [ -f '$TMP/term_1' ]"
+  no_survivors "SIGINT"
+else
+  check "SIGINT: workers started" false
+  kill -9 $lpid
+fi
+
 # ---- SIGUSR1 (Slurm's pre-emption warning): forwarded; workers "checkpoint" and exit 0
 W=$(worker sigusr1 '
 trap "echo ckpt > \"$D/ckpt_$RANK\"; exit 0" USR1
