@@ -1,0 +1,135 @@
+/* parallel/comm.h — process group: collectives over a group of ranks.
+ *
+ * One ct_comm is one group of `size` ranks (NCCL's communicator, torch's ProcessGroup). The
+ * lifecycle follows NCCL: rendezvous out of band (our TCP store, parallel/store.h) → init
+ * (every rank of the group calls ct_comm_init_* with the same prefix) → split into sub-groups
+ * (dp × tp mesh) → collectives → destroy.
+ *
+ * Backends sit behind a small table of function pointers (see comm.c):
+ *   gloo  CPU buffers over TCP (Debian libgloo-dev through the C++ adapter gloo_adapter.cc).
+ *         Its reduce_scatter is an all_reduce plus a copy of the own block (2x the bytes of a
+ *         real reduce-scatter; Gloo's own halving-doubling one races, see the adapter).
+ *   nccl  GPU buffers (comes with the multi-GPU work: ct_comm_init_nccl, same calls).
+ *
+ * Rules common to every call:
+ * - Collective: every rank of the group makes the same calls in the same order with the same
+ *   count, dtype, op and root. A rank that never arrives makes the others fail with a timeout
+ *   error after `timeout_s` (given at init) — never a hang.
+ * - Synchronous: when a call returns, the result is in the output buffer (Gloo is blocking;
+ *   the NCCL backend will say what it means there).
+ * - count 0 is allowed and does nothing. A NULL buffer with count > 0 is CT_ERR_USAGE, naming
+ *   the call. Buffers are caller-owned; nothing is retained after a call returns.
+ * - Errors come back as a ct_status with ct_last_error() naming the call, the backend, the
+ *   rank and the group prefix, plus the backend's own text (a Gloo exception's message).
+ *   After a failed collective the group is unusable (the transport state is unknown, as with
+ *   ncclCommAbort): later calls fail at once with the first error; destroy it.
+ * - Reductions on CT_BF16 / CT_F16 run in fp32 (each buffer is widened, reduced, and rounded
+ *   back to nearest even once at the end), so the result is the fp32 result rounded once.
+ *   Integer CT_AVG is the sum divided by size with C integer division (truncation); integer
+ *   sums wrap (CT_U8 modulo 256).
+ */
+#ifndef CT_COMM_H
+#define CT_COMM_H
+
+#include <stddef.h>
+
+#include "common/status.h"
+#include "parallel/store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ct_comm ct_comm;
+
+typedef enum { CT_F32, CT_BF16, CT_F16, CT_I32, CT_I64, CT_U8 } ct_dtype;
+typedef enum { CT_SUM, CT_AVG, CT_MAX, CT_MIN } ct_redop;
+
+size_t ct_dtype_size(ct_dtype t);      /* bytes per element; 0 for a value out of range */
+const char *ct_dtype_name(ct_dtype t); /* "f32", "bf16", ... */
+const char *ct_redop_name(ct_redop op);
+
+/* Joins a CPU group over TCP through Gloo. Every rank in [0, world) calls it with the same
+ * prefix; `store` (not owned, must outlive the group) carries the addresses, under keys that
+ * start with `prefix` so several groups coexist on one store (e.g. "run7/world", "run7/dp").
+ * Use a prefix unique to this group's lifetime (include the restart count): keys from an
+ * earlier group of the same name would otherwise be read. `timeout_s` (> 0) bounds the
+ * rendezvous, the connection set-up and every later collective of this group and of groups
+ * split from it.
+ * The socket binds to the interface named by CTRAIN_SOCKET_IFNAME, else to the local address
+ * that routes to MASTER_ADDR, else to 127.0.0.1 (MASTER_ADDR unset: one host).
+ * On success *out is a new group, owned by the caller (ct_comm_destroy). */
+ct_status ct_comm_init_gloo(ct_store *store, int rank, int world, const char *prefix,
+                            double timeout_s, ct_comm **out);
+
+/* Splits `parent` (collective over the parent group): ranks passing the same color >= 0 form
+ * one new group, ordered by key (ties by parent rank); its store keys live under
+ * "<parent prefix>/split<n>/c<color>" (n counts this parent's splits). A negative color
+ * (CT_COMM_NO_COLOR) joins no group: *out is set to NULL and CT_OK returned. For a dp × tp mesh
+ * with tp size T: tp = split(world, r / T, r % T), dp = split(world, r % T, r / T).
+ * The new group shares the parent's store and timeout and must be destroyed on its own (before
+ * or after the parent). */
+#define CT_COMM_NO_COLOR (-1)
+ct_status ct_comm_split(ct_comm *parent, int color, int key, ct_comm **out);
+
+int ct_comm_rank(const ct_comm *c);
+int ct_comm_size(const ct_comm *c);
+const char *ct_comm_backend(const ct_comm *c);  /* "gloo" (later "nccl") */
+const char *ct_comm_prefix(const ct_comm *c);   /* the group's store key prefix */
+
+/* In place: buf (count elements) on every rank becomes the reduction over ranks. */
+ct_status ct_comm_all_reduce(ct_comm *c, void *buf, size_t count, ct_dtype dt, ct_redop op);
+
+/* send holds size * recv_count elements (block b = elements [b*recv_count, (b+1)*recv_count));
+ * rank r receives the reduction of block r in recv (recv_count elements). In place is allowed
+ * when recv == send + r * recv_count (elements); other overlaps are not. send is not modified
+ * (except through recv in the in-place form). */
+ct_status ct_comm_reduce_scatter(ct_comm *c, const void *send, void *recv, size_t recv_count,
+                                 ct_dtype dt, ct_redop op);
+
+/* Every rank contributes send_count elements; recv (size * send_count) gets rank b's
+ * contribution in block b on every rank. In place is allowed when send == recv + r * send_count
+ * (elements); other overlaps are not. */
+ct_status ct_comm_all_gather(ct_comm *c, const void *send, void *recv, size_t send_count,
+                             ct_dtype dt);
+
+/* buf on every rank becomes root's buf (count elements). */
+ct_status ct_comm_broadcast(ct_comm *c, void *buf, size_t count, ct_dtype dt, int root);
+
+/* Returns once every rank of the group has entered it. */
+ct_status ct_comm_barrier(ct_comm *c);
+
+/* Frees the group and closes its connections. Not collective; NULL is ignored. */
+void ct_comm_destroy(ct_comm *c);
+
+/* ---- backend interface: used by comm.c and the backends only ----
+ * A backend is a table of function pointers over its own opaque state (`impl`). comm.c checks
+ * the arguments (so a backend sees non-NULL buffers, count > 0, a valid dtype/op/root), keeps
+ * rank/size/prefix/store, runs the store side of split, and marks a group failed after its
+ * first error. A backend function records its message with ct_set_error and returns a status;
+ * it must not throw, print or exit. */
+typedef struct ct_comm_backend_ops {
+  const char *name;
+  /* New group of `size` ranks (this one is `rank`) made from members of the parent group;
+   * rendezvous keys under `prefix`. Called only on the ranks that join a group. */
+  ct_status (*split)(void *parent_impl, int rank, int size, const char *prefix, void **out);
+  ct_status (*all_reduce)(void *impl, void *buf, size_t count, ct_dtype dt, ct_redop op);
+  ct_status (*reduce_scatter)(void *impl, const void *send, void *recv, size_t recv_count,
+                              ct_dtype dt, ct_redop op);
+  ct_status (*all_gather)(void *impl, const void *send, void *recv, size_t send_count,
+                          ct_dtype dt);
+  ct_status (*broadcast)(void *impl, void *buf, size_t count, ct_dtype dt, int root);
+  ct_status (*barrier)(void *impl);
+  void (*destroy)(void *impl);
+} ct_comm_backend_ops;
+
+/* Gloo (gloo_adapter.cc): creates the state of one rank of a new group. */
+extern const ct_comm_backend_ops ct_comm_gloo_ops;
+ct_status ct_comm_gloo_create(ct_store *store, int rank, int world, const char *prefix,
+                              double timeout_s, void **impl);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
