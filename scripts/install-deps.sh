@@ -5,11 +5,13 @@
 set -euo pipefail
 
 PACKAGES=(
-  gcc g++ make pkg-config file   # toolchain (g++: the Gloo adapter in later stages)
+  gcc g++ make pkg-config file   # toolchain (g++: the Gloo adapter, parallel/gloo_adapter.cc)
+  libgloo-dev                    # CPU collectives over TCP (process group, parallel/comm.h)
   meson ninja-build              # build system
   libhdf5-dev hdf5-tools         # token datasets, checkpoints (h5dump for inspection)
   libopenblas-openmp-dev         # CPU GEMM (OpenMP build: shares our thread pool)
   libcjson-dev                   # JSON (HF configs, safetensors headers)
+  libpcre2-dev libutf8proc-dev   # tokenizer.json: pre-tokenizer regexes, Unicode normalization
   fortunes                       # the bundled default training corpus
 )
 

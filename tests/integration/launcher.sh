@@ -302,10 +302,10 @@ check "two nodes, restart: both exit 0 (got $rc0, $rc1)" test $rc0 -eq 0 -a $rc1
 check "two nodes, restart: all 4 ranks ran again with CTRAIN_RESTART_COUNT=1" \
   bash -c "[ \"\$(cat '$TMP'/rc_0 '$TMP'/rc_1 '$TMP'/rc_2 '$TMP'/rc_3 2>/dev/null | tr -d '\n')\" = 1111 ]"
 # a node with another token is refused; a node whose peer never comes times out
-CTRAIN_STORE_TOKEN=aaaa "$LAUNCH" --nnodes 2 --node_rank 0 --master_port "$p" --rdzv_timeout 1.5 \
+CTRAIN_STORE_TOKEN=aaaa "$LAUNCH" --nnodes 2 --node_rank 0 --master_port "$p" --rdzv_timeout 3 \
   --cmd true >/dev/null 2>"$TMP/err0" &
 n0=$!
-CTRAIN_STORE_TOKEN=bbbb "$LAUNCH" --nnodes 2 --node_rank 1 --master_port "$p" --rdzv_timeout 1.5 \
+CTRAIN_STORE_TOKEN=bbbb "$LAUNCH" --nnodes 2 --node_rank 1 --master_port "$p" --rdzv_timeout 3 \
   --cmd true >/dev/null 2>"$TMP/err1"
 rc1=$?
 wait $n0
@@ -313,7 +313,7 @@ rc0=$?
 check "two nodes, wrong token: node 1 refused (exit $rc1)" \
   bash -c "[ $rc1 -eq 1 ] && grep -q 'refused the connection: wrong token' '$TMP/err1'"
 check "two nodes, missing peer: node 0 times out naming the count (exit $rc0)" \
-  bash -c "[ $rc0 -eq 1 ] && grep -q 'rendezvous timed out after 1.5 s: 1 of 2 nodes joined' '$TMP/err0'"
+  bash -c "[ $rc0 -eq 1 ] && grep -q 'rendezvous timed out after 3 s: 1 of 2 nodes joined' '$TMP/err0'"
 no_survivors "two nodes"
 
 finish
