@@ -9,6 +9,7 @@
 #include "ct_build_config.h"
 
 #if CT_HAVE_CUDA
+#include "kernels/cuda/ops_cuda.h"
 int ct_cuda_device_count(void);
 int ct_cuda_device_info(int i, char *name, size_t name_cap, char *pci, size_t pci_cap, int *major,
                         int *minor, size_t *mem_bytes);
@@ -25,7 +26,7 @@ int ct_cuda_visible_devices(void) {
 #endif
 }
 
-ct_status ct_backend_select(const ct_train_cfg *t, ct_backend *b) {
+ct_status ct_backend_select(const ct_train_cfg *t, int local_rank, ct_backend *b) {
   memset(b, 0, sizeof *b);
   int ngpu = ct_cuda_visible_devices();
   if (t->threads > 0) ct_ops_cpu_set_threads(t->threads);
@@ -33,15 +34,54 @@ ct_status ct_backend_select(const ct_train_cfg *t, ct_backend *b) {
   b->ops = ct_ops_cpu();
   snprintf(b->precision, sizeof b->precision, "fp32");
   snprintf(b->device, sizeof b->device, "cpu (%d threads)", b->threads);
+#if CT_HAVE_CUDA
+  if (ngpu > 0) {
+    if (local_rank >= ngpu)
+      return ct_set_error(CT_ERR_USAGE, "LOCAL_RANK %d but only %d CUDA device(s) visible"
+                          " (CUDA_VISIBLE_DEVICES=%s)", local_rank, ngpu,
+                          getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "unset");
+    char err[512], name[256], pci[32];
+    int major = 0, minor = 0;
+    size_t mem = 0;
+    if (ct_cuda_init(local_rank, err, sizeof err) != 0)
+      return ct_set_error(CT_ERR_RUNTIME, "cuda:%d: %s", local_rank, err);
+    ct_cuda_device_info(local_rank, name, sizeof name, pci, sizeof pci, &major, &minor, &mem);
+    b->ops = ct_ops_cuda();
+    b->cuda = true;
+    snprintf(b->device, sizeof b->device, "cuda:%d (%s, pci %s, sm_%d%d)", local_rank, name, pci,
+             major, minor);
+    /* this version of the CUDA table computes in fp32; bf16/fp16 mixed precision comes next */
+    if (strcmp(t->precision, "auto") && strcmp(t->precision, "fp32"))
+      ct_log_warn("train.precision = \"%s\": the CUDA backend computes in fp32 in this version",
+                  t->precision);
+    ct_log_info("device: %s, fp32%s", b->device, getenv("CT_CUDA_TF32") ? " (TF32 matmuls)" : "");
+    return CT_OK;
+  }
+#endif
+  (void)local_rank;
   if (strcmp(t->precision, "auto") && strcmp(t->precision, "fp32"))
     ct_log_warn("train.precision = \"%s\": the CPU backend computes in fp32", t->precision);
-  if (ngpu > 0)
-    ct_log_info("device: %s, fp32 (%d CUDA device(s) visible, but this build has no CUDA training"
-                " kernels yet)", b->device, ngpu);
-  else
-    ct_log_info("device: %s, fp32 (no CUDA device%s)", b->device,
-                CT_HAVE_CUDA ? " visible" : ": CPU-only build");
+  ct_log_info("device: %s, fp32 (%s)", b->device,
+              CT_HAVE_CUDA ? "no CUDA device visible" : "CPU-only build");
   return CT_OK;
+}
+
+ct_status ct_backend_check(const ct_backend *b) {
+#if CT_HAVE_CUDA
+  if (b->cuda) {
+    char err[1024];
+    if (ct_cuda_check(err, sizeof err) != 0) return ct_set_error(CT_ERR_RUNTIME, "%s", err);
+  }
+#endif
+  (void)b;
+  return CT_OK;
+}
+
+void ct_backend_shutdown(ct_backend *b) {
+#if CT_HAVE_CUDA
+  if (b->cuda) ct_cuda_shutdown();
+#endif
+  b->cuda = false;
 }
 
 void ct_env_print(FILE *f) {
@@ -72,5 +112,5 @@ void ct_env_print(FILE *f) {
 #endif
   fprintf(f, "cpu: %d OpenMP threads; precision auto -> fp32\n", omp_get_max_threads());
   fprintf(f, "libraries: HDF5 %u.%u.%u, OpenBLAS\n", maj, min, rel);
-  fprintf(f, "attention backends: cpu: eager\n");
+  fprintf(f, "attention backends: cpu: eager%s\n", CT_HAVE_CUDA ? "; cuda: eager (cuBLAS batched)" : "");
 }

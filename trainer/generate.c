@@ -165,7 +165,7 @@ ct_status ct_cmd_generate(int argc, char **argv) {
     return ct_set_error(CT_ERR_INPUT, "%s: tokenizer \"%s\" is not supported by generate yet"
                         " (only the built-in byte tokenizer)", file, cfg.data.tokenizer);
   ct_backend be;
-  CT_TRY(ct_backend_select(&cfg.train, &be));
+  CT_TRY(ct_backend_select(&cfg.train, 0, &be));
   ct_model *m = NULL;
   CT_TRY(ct_model_create(&cfg.model, be.ops, 1, cfg.model.max_seq_len, &m));
   ct_status st = ct_checkpoint_load_params(file, m);
@@ -187,5 +187,6 @@ ct_status ct_cmd_generate(int argc, char **argv) {
   free(ids);
   free(out);
   ct_model_destroy(m);
+  ct_backend_shutdown(&be);
   return st;
 }

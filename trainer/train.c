@@ -49,6 +49,41 @@ static ct_status dp_mean(run *r, double *v) {
   return CT_OK;
 }
 
+/* Gloo moves host memory: with the CUDA table, stage through a host copy (the NCCL backend
+ * of the multi-GPU issue replaces this). */
+static ct_status with_host_copy(run *r, float *dev, size_t n, float **host) {
+  *host = dev;
+  if (!r->be.cuda) return CT_OK;
+  *host = ct_malloc(n * sizeof(float), "host staging");
+  if (!*host) return CT_ERR_NOMEM;
+  r->be.ops->to_host(*host, dev, n * sizeof(float));
+  return CT_OK;
+}
+
+static void back_to_device(run *r, float *dev, float *host, size_t n) {
+  if (!r->be.cuda) return;
+  r->be.ops->to_device(dev, host, n * sizeof(float));
+  free(host);
+}
+
+static ct_status reduce_grads(run *r, size_t bucket) {
+  float *g, *dev = ct_model_grads(r->model);
+  const size_t n = ct_model_numel(r->model);
+  CT_TRY(with_host_copy(r, dev, n, &g));
+  ct_status st = ct_ddp_reduce_grads(r->comm, g, n, bucket);
+  back_to_device(r, dev, g, n);
+  return st;
+}
+
+static ct_status broadcast_params(run *r) {
+  float *w, *dev = ct_model_params(r->model);
+  const size_t n = ct_model_numel(r->model);
+  CT_TRY(with_host_copy(r, dev, n, &w));
+  ct_status st = ct_comm_broadcast(r->comm, w, n, CT_F32, 0);
+  back_to_device(r, dev, w, n);
+  return st;
+}
+
 static ct_status dist_setup(run *r) {
   CT_TRY(ct_dist_env_detect(&r->env));
   ct_log_set_rank(r->env.rank, r->env.world_size);
@@ -69,7 +104,8 @@ static void dist_teardown(run *r) {
     ct_comm_destroy(r->comm);
   }
   if (r->store) ct_store_close(r->store);
-  if (r->server) ct_store_server_stop(r->server);
+  /* rank 0 hosting the store (srun/mpirun) lets peers finish their last requests first */
+  if (r->server) ct_store_server_stop_when_idle(r->server, r->cfg->parallel.timeout_s);
 }
 
 static ct_status evaluate(run *r, double *val_loss) {
@@ -129,7 +165,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   const int rank = r.env.rank, world = r.env.world_size;
   const bool writer = rank == 0; /* one writer for metrics, checkpoints and samples */
   if (writer) ct_config_print(cfg, stderr);
-  CT_TRY_GOTO(ct_backend_select(t, &r.be), done);
+  CT_TRY_GOTO(ct_backend_select(t, r.env.local_rank, &r.be), done);
   CT_TRY_GOTO(ct_loader_open(cfg->data.train, cfg->data.tokenizer, cfg->model.vocab_size, T, rank,
                              world, t->seed, CT_LOADER_RANDOM, &r.train), done);
   if (cfg->data.val[0])
@@ -161,8 +197,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     ct_log_info("initialized weights from %s", ckfile);
   }
   if (r.comm) /* identical starting weights everywhere, whatever each rank computed or loaded */
-    CT_TRY_GOTO(ct_comm_broadcast(r.comm, ct_model_params(r.model), ct_model_numel(r.model),
-                                  CT_F32, 0), done);
+    CT_TRY_GOTO(broadcast_params(&r), done);
   if (writer) CT_TRY_GOTO(ct_metrics_open(t->out_dir, &r.metrics), done);
   struct sigaction sa = {.sa_handler = on_stop_signal};
   sigemptyset(&sa.sa_mask);
@@ -202,8 +237,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       loss += l / t->grad_accum;
     }
     if (r.comm) { /* average gradients (each rank's are means over its own tokens) and losses */
-      CT_TRY_GOTO(ct_ddp_reduce_grads(r.comm, ct_model_grads(r.model), ct_model_numel(r.model),
-                                      bucket), done);
+      CT_TRY_GOTO(reduce_grads(&r, bucket), done);
       CT_TRY_GOTO(dp_mean(&r, &loss), done);
     }
     double norm = ct_grad_norm(r.model);
@@ -214,6 +248,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       goto done;
     }
     ct_adamw_step(&r.opt, r.model, lr, ct_clip_scale(norm, t->grad_clip));
+    CT_TRY_GOTO(ct_backend_check(&r.be), done);
     double dt = ct_now() - t0;
     if (step > 0) { timed += dt; timed_steps++; }  /* the first step includes warm-up */
     double tok_s = tokens_per_step / dt;
@@ -287,6 +322,7 @@ done:
   ct_model_destroy(r.model);
   ct_loader_destroy(r.train);
   ct_loader_destroy(r.val);
+  ct_backend_shutdown(&r.be);
   return st;
 }
 
