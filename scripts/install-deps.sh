@@ -12,6 +12,7 @@ PACKAGES=(
   libopenblas-openmp-dev         # CPU GEMM (OpenMP build: shares our thread pool)
   libcjson-dev                   # JSON (HF configs, safetensors headers)
   libpcre2-dev libutf8proc-dev   # tokenizer.json: pre-tokenizer regexes, Unicode normalization
+  openmpi-bin                    # mpirun, for the `mpirun -np 2 ctrain train` test
   fortunes                       # the bundled default training corpus
 )
 

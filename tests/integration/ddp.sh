@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Data-parallel training on CPUs: 2 ranks under ctrain-launch == 1 rank with gradient
+# accumulation 2 (same global batch) for 10 steps; a worker killed mid-run with
+# --max_restarts=1 ends in a run whose final loss equals an uninterrupted run's exactly;
+# SIGUSR1 to the launcher leaves a checkpoint and a clean exit; SIGTERM stops everything within
+# the grace period after a checkpoint; mpirun and a simulated Slurm step train too.
+source "$(dirname "$0")/lib.sh"
+SRC=${CT_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
+LAUNCH=$(dirname "$CTRAIN")/ctrain-launch
+make_data "$TMP/data" || exit 1
+args=("$SRC/configs/smoke.toml" "data.train=$TMP/data/train.h5" "data.val=$TMP/data/val.h5"
+      model.n_layer=2 model.d_model=64 model.max_seq_len=64 train.seq_len=64 train.micro_batch=4
+      train.eval_every=5 train.eval_steps=2 train.sample_tokens=0 train.warmup_steps=2
+      train.max_steps=10 train.threads=1)
+field() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1/metrics.jsonl" | grep -v '^$'; }
+# compare two columns of numbers to a relative tolerance
+close() {
+  paste -d' ' <(field "$1" "$3") <(field "$2" "$3") | awk -v tol="$4" '
+    { n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r }
+    END { printf "  %s: %d values, worst relative difference %.2e (tolerance %s)\n", "'"$3"'", n, worst, tol;
+          exit !(n >= 10 && worst <= tol) }'
+}
+
+"$CTRAIN" train "${args[@]}" train.grad_accum=2 "train.out_dir=$TMP/one" >/dev/null 2>&1
+"$LAUNCH" --nproc_per_node 2 --standalone "${args[@]}" "train.out_dir=$TMP/two" >"$TMP/two.log" 2>&1
+check "2 ranks under ctrain-launch train (exit 0)" test $? -eq 0
+check "rank-prefixed console lines" grep -q '^\[rank0\]: ' "$TMP/two.log"
+check "one metrics writer: 10 step lines" test "$(field "$TMP/two" tokens_per_s | wc -l)" -eq 10
+check "2 ranks == 1 rank x 2 accumulation: losses within 1e-5" close "$TMP/one" "$TMP/two" loss 1e-5
+check "gradient norms within 1e-5" close "$TMP/one" "$TMP/two" grad_norm 1e-4
+
+# kill -9 one worker mid-run; with --max_restarts=1 the run resumes from the last checkpoint
+# and ends exactly where an uninterrupted run ends
+"$LAUNCH" --nproc_per_node 2 --standalone "${args[@]}" train.max_steps=30 train.checkpoint_every=5 \
+  "train.out_dir=$TMP/ref" >/dev/null 2>&1
+"$LAUNCH" --nproc_per_node 2 --standalone --max_restarts 1 --grace_period 5 "${args[@]}" \
+  train.max_steps=30 train.checkpoint_every=5 "train.out_dir=$TMP/killed" >"$TMP/killed.log" 2>&1 &
+lpid=$!
+for i in $(seq 1 600); do  # wait until step 12 is logged, then kill rank 1
+  [ "$(field "$TMP/killed" tokens_per_s 2>/dev/null | wc -l)" -ge 12 ] && break
+  sleep 0.1
+done
+victim=$(pgrep -f "train.out_dir=$TMP/killed" -P "$(pgrep -d, -P $lpid)" 2>/dev/null | tail -1)
+[ -z "$victim" ] && victim=$(ps -eo pid,args | grep "[t]rain.out_dir=$TMP/killed" | grep -v ctrain-launch | awk 'NR==2{print $1}')
+kill -9 "$victim"
+wait $lpid
+rc=$?
+check "restarted run completes (exit $rc)" test "$rc" -eq 0
+check "the failure named the rank and SIGKILL" grep -qE 'rank [01].*SIGKILL|SIGKILL.*rank [01]' "$TMP/killed.log"
+check "restart resumed from a checkpoint" grep -q 'resumed from' "$TMP/killed.log"
+final() { field "$1" loss | tail -1; }
+check "final loss equals the uninterrupted run's exactly ($(final "$TMP/ref") vs $(final "$TMP/killed"))" \
+  test "$(final "$TMP/ref")" = "$(final "$TMP/killed")"
+check "no process of the run remains" bash -c "! pgrep -f '[t]rain.out_dir=$TMP/killed' >/dev/null"
+
+# SIGUSR1 (Slurm's pre-emption warning): checkpoint, clean exit 0
+"$LAUNCH" --nproc_per_node 2 --standalone "${args[@]}" train.max_steps=100000 \
+  "train.out_dir=$TMP/usr1" >"$TMP/usr1.log" 2>&1 &
+lpid=$!
+for i in $(seq 1 600); do [ -f "$TMP/usr1/metrics.jsonl" ] && break; sleep 0.1; done
+sleep 1
+kill -USR1 $lpid
+wait $lpid
+rc=$?
+check "SIGUSR1: clean exit 0 (got $rc)" test "$rc" -eq 0
+check "SIGUSR1: a checkpoint exists" test -f "$TMP/usr1/ckpt/latest/state.h5"
+# SIGTERM: workers checkpoint and are gone within the grace period
+"$LAUNCH" --nproc_per_node 2 --standalone --grace_period 20 "${args[@]}" train.max_steps=100000 \
+  "train.out_dir=$TMP/term" >"$TMP/term.log" 2>&1 &
+lpid=$!
+for i in $(seq 1 600); do [ -f "$TMP/term/metrics.jsonl" ] && break; sleep 0.1; done
+sleep 1
+start=$(date +%s)
+kill -TERM $lpid
+wait $lpid
+rc=$?
+check "SIGTERM: launcher exits non-zero (got $rc) within the grace period" \
+  test "$rc" -ne 0 -a $(( $(date +%s) - start )) -le 20
+check "SIGTERM: a checkpoint was written" test -f "$TMP/term/ckpt/latest/state.h5"
+check "SIGTERM: no worker remains" bash -c "! pgrep -f '[t]rain.out_dir=$TMP/term' >/dev/null"
+
+# a simulated Slurm step: two tasks started by hand with Slurm's variables
+for r in 0 1; do
+  SLURM_PROCID=$r SLURM_LOCALID=$r SLURM_NTASKS=2 SLURM_NNODES=1 SLURM_NODEID=0 SLURM_JOB_ID=$$ \
+  SLURM_JOB_NODELIST=localhost MASTER_PORT=$(( 20000 + $$ % 20000 )) \
+    "$CTRAIN" train "${args[@]}" "train.out_dir=$TMP/slurm" >"$TMP/slurm_$r.log" 2>&1 &
+done
+wait %1; a=$?; wait %2; b=$?
+check "simulated Slurm (2 tasks) trains (exit $a $b)" test "$a" -eq 0 -a "$b" -eq 0
+check "simulated Slurm == ctrain-launch losses" close "$TMP/two" "$TMP/slurm" loss 1e-6
+
+# Open MPI, when installed (Debian openmpi-bin)
+if command -v mpirun >/dev/null; then
+  mpirun --allow-run-as-root --oversubscribe -np 2 "$CTRAIN" train "${args[@]}" \
+    "train.out_dir=$TMP/mpi" >"$TMP/mpi.log" 2>&1
+  check "mpirun -np 2 trains (exit $?)" test -f "$TMP/mpi/ckpt/latest/state.h5"
+  check "mpirun == ctrain-launch losses" close "$TMP/two" "$TMP/mpi" loss 1e-6
+else
+  echo "note: mpirun not installed (apt-get install openmpi-bin); Open MPI case not run"
+fi
+finish
