@@ -1,8 +1,10 @@
 /* trainer/prepare.c — `ctrain prepare`: text files -> train.h5 / val.h5 token files.
  *
  * argv[0] is the subcommand name ("prepare"), as main() passes it; options follow.
- * Streams file by file: one input file and its ids are in memory at a time (~5x the largest
- * file), and the token writers buffer 1 Mi tokens each. The split is by document index
+ * Streams file by file: one input file and the ids of one document are in memory at a time
+ * (~5x the largest document with the byte tokenizer), and the token writers buffer 1 Mi tokens
+ * each. The tokenizer is the built-in byte one or a tokenizer.json (trainer/tokenizer.h); the
+ * files record its vocab size, end-of-text id and digest, which the loader checks. The split is by document index
  * (i % K == 0 -> val), so it depends only on the inputs and their order, never on timing.
  */
 #include <dirent.h>
@@ -19,6 +21,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "trainer/data.h"
+#include "trainer/tokenizer.h"
 
 #define FORTUNES_DIR "/usr/share/games/fortunes"
 
@@ -33,13 +36,16 @@ typedef struct input_list {
 } input_list;
 
 static const char *usage_text =
-    "usage: ctrain prepare [--out-dir DIR] [--val-every K] [--tokenizer byte] [FILE|GLOB ...]\n"
+    "usage: ctrain prepare [--out-dir DIR] [--val-every K] [--tokenizer SPEC] [FILE|GLOB ...]\n"
     "\n"
     "Tokenizes text into DIR/train.h5 and DIR/val.h5 for `ctrain train`.\n"
     "\n"
     "  --out-dir DIR     output directory (default data/fortunes)\n"
     "  --val-every K     document i goes to val when i % K == 0, else to train (default 20: 5%)\n"
-    "  --tokenizer NAME  only \"byte\" for now: ids 0..255 are bytes, 256 ends a document\n"
+    "  --tokenizer SPEC  \"byte\" (default: ids 0..255 are bytes, 256 ends a document), or a\n"
+    "                    Hugging Face tokenizer.json (or a directory holding one) with a\n"
+    "                    byte-level BPE: GPT-2, Qwen, Llama 3 style; documents end with its\n"
+    "                    <|endoftext|> (or other end-of-text) token\n"
     "  -h, --help        print this help\n"
     "\n"
     "Without inputs, uses the Debian `fortunes` corpus (" FORTUNES_DIR "), one document per\n"
@@ -193,24 +199,23 @@ typedef struct prep {
   ct_token_writer *w[2]; /* 0 train, 1 val */
   split_stats s[2];
   int64_t doc_index, val_every;
-  int32_t *ids;   /* (cap,) scratch: one document plus its EOT */
-  size_t ids_cap;
+  const ct_tokenizer *tok;
+  int32_t eot;
 } prep;
 
 static ct_status emit_doc(prep *p, const char *text, size_t len) {
   if (len == 0) return CT_OK; /* empty documents are skipped */
-  if (len + 1 > p->ids_cap) {
-    int32_t *ids = realloc(p->ids, sizeof *ids * (len + 1));
-    if (!ids) return ct_set_error(CT_ERR_NOMEM, "out of memory tokenizing a %zu-byte document", len);
-    p->ids = ids, p->ids_cap = len + 1;
-  }
-  size_t n = ct_byte_encode(text, len, p->ids);
-  p->ids[n++] = CT_BYTE_EOT;
+  int32_t *ids = NULL;
+  size_t n = 0;
+  CT_TRY(ct_tokenizer_encode(p->tok, text, len, &ids, &n));
   int split = p->doc_index % p->val_every == 0 ? 1 : 0;
   p->doc_index++;
-  CT_TRY(ct_token_writer_append(p->w[split], p->ids, n));
+  ct_status st = ct_token_writer_append(p->w[split], ids, n);
+  free(ids);
+  CT_TRY(st);
+  CT_TRY(ct_token_writer_append(p->w[split], &p->eot, 1));
   p->s[split].docs++;
-  p->s[split].tokens += (int64_t)n;
+  p->s[split].tokens += (int64_t)n + 1;
   return CT_OK;
 }
 
@@ -297,9 +302,9 @@ static ct_status parse_args(int argc, char **argv, prepare_opts *o) {
       o->tokenizer = val;
     }
   }
-  if (strcmp(o->tokenizer, "byte") != 0)
-    return ct_set_error(CT_ERR_USAGE, "prepare: --tokenizer '%s' is not supported: only \"byte\" is "
-                        "built in for now (tokenizer.json support is planned)", o->tokenizer);
+  if (strcmp(o->tokenizer, "byte") != 0 && !ct_file_exists(o->tokenizer))
+    return ct_set_error(CT_ERR_USAGE, "prepare: --tokenizer '%s': no such file or directory (expected \"byte\", "
+                        "a tokenizer.json file, or a directory holding one)", o->tokenizer);
   return CT_OK;
 }
 
@@ -319,11 +324,19 @@ ct_status ct_cmd_prepare(int argc, char **argv) {
   double t0 = ct_now();
   input_list inputs = {0};
   prep p = {.val_every = val_every};
+  ct_tokenizer *tok = NULL;
   char path[2][4096];
   const char *split_name[2] = {"train", "val"};
   char *text = NULL;
   int shown = 0; /* a progress line is on the terminal and needs its newline */
 
+  CT_TRY_GOTO(ct_tokenizer_load(tokenizer, &tok), done);
+  if (ct_tokenizer_eot_id(tok) < 0) {
+    st = ct_set_error(CT_ERR_INPUT, "%s: the tokenizer has no end-of-text token (an added token such as "
+                      "<|endoftext|> or </s>) to end documents with", ct_tokenizer_path(tok));
+    goto done;
+  }
+  p.tok = tok, p.eot = ct_tokenizer_eot_id(tok);
   if (o.n_files == 0) CT_TRY_GOTO(list_fortunes_dir(&inputs), done);
   else CT_TRY_GOTO(list_args(o.n_files, o.files, &inputs), done);
 
@@ -333,7 +346,8 @@ ct_status ct_cmd_prepare(int argc, char **argv) {
       st = ct_set_error(CT_ERR_USAGE, "prepare: --out-dir path too long");
       goto done;
     }
-    CT_TRY_GOTO(ct_token_writer_create(path[s], CT_BYTE_VOCAB, CT_BYTE_EOT, tokenizer, &p.w[s]), done);
+    CT_TRY_GOTO(ct_token_writer_create(path[s], ct_tokenizer_vocab_size(tok), p.eot, ct_tokenizer_digest(tok),
+                                       &p.w[s]), done);
   }
 
   bool tty = isatty(STDERR_FILENO);
@@ -369,6 +383,9 @@ ct_status ct_cmd_prepare(int argc, char **argv) {
   printf("prepare: %d file%s, %.1f MB, %" PRId64 " documents, tokenizer %s, val every %ld, %.2f s\n",
          inputs.n, inputs.n == 1 ? "" : "s", (double)bytes / 1e6, p.doc_index, tokenizer, val_every,
          ct_now() - t0);
+  if (strcmp(tokenizer, "byte") != 0)
+    printf("tokenizer: %s, vocab %" PRId64 ", end-of-text id %d, %s\n", ct_tokenizer_path(tok),
+           ct_tokenizer_vocab_size(tok), p.eot, ct_tokenizer_digest(tok));
   for (int s = 0; s < 2; s++)
     printf("%-6s %" PRId64 " docs, %" PRId64 " tokens -> %s\n", s ? "val:" : "train:", p.s[s].docs,
            p.s[s].tokens, path[s]);
@@ -380,7 +397,7 @@ done:
   if (shown) fputc('\n', stderr);
   free(text);
   for (int s = 0; s < 2; s++) ct_token_writer_abort(p.w[s]);
-  free(p.ids);
+  ct_tokenizer_destroy(tok);
   list_free(&inputs);
   free(o.files);
   return st;
