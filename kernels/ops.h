@@ -23,7 +23,9 @@
 #include <stdint.h>
 
 typedef struct ct_ops {
-  const char *name; /* "cpu", "cuda" */
+  const char *name;  /* "cpu", "cuda", "cuda-bf16" */
+  const char *dtype; /* working dtype of activations and working weights: "fp32", "bf16", "fp16" */
+  int act_bytes;     /* bytes per working-dtype element: 4 or 2 */
 
   /* ---- memory (device memory for CUDA, malloc for CPU) ---- */
   void *(*alloc)(size_t bytes);                 /* zero-filled; NULL on failure */
@@ -31,6 +33,11 @@ typedef struct ct_ops {
   void (*zero)(void *p, size_t bytes);
   void (*to_device)(void *dst, const void *src_host, size_t bytes);
   void (*to_host)(void *dst_host, const void *src, size_t bytes);
+  /* Working copy of the fp32 master parameters: dst (n, working dtype) = src (n, fp32),
+   * round to nearest even. (fp32 tables: a copy; the model then uses the master directly.) */
+  void (*cast_params)(void *dst, const float *src, size_t n);
+  /* dst_host (n, fp32) = src (n, working dtype, backend memory): logits to the host. */
+  void (*to_host_f32)(float *dst_host, const void *src, size_t n);
   /* 2-D copy within device memory: `rows` rows of `row_bytes`, strides in bytes
    * (cudaMemcpy2D-style); used to move the v section of qkv rows around qk_norm. */
   void (*copy2d)(void *dst, size_t dst_stride, const void *src, size_t src_stride,

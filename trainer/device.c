@@ -28,7 +28,8 @@ int ct_cuda_visible_devices(void) {
 
 ct_status ct_backend_select(const ct_train_cfg *t, int local_rank, ct_backend *b) {
   memset(b, 0, sizeof *b);
-  int ngpu = ct_cuda_visible_devices();
+  const int ngpu = ct_cuda_visible_devices();
+  (void)ngpu; /* CPU-only builds see none */
   if (t->threads > 0) ct_ops_cpu_set_threads(t->threads);
   b->threads = t->threads > 0 ? t->threads : omp_get_max_threads();
   b->ops = ct_ops_cpu();

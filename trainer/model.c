@@ -91,10 +91,13 @@ struct ct_model {
   int n_params;
   size_t (*off)[P_COUNT];            /* per layer (L entries) + one global row at index L */
   size_t numel;
-  float *w;                          /* (numel) parameters */
-  float *g;                          /* (numel) gradients */
+  float *w;                          /* (numel) fp32 master parameters */
+  float *g;                          /* (numel) fp32 gradients */
+  char *wk;                          /* (numel) working-dtype weights; == w for fp32 tables */
+  bool wk_stale;                     /* master changed since the last cast (see ct_model_params) */
+  size_t ab;                         /* bytes per working-dtype element (ops->act_bytes) */
 
-  float *acts;                       /* activation arena (backend memory) */
+  char *acts;                        /* activation arena (backend memory); offsets in bytes */
   layer_acts *la;                    /* (L) */
   size_t emb, lnf, lnf_mean, lnf_rstd, logits, losses;
   size_t d_res, d_ln, d_qkv, d_qkv_raw, d_atty, d_fch, d_act;
@@ -160,9 +163,10 @@ static ct_status build_table(ct_model *m) {
 
 /* ---- creation ---- */
 
-static size_t take(size_t *top, size_t floats) {
+/* Reserves `count` elements of `bytes` each in the arena; returns the byte offset (64-aligned). */
+static size_t take(size_t *top, size_t count, size_t bytes) {
   size_t at = *top;
-  *top += (floats + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS;
+  *top += (count * bytes + 63) / 64 * 64;
   return at;
 }
 
@@ -194,9 +198,12 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
   if (!m->off || !m->la) { st = CT_ERR_NOMEM; goto fail; }
   CT_TRY_GOTO(build_table(m), fail);
 
+  m->ab = (size_t)ops->act_bytes;
   m->w = ops->alloc(m->numel * sizeof(float));
   m->g = ops->alloc(m->numel * sizeof(float));
-  if (!m->w || !m->g) {
+  /* fp32 tables compute on the master weights; others keep a working copy (cast lazily) */
+  m->wk = m->ab == sizeof(float) ? (char *)m->w : ops->alloc(m->numel * m->ab);
+  if (!m->w || !m->g || !m->wk) {
     st = ct_set_error(CT_ERR_NOMEM, "out of memory for %zu parameters (+ gradients) on %s",
                       m->numel, ops->name);
     goto fail;
@@ -206,46 +213,47 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
   const size_t N = (size_t)max_B * max_T, C = m->C, W = m->W, Hhd = (size_t)m->H * m->hd;
   const size_t Fw = m->gpt2 ? (size_t)m->F : 2 * (size_t)m->F;
   const size_t att = ops->attention_state_floats(max_B, max_T, m->H, m->KV, m->hd);
+  const size_t ab = m->ab;
   size_t top = 0;
-  m->emb = take(&top, N * C);
+  m->emb = take(&top, N * C, ab);
   for (int l = 0; l < L; l++) {
     layer_acts *a = &m->la[l];
-    a->ln1 = take(&top, N * C);
-    a->ln1_mean = take(&top, N);
-    a->ln1_rstd = take(&top, N);
-    a->qkv_raw = cfg->qk_norm ? take(&top, N * W) : NONE;
-    a->qkv = take(&top, N * W);
-    a->qn_rstd = take(&top, N * m->H);
-    a->kn_rstd = take(&top, N * m->KV);
-    a->att = take(&top, att);
-    a->atty = take(&top, N * Hhd);
-    a->res2 = take(&top, N * C);
-    a->ln2 = take(&top, N * C);
-    a->ln2_mean = take(&top, N);
-    a->ln2_rstd = take(&top, N);
-    a->fch = take(&top, N * Fw);
-    a->act = take(&top, N * m->F);
-    a->out = take(&top, N * C);
+    a->ln1 = take(&top, N * C, ab);
+    a->ln1_mean = take(&top, N, 4);
+    a->ln1_rstd = take(&top, N, 4);
+    a->qkv_raw = cfg->qk_norm ? take(&top, N * W, ab) : NONE;
+    a->qkv = take(&top, N * W, ab);
+    a->qn_rstd = take(&top, N * m->H, 4);
+    a->kn_rstd = take(&top, N * m->KV, 4);
+    a->att = take(&top, att, 4);
+    a->atty = take(&top, N * Hhd, ab);
+    a->res2 = take(&top, N * C, ab);
+    a->ln2 = take(&top, N * C, ab);
+    a->ln2_mean = take(&top, N, 4);
+    a->ln2_rstd = take(&top, N, 4);
+    a->fch = take(&top, N * Fw, ab);
+    a->act = take(&top, N * m->F, ab);
+    a->out = take(&top, N * C, ab);
   }
-  m->lnf = take(&top, N * C);
-  m->lnf_mean = take(&top, N);
-  m->lnf_rstd = take(&top, N);
-  m->logits = take(&top, N * m->Vp);
-  m->losses = take(&top, N);
-  m->d_res = take(&top, N * C);
-  m->d_ln = take(&top, N * C);
-  m->d_qkv = take(&top, N * W);
-  m->d_qkv_raw = cfg->qk_norm ? take(&top, N * W) : NONE;
-  m->d_atty = take(&top, N * Hhd);
-  m->d_fch = take(&top, N * Fw);
-  m->d_act = take(&top, N * m->F);
-  m->acts = ops->alloc(top * sizeof(float));
+  m->lnf = take(&top, N * C, ab);
+  m->lnf_mean = take(&top, N, 4);
+  m->lnf_rstd = take(&top, N, 4);
+  m->logits = take(&top, N * m->Vp, ab);
+  m->losses = take(&top, N, 4);
+  m->d_res = take(&top, N * C, ab);
+  m->d_ln = take(&top, N * C, ab);
+  m->d_qkv = take(&top, N * W, ab);
+  m->d_qkv_raw = cfg->qk_norm ? take(&top, N * W, ab) : NONE;
+  m->d_atty = take(&top, N * Hhd, ab);
+  m->d_fch = take(&top, N * Fw, ab);
+  m->d_act = take(&top, N * m->F, ab);
+  m->acts = ops->alloc(top);
   m->tok = ops->alloc(N * sizeof(int32_t));
   m->tgt = ops->alloc(N * sizeof(int32_t));
   m->host_losses = ct_malloc(N * sizeof(float), "losses");
   if (!m->acts || !m->tok || !m->tgt || !m->host_losses) {
     st = ct_set_error(CT_ERR_NOMEM, "out of memory for activations (%.1f MiB for %d x %d tokens)"
-                      " on %s", top * 4.0 / 1048576.0, max_B, max_T, ops->name);
+                      " on %s", top / 1048576.0, max_B, max_T, ops->name);
     goto fail;
   }
   *out = m;
@@ -258,6 +266,7 @@ fail:
 void ct_model_destroy(ct_model *m) {
   if (!m) return;
   if (m->ops) {
+    if (m->wk && m->wk != (char *)m->w) m->ops->free(m->wk);
     if (m->w) m->ops->free(m->w);
     if (m->g) m->ops->free(m->g);
     if (m->acts) m->ops->free(m->acts);
@@ -296,6 +305,7 @@ void ct_model_init_weights(ct_model *m, uint64_t seed) {
     }
   }
   m->ops->to_device(m->w, host, m->numel * sizeof(float));
+  m->wk_stale = true;
   free(host);
 }
 
@@ -307,12 +317,26 @@ const ct_param *ct_model_find_param(const ct_model *m, const char *name) {
   return NULL;
 }
 size_t ct_model_numel(const ct_model *m) { return m->numel; }
-float *ct_model_params(ct_model *m) { return m->w; }
+/* Whoever asks for the master weights may change them (optimizer, checkpoint and HF loading,
+ * broadcast): the working copy is re-cast before the next forward. */
+float *ct_model_params(ct_model *m) {
+  m->wk_stale = true;
+  return m->w;
+}
+
+static void refresh_working(ct_model *m) {
+  if (m->wk_stale && m->wk != (char *)m->w) m->ops->cast_params(m->wk, m->w, m->numel);
+  m->wk_stale = false;
+}
+
+void ct_model_logits_to_host(const ct_model *m, size_t first_row, size_t rows, float *dst) {
+  m->ops->to_host_f32(dst, m->acts + m->logits + first_row * m->Vp * m->ab, rows * m->Vp);
+}
 float *ct_model_grads(ct_model *m) { return m->g; }
 const ct_model_cfg *ct_model_config(const ct_model *m) { return &m->cfg; }
 const ct_ops *ct_model_ops(const ct_model *m) { return m->ops; }
 int ct_model_max_T(const ct_model *m) { return m->max_T; }
-const float *ct_model_logits(const ct_model *m) { return m->acts + m->logits; }
+const float *ct_model_logits(const ct_model *m) { return (const float *)(m->acts + m->logits); }
 
 size_t ct_model_count_params(const ct_model *m) {
   size_t n = 0;
@@ -342,21 +366,59 @@ double ct_model_flops_per_token(const ct_model *m, int T) {
 
 /* ---- forward / backward ---- */
 
-#define PW(l, r) (m->w + m->off[l][r])                       /* parameter by role */
-#define PG(l, r) (m->off[l][r] == NONE ? NULL : m->g + m->off[l][r])
-#define PWO(l, r) (m->off[l][r] == NONE ? NULL : m->w + m->off[l][r])
-#define A(x) (m->acts + (x))
+/* Pointers: working-dtype weights and activations are char * (element size m->ab); fp32
+ * buffers (gradients, norm statistics, attention state, losses) are float *. */
+#define PW(l, r) (m->wk + m->off[l][r] * m->ab)                  /* working weight by role */
+#define PWO(l, r) (m->off[l][r] == NONE ? NULL : PW(l, r))
+#define PG(l, r) (m->off[l][r] == NONE ? NULL : m->g + m->off[l][r]) /* fp32 gradient */
+#define A(x) (m->acts + (x))                                    /* working-dtype activation */
+#define AF(x) ((float *)(m->acts + (x)))                        /* fp32 buffer */
+#define EL(p, n) ((char *)(p) + (size_t)(n) * m->ab)             /* element n of a working buffer */
 
-static void norm_fwd(ct_model *m, float *out, float *mean, float *rstd, const float *inp,
-                     const float *w, const float *b, int N) {
+static void norm_fwd(ct_model *m, void *out, float *mean, float *rstd, const void *inp,
+                     const void *w, const void *b, int N) {
   if (m->gpt2) m->ops->layernorm_fwd(out, mean, rstd, inp, w, b, N, m->C, (float)m->cfg.norm_eps);
   else m->ops->rmsnorm_fwd(out, rstd, inp, w, N, m->C, N, 0, (float)m->cfg.norm_eps);
 }
 
-static void norm_bwd(ct_model *m, float *dinp, float *dw, float *db, const float *dout,
-                     const float *inp, const float *w, const float *mean, const float *rstd, int N) {
+static void norm_bwd(ct_model *m, void *dinp, float *dw, float *db, const void *dout,
+                     const void *inp, const void *w, const float *mean, const float *rstd, int N) {
   if (m->gpt2) m->ops->layernorm_bwd(dinp, dw, db, dout, inp, w, mean, rstd, N, m->C);
   else m->ops->rmsnorm_bwd(dinp, dw, dout, inp, w, rstd, N, m->C, N, 0);
+}
+
+/* qkv projection (+ qk_norm) + RoPE for n rows at positions pos0 + (row % T). */
+static void qkv_fwd(ct_model *m, layer_acts *a, int l, const void *ln, int B, int T, int pos0) {
+  const ct_ops *o = m->ops;
+  const int N = B * T, C = m->C, H = m->H, KV = m->KV, hd = m->hd, W = m->W;
+  const float eps = (float)m->cfg.norm_eps;
+  char *qkv = A(a->qkv);
+  if (m->cfg.qk_norm) {
+    char *raw = A(a->qkv_raw);
+    o->matmul_fwd(raw, ln, PW(l, P_QKV_W), PWO(l, P_QKV_B), N, C, W);
+    const size_t row = (size_t)W * m->ab, v0 = (size_t)(H + KV) * hd;
+    o->copy2d(EL(qkv, v0), row, EL(raw, v0), row, (size_t)KV * hd * m->ab, (size_t)N);
+    o->rmsnorm_fwd(qkv, AF(a->qn_rstd), raw, PW(l, P_QNORM), N * H, hd, H, W, eps);
+    o->rmsnorm_fwd(EL(qkv, (size_t)H * hd), AF(a->kn_rstd), EL(raw, (size_t)H * hd),
+                   PW(l, P_KNORM), N * KV, hd, KV, W, eps);
+  } else {
+    o->matmul_fwd(qkv, ln, PW(l, P_QKV_W), PWO(l, P_QKV_B), N, C, W);
+  }
+  if (!m->gpt2) o->rope_fwd(qkv, B, T, H, KV, hd, pos0, (float)m->cfg.rope_theta);
+}
+
+/* MLP branch: out = proj(act(fc(ln2))) (bias where the arch has one). */
+static void mlp_fwd(ct_model *m, layer_acts *a, int l, void *out, int N) {
+  const ct_ops *o = m->ops;
+  const int C = m->C, F = m->F;
+  if (m->gpt2) {
+    o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), PWO(l, P_FC_B), N, C, F);
+    o->gelu_fwd(A(a->act), A(a->fch), (size_t)N * F);
+  } else {
+    o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), NULL, N, C, 2 * F);
+    o->swiglu_fwd(A(a->act), A(a->fch), N, F);
+  }
+  o->matmul_fwd(out, A(a->act), PW(l, P_PROJ_W), PWO(l, P_PROJ_B), N, F, C);
 }
 
 ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *targets, int B,
@@ -366,53 +428,34 @@ ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *ta
                         T, m->max_B, m->max_T);
   const ct_ops *o = m->ops;
   const int L = m->cfg.n_layer, N = B * T, C = m->C, H = m->H, KV = m->KV, hd = m->hd;
-  const int W = m->W, F = m->F, G = L; /* G: row of global parameters in m->off */
-  const float eps = (float)m->cfg.norm_eps, theta = (float)m->cfg.rope_theta;
+  const int G = L; /* G: row of global parameters in m->off */
   for (int i = 0; i < N; i++)
     if (inputs[i] < 0 || inputs[i] >= m->cfg.vocab_size)
       return ct_set_error(CT_ERR_INPUT, "input token %d at position %d is outside the vocabulary"
                           " [0, %d)", inputs[i], i, m->cfg.vocab_size);
+  refresh_working(m);
   m->B = B;
   m->T = T;
   m->have_grad = false;
   o->to_device(m->tok, inputs, (size_t)N * sizeof(int32_t));
   o->embed_fwd(A(m->emb), m->tok, PW(G, P_WTE), PWO(G, P_WPE), B, T, C);
 
-  const float *x = A(m->emb);
+  const char *x = A(m->emb);
   for (int l = 0; l < L; l++) {
     layer_acts *a = &m->la[l];
-    norm_fwd(m, A(a->ln1), A(a->ln1_mean), A(a->ln1_rstd), x, PW(l, P_LN1_W), PWO(l, P_LN1_B), N);
-    float *qkv = A(a->qkv);
-    if (m->cfg.qk_norm) {
-      float *raw = A(a->qkv_raw);
-      o->matmul_fwd(raw, A(a->ln1), PW(l, P_QKV_W), PWO(l, P_QKV_B), N, C, W);
-      const size_t row = (size_t)W * sizeof(float), v0 = (size_t)(H + KV) * hd;
-      o->copy2d(qkv + v0, row, raw + v0, row, (size_t)KV * hd * sizeof(float), (size_t)N);
-      o->rmsnorm_fwd(qkv, A(a->qn_rstd), raw, PW(l, P_QNORM), N * H, hd, H, W, eps);
-      o->rmsnorm_fwd(qkv + (size_t)H * hd, A(a->kn_rstd), raw + (size_t)H * hd, PW(l, P_KNORM),
-                     N * KV, hd, KV, W, eps);
-    } else {
-      o->matmul_fwd(qkv, A(a->ln1), PW(l, P_QKV_W), PWO(l, P_QKV_B), N, C, W);
-    }
-    if (!m->gpt2) o->rope_fwd(qkv, B, T, H, KV, hd, 0, theta);
-    o->attention_fwd(A(a->atty), A(a->att), qkv, B, T, H, KV, hd);
+    norm_fwd(m, A(a->ln1), AF(a->ln1_mean), AF(a->ln1_rstd), x, PW(l, P_LN1_W), PWO(l, P_LN1_B), N);
+    qkv_fwd(m, a, l, A(a->ln1), B, T, 0);
+    o->attention_fwd(A(a->atty), AF(a->att), A(a->qkv), B, T, H, KV, hd);
     o->matmul_fwd(A(a->res2), A(a->atty), PW(l, P_ATTO_W), PWO(l, P_ATTO_B), N, H * hd, C);
     o->add_fwd(A(a->res2), A(a->res2), x, (size_t)N * C);
-    norm_fwd(m, A(a->ln2), A(a->ln2_mean), A(a->ln2_rstd), A(a->res2), PW(l, P_LN2_W),
+    norm_fwd(m, A(a->ln2), AF(a->ln2_mean), AF(a->ln2_rstd), A(a->res2), PW(l, P_LN2_W),
              PWO(l, P_LN2_B), N);
-    if (m->gpt2) {
-      o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), PWO(l, P_FC_B), N, C, F);
-      o->gelu_fwd(A(a->act), A(a->fch), (size_t)N * F);
-    } else {
-      o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), NULL, N, C, 2 * F);
-      o->swiglu_fwd(A(a->act), A(a->fch), N, F);
-    }
-    o->matmul_fwd(A(a->out), A(a->act), PW(l, P_PROJ_W), PWO(l, P_PROJ_B), N, F, C);
+    mlp_fwd(m, a, l, A(a->out), N);
     o->add_fwd(A(a->out), A(a->out), A(a->res2), (size_t)N * C);
     x = A(a->out);
   }
-  norm_fwd(m, A(m->lnf), A(m->lnf_mean), A(m->lnf_rstd), x, PW(G, P_LNF_W), PWO(G, P_LNF_B), N);
-  const float *head = m->cfg.tie_embeddings ? PW(G, P_WTE) : PW(G, P_LM_HEAD);
+  norm_fwd(m, A(m->lnf), AF(m->lnf_mean), AF(m->lnf_rstd), x, PW(G, P_LNF_W), PWO(G, P_LNF_B), N);
+  const char *head = m->cfg.tie_embeddings ? PW(G, P_WTE) : PW(G, P_LM_HEAD);
   o->matmul_fwd(A(m->logits), A(m->lnf), head, NULL, N, C, m->Vp);
   if (!targets) return CT_OK;
 
@@ -421,8 +464,8 @@ ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *ta
       return ct_set_error(CT_ERR_INPUT, "target token %d at position %d is outside the vocabulary"
                           " [0, %d)", targets[i], i, m->cfg.vocab_size);
   o->to_device(m->tgt, targets, (size_t)N * sizeof(int32_t));
-  o->xent_fwd_bwd(A(m->losses), A(m->logits), m->tgt, N, m->cfg.vocab_size, m->Vp, grad_scale);
-  o->to_host(m->host_losses, A(m->losses), (size_t)N * sizeof(float));
+  o->xent_fwd_bwd(AF(m->losses), A(m->logits), m->tgt, N, m->cfg.vocab_size, m->Vp, grad_scale);
+  o->to_host(m->host_losses, AF(m->losses), (size_t)N * sizeof(float));
   double sum = 0;
   int counted = 0;
   for (int i = 0; i < N; i++)
@@ -439,29 +482,29 @@ ct_status ct_model_backward(ct_model *m) {
   const int L = m->cfg.n_layer, B = m->B, T = m->T, N = B * T, C = m->C, H = m->H, KV = m->KV;
   const int hd = m->hd, W = m->W, F = m->F, G = L;
   const float theta = (float)m->cfg.rope_theta;
-  const size_t NC = (size_t)N * C * sizeof(float);
+  const size_t NC = (size_t)N * C * m->ab;
   const size_t Fw = m->gpt2 ? (size_t)F : 2 * (size_t)F;
-  float *dres = A(m->d_res), *dln = A(m->d_ln), *dqkv = A(m->d_qkv), *datty = A(m->d_atty);
-  float *dfch = A(m->d_fch), *dact = A(m->d_act);
+  char *dres = A(m->d_res), *dln = A(m->d_ln), *dqkv = A(m->d_qkv), *datty = A(m->d_atty);
+  char *dfch = A(m->d_fch), *dact = A(m->d_act);
 
   /* head and final norm: dlogits sit in the logits buffer */
   const bool tie = m->cfg.tie_embeddings;
   o->zero(dln, NC);
   o->matmul_bwd(dln, tie ? PG(G, P_WTE) : PG(G, P_LM_HEAD), NULL, A(m->logits), A(m->lnf),
                 tie ? PW(G, P_WTE) : PW(G, P_LM_HEAD), N, C, m->Vp);
-  const float *xL = L ? A(m->la[L - 1].out) : A(m->emb);
+  const char *xL = L ? A(m->la[L - 1].out) : A(m->emb);
   o->zero(dres, NC);
-  norm_bwd(m, dres, PG(G, P_LNF_W), PG(G, P_LNF_B), dln, xL, PW(G, P_LNF_W), A(m->lnf_mean),
-           A(m->lnf_rstd), N);
+  norm_bwd(m, dres, PG(G, P_LNF_W), PG(G, P_LNF_B), dln, xL, PW(G, P_LNF_W), AF(m->lnf_mean),
+           AF(m->lnf_rstd), N);
 
   /* dres holds d(block output); each block adds its branch gradients and passes it down */
   for (int l = L - 1; l >= 0; l--) {
     layer_acts *a = &m->la[l];
-    const float *x = l ? A(m->la[l - 1].out) : A(m->emb);
+    const char *x = l ? A(m->la[l - 1].out) : A(m->emb);
     /* MLP branch */
-    o->zero(dact, (size_t)N * F * sizeof(float));
+    o->zero(dact, (size_t)N * F * m->ab);
     o->matmul_bwd(dact, PG(l, P_PROJ_W), PG(l, P_PROJ_B), dres, A(a->act), PW(l, P_PROJ_W), N, F, C);
-    o->zero(dfch, (size_t)N * Fw * sizeof(float));
+    o->zero(dfch, (size_t)N * Fw * m->ab);
     if (m->gpt2) {
       o->gelu_bwd(dfch, dact, A(a->fch), (size_t)N * F);
       o->zero(dln, NC);
@@ -472,29 +515,29 @@ ct_status ct_model_backward(ct_model *m) {
       o->matmul_bwd(dln, PG(l, P_FC_W), NULL, dfch, A(a->ln2), PW(l, P_FC_W), N, C, 2 * F);
     }
     norm_bwd(m, dres, PG(l, P_LN2_W), PG(l, P_LN2_B), dln, A(a->res2), PW(l, P_LN2_W),
-             A(a->ln2_mean), A(a->ln2_rstd), N);
+             AF(a->ln2_mean), AF(a->ln2_rstd), N);
     /* attention branch (dres is now d res2) */
-    o->zero(datty, (size_t)N * H * hd * sizeof(float));
+    o->zero(datty, (size_t)N * H * hd * m->ab);
     o->matmul_bwd(datty, PG(l, P_ATTO_W), PG(l, P_ATTO_B), dres, A(a->atty), PW(l, P_ATTO_W), N,
                   H * hd, C);
-    o->zero(dqkv, (size_t)N * W * sizeof(float));
-    o->attention_bwd(dqkv, datty, A(a->qkv), A(a->att), B, T, H, KV, hd);
+    o->zero(dqkv, (size_t)N * W * m->ab);
+    o->attention_bwd(dqkv, datty, A(a->qkv), AF(a->att), B, T, H, KV, hd);
     if (!m->gpt2) o->rope_bwd(dqkv, B, T, H, KV, hd, 0, theta);
-    float *dproj = dqkv; /* gradient w.r.t. the qkv projection output */
+    char *dproj = dqkv; /* gradient w.r.t. the qkv projection output */
     if (m->cfg.qk_norm) {
-      float *draw = A(m->d_qkv_raw), *raw = A(a->qkv_raw);
-      const size_t row = (size_t)W * sizeof(float), v0 = (size_t)(H + KV) * hd;
-      o->zero(draw, (size_t)N * W * sizeof(float));
-      o->copy2d(draw + v0, row, dqkv + v0, row, (size_t)KV * hd * sizeof(float), (size_t)N);
-      o->rmsnorm_bwd(draw, PG(l, P_QNORM), dqkv, raw, PW(l, P_QNORM), A(a->qn_rstd), N * H, hd, H, W);
-      o->rmsnorm_bwd(draw + (size_t)H * hd, PG(l, P_KNORM), dqkv + (size_t)H * hd,
-                     raw + (size_t)H * hd, PW(l, P_KNORM), A(a->kn_rstd), N * KV, hd, KV, W);
+      char *draw = A(m->d_qkv_raw), *raw = A(a->qkv_raw);
+      const size_t row = (size_t)W * m->ab, v0 = (size_t)(H + KV) * hd;
+      o->zero(draw, (size_t)N * W * m->ab);
+      o->copy2d(EL(draw, v0), row, EL(dqkv, v0), row, (size_t)KV * hd * m->ab, (size_t)N);
+      o->rmsnorm_bwd(draw, PG(l, P_QNORM), dqkv, raw, PW(l, P_QNORM), AF(a->qn_rstd), N * H, hd, H, W);
+      o->rmsnorm_bwd(EL(draw, (size_t)H * hd), PG(l, P_KNORM), EL(dqkv, (size_t)H * hd),
+                     EL(raw, (size_t)H * hd), PW(l, P_KNORM), AF(a->kn_rstd), N * KV, hd, KV, W);
       dproj = draw;
     }
     o->zero(dln, NC);
     o->matmul_bwd(dln, PG(l, P_QKV_W), PG(l, P_QKV_B), dproj, A(a->ln1), PW(l, P_QKV_W), N, C, W);
-    norm_bwd(m, dres, PG(l, P_LN1_W), PG(l, P_LN1_B), dln, x, PW(l, P_LN1_W), A(a->ln1_mean),
-             A(a->ln1_rstd), N);
+    norm_bwd(m, dres, PG(l, P_LN1_W), PG(l, P_LN1_B), dln, x, PW(l, P_LN1_W), AF(a->ln1_mean),
+             AF(a->ln1_rstd), N);
   }
   o->embed_bwd(PG(G, P_WTE), PG(G, P_WPE), dres, m->tok, B, T, C);
   m->have_grad = false;
@@ -508,7 +551,7 @@ void ct_model_zero_grad(ct_model *m) { m->ops->zero(m->g, m->numel * sizeof(floa
 struct ct_kv_cache {
   const ct_ops *ops;
   int L, max_B, max_T, KV, hd;
-  float *k, *v; /* (L, max_B, KV, max_T, hd) */
+  char *k, *v;  /* (L, max_B, KV, max_T, hd) in the working dtype */
   int *len;     /* (max_B) */
 };
 
@@ -522,13 +565,13 @@ ct_status ct_kv_cache_create(const ct_model *m, int max_B, int max_T, ct_kv_cach
   c->KV = m->KV;
   c->hd = m->hd;
   const size_t n = (size_t)c->L * max_B * m->KV * max_T * m->hd;
-  c->k = m->ops->alloc(n * sizeof(float));
-  c->v = m->ops->alloc(n * sizeof(float));
+  c->k = m->ops->alloc(n * m->ab);
+  c->v = m->ops->alloc(n * m->ab);
   c->len = ct_calloc((size_t)max_B, sizeof(int), "KV cache lengths");
   if (!c->k || !c->v || !c->len) {
     ct_kv_cache_destroy(c);
     return ct_set_error(CT_ERR_NOMEM, "out of memory for a KV cache of %d x %d tokens (%.1f MiB)",
-                        max_B, max_T, 2.0 * n * sizeof(float) / 1048576.0);
+                        max_B, max_T, 2.0 * n * m->ab / 1048576.0);
   }
   *out = c;
   return CT_OK;
@@ -553,73 +596,50 @@ ct_status ct_model_forward_cached(ct_model *m, ct_kv_cache *c, int b, const int3
     return ct_set_error(CT_ERR_RUNTIME, "cached forward: %d new tokens at position %d of sequence %d"
                         " exceed the cache (%d x %d) or the activations (%d tokens)", n, pos0, b,
                         c->max_B, c->max_T, m->max_B * m->max_T);
-  if (!m->gpt2 && pos0 + n > m->cfg.max_seq_len)
+  if (pos0 + n > m->cfg.max_seq_len)
     return ct_set_error(CT_ERR_RUNTIME, "position %d exceeds model.max_seq_len", pos0 + n);
   for (int i = 0; i < n; i++)
     if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
       return ct_set_error(CT_ERR_INPUT, "token %d outside the vocabulary [0, %d)", tokens[i],
                           m->cfg.vocab_size);
+  refresh_working(m);
   const ct_ops *o = m->ops;
-  const int L = m->cfg.n_layer, C = m->C, H = m->H, KV = m->KV, hd = m->hd, W = m->W, F = m->F;
-  const int G = L;
-  const float eps = (float)m->cfg.norm_eps, theta = (float)m->cfg.rope_theta;
+  const int L = m->cfg.n_layer, C = m->C, H = m->H, KV = m->KV, hd = m->hd, W = m->W, G = L;
   const size_t seq = (size_t)KV * c->max_T * hd, layer = (size_t)c->max_B * seq;
+  const size_t ab = m->ab;
   layer_acts *a = &m->la[0]; /* nothing is kept for backward: every layer reuses layer 0's space */
-  float *x = A(m->emb), *tmp = A(a->out);
+  char *x = A(m->emb), *tmp = A(a->out);
 
   o->to_device(m->tok, tokens, (size_t)n * sizeof(int32_t));
-  if (m->gpt2) { /* learned positions pos0 .. pos0+n-1: embed with T = n, then add the rows */
-    if (pos0 + n > m->cfg.max_seq_len)
-      return ct_set_error(CT_ERR_RUNTIME, "position %d exceeds model.max_seq_len", pos0 + n);
-    o->embed_fwd(x, m->tok, PW(G, P_WTE), NULL, 1, n, C);
-    o->add_fwd(x, x, PW(G, P_WPE) + (size_t)pos0 * C, (size_t)n * C);
-  } else {
-    o->embed_fwd(x, m->tok, PW(G, P_WTE), NULL, 1, n, C);
-  }
+  o->embed_fwd(x, m->tok, PW(G, P_WTE), NULL, 1, n, C);
+  if (m->gpt2) /* learned positions pos0 .. pos0+n-1 */
+    o->add_fwd(x, x, EL(PW(G, P_WPE), (size_t)pos0 * C), (size_t)n * C);
   for (int l = 0; l < L; l++) {
-    norm_fwd(m, A(a->ln1), A(a->ln1_mean), A(a->ln1_rstd), x, PW(l, P_LN1_W), PWO(l, P_LN1_B), n);
-    float *qkv = A(a->qkv);
-    if (m->cfg.qk_norm) {
-      float *raw = A(a->qkv_raw);
-      o->matmul_fwd(raw, A(a->ln1), PW(l, P_QKV_W), PWO(l, P_QKV_B), n, C, W);
-      const size_t row = (size_t)W * sizeof(float), v0 = (size_t)(H + KV) * hd;
-      o->copy2d(qkv + v0, row, raw + v0, row, (size_t)KV * hd * sizeof(float), (size_t)n);
-      o->rmsnorm_fwd(qkv, A(a->qn_rstd), raw, PW(l, P_QNORM), n * H, hd, H, W, eps);
-      o->rmsnorm_fwd(qkv + (size_t)H * hd, A(a->kn_rstd), raw + (size_t)H * hd, PW(l, P_KNORM),
-                     n * KV, hd, KV, W, eps);
-    } else {
-      o->matmul_fwd(qkv, A(a->ln1), PW(l, P_QKV_W), PWO(l, P_QKV_B), n, C, W);
-    }
-    if (!m->gpt2) o->rope_fwd(qkv, 1, n, H, KV, hd, pos0, theta);
-    float *kc = c->k + l * layer + b * seq, *vc = c->v + l * layer + b * seq;
+    norm_fwd(m, A(a->ln1), AF(a->ln1_mean), AF(a->ln1_rstd), x, PW(l, P_LN1_W), PWO(l, P_LN1_B), n);
+    qkv_fwd(m, a, l, A(a->ln1), 1, n, pos0);
+    char *qkv = A(a->qkv);
+    char *kc = c->k + (l * layer + b * seq) * ab, *vc = c->v + (l * layer + b * seq) * ab;
     for (int h = 0; h < KV; h++) { /* append this chunk's keys and values */
       const size_t dst = ((size_t)h * c->max_T + pos0) * hd;
-      o->copy2d(kc + dst, (size_t)hd * sizeof(float), qkv + (size_t)(H + h) * hd,
-                (size_t)W * sizeof(float), (size_t)hd * sizeof(float), (size_t)n);
-      o->copy2d(vc + dst, (size_t)hd * sizeof(float), qkv + (size_t)(H + KV + h) * hd,
-                (size_t)W * sizeof(float), (size_t)hd * sizeof(float), (size_t)n);
+      o->copy2d(kc + dst * ab, (size_t)hd * ab, EL(qkv, (size_t)(H + h) * hd), (size_t)W * ab,
+                (size_t)hd * ab, (size_t)n);
+      o->copy2d(vc + dst * ab, (size_t)hd * ab, EL(qkv, (size_t)(H + KV + h) * hd), (size_t)W * ab,
+                (size_t)hd * ab, (size_t)n);
     }
     o->attention_cached(A(a->atty), qkv, kc, vc, n, pos0, H, KV, hd, c->max_T);
     o->matmul_fwd(A(a->res2), A(a->atty), PW(l, P_ATTO_W), PWO(l, P_ATTO_B), n, H * hd, C);
     o->add_fwd(A(a->res2), A(a->res2), x, (size_t)n * C);
-    norm_fwd(m, A(a->ln2), A(a->ln2_mean), A(a->ln2_rstd), A(a->res2), PW(l, P_LN2_W),
+    norm_fwd(m, A(a->ln2), AF(a->ln2_mean), AF(a->ln2_rstd), A(a->res2), PW(l, P_LN2_W),
              PWO(l, P_LN2_B), n);
-    if (m->gpt2) {
-      o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), PWO(l, P_FC_B), n, C, F);
-      o->gelu_fwd(A(a->act), A(a->fch), (size_t)n * F);
-    } else {
-      o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), NULL, n, C, 2 * F);
-      o->swiglu_fwd(A(a->act), A(a->fch), n, F);
-    }
-    o->matmul_fwd(tmp, A(a->act), PW(l, P_PROJ_W), PWO(l, P_PROJ_B), n, F, C);
+    mlp_fwd(m, a, l, tmp, n);
     o->add_fwd(x, tmp, A(a->res2), (size_t)n * C); /* the block output replaces x in place */
   }
   /* only the last position's logits are needed */
-  const float *last = x + (size_t)(n - 1) * C;
-  norm_fwd(m, A(m->lnf), A(m->lnf_mean), A(m->lnf_rstd), last, PW(G, P_LNF_W), PWO(G, P_LNF_B), 1);
-  const float *head = m->cfg.tie_embeddings ? PW(G, P_WTE) : PW(G, P_LM_HEAD);
+  norm_fwd(m, A(m->lnf), AF(m->lnf_mean), AF(m->lnf_rstd), EL(x, (size_t)(n - 1) * C),
+           PW(G, P_LNF_W), PWO(G, P_LNF_B), 1);
+  const char *head = m->cfg.tie_embeddings ? PW(G, P_WTE) : PW(G, P_LM_HEAD);
   o->matmul_fwd(A(m->logits), A(m->lnf), head, NULL, 1, C, m->Vp);
-  o->to_host(logits_host, A(m->logits), (size_t)m->Vp * sizeof(float));
+  o->to_host_f32(logits_host, A(m->logits), (size_t)m->Vp);
   c->len[b] = pos0 + n;
   return CT_OK;
 }

@@ -67,8 +67,11 @@ ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *ta
 ct_status ct_model_backward(ct_model *m);
 void ct_model_zero_grad(ct_model *m);
 
-/* Logits of the last forward without targets: (B, T, Vp) in backend memory. */
+/* Logits of the last forward without targets: (B, T, Vp) in backend memory, in the working
+ * dtype (a float * only for fp32 tables; use ct_model_logits_to_host otherwise). */
 const float *ct_model_logits(const ct_model *m);
+/* Copies `rows` logit rows (Vp each) starting at row `first_row` to host fp32. */
+void ct_model_logits_to_host(const ct_model *m, size_t first_row, size_t rows, float *dst);
 
 /* ---- inference with a KV cache ----
  * Per layer K and V of shape (KV, max_T, hd) for each of max_B sequences, in backend memory.

@@ -771,8 +771,20 @@ static void scale(float *x, float s, size_t n) {
 void ct_cpu_attention_cached(void *out, const void *qkv, const void *kc, const void *vc, int n,
                              int pos0, int H, int KV, int hd, int max_T); /* attention_cached.c */
 
+static void cpu_cast_params(void *dst, const float *src, size_t n) {
+  memcpy(dst, src, n * sizeof(float));
+}
+
+static void cpu_to_host_f32(float *dst, const void *src, size_t n) {
+  memcpy(dst, src, n * sizeof(float));
+}
+
 static const ct_ops cpu_ops = {
     .name = "cpu",
+    .dtype = "fp32",
+    .act_bytes = 4,
+    .cast_params = cpu_cast_params,
+    .to_host_f32 = cpu_to_host_f32,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .zero = cpu_zero,
