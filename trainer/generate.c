@@ -10,6 +10,8 @@
 #include "trainer/checkpoint.h"
 #include "trainer/data.h"
 #include "trainer/device.h"
+#include "trainer/hf.h"
+#include "trainer/tokenizer.h"
 
 typedef struct { float p; int32_t id; } cand;
 
@@ -120,73 +122,144 @@ ct_status ct_generate(ct_model *m, const int32_t *prompt, int n_prompt, const ct
   return ct_generate_batch(m, 1, &prompt, &n_prompt, s, &out, n_out, on_token, user);
 }
 
-static void print_byte_token(int seq, int32_t id, void *user) {
-  (void)user;
+/* ---- the command ---- */
+
+typedef struct stream_ctx {
+  const ct_tokenizer *tok;
+  ct_decode_state state;
+  char *buf;
+  size_t cap;
+} stream_ctx;
+
+static void stream_token(int seq, int32_t id, void *user) {
   (void)seq;
-  if (id >= 0 && id < 256) { fputc(id, stdout); fflush(stdout); }
+  stream_ctx *c = user;
+  size_t n = ct_tokenizer_decode_stream(c->tok, &c->state, id, c->buf, c->cap);
+  fwrite(c->buf, 1, n, stdout);
+  fflush(stdout);
 }
 
 static const char *USAGE =
-    "usage: ctrain generate --model PATH [--prompt TEXT] [--max_new_tokens N] [--temperature T]\n"
-    "                       [--top_k K] [--top_p P] [--seed S] [--greedy]\n"
-    "  PATH: a checkpoint step directory, <out_dir>/ckpt/latest, or <out_dir>\n";
+    "usage: ctrain generate --model PATH [--prompt TEXT]... [--prompt-file FILE]...\n"
+    "                       [--max_new_tokens N] [--temperature T] [--top_k K] [--top_p P]\n"
+    "                       [--seed S] [--greedy]\n"
+    "  PATH: a checkpoint step directory, <out_dir>/ckpt/latest, <out_dir>, or a Hugging Face\n"
+    "        model directory (config.json + safetensors). Several prompts run as one batch;\n"
+    "        a single prompt streams its tokens as they are produced. Generation stops at\n"
+    "        end-of-text, at --max_new_tokens, or when the context is full.\n";
 
 ct_status ct_cmd_generate(int argc, char **argv) {
-  const char *model_path = NULL, *prompt = "";
+  const char *model_path = NULL;
+  char **prompts = calloc((size_t)argc + 1, sizeof(char *));
+  bool *owned = calloc((size_t)argc + 1, sizeof(bool));
+  int n_prompts = 0;
   ct_sample_cfg s = CT_SAMPLE_INIT;
   s.max_new_tokens = 200;
   s.temperature = 0.8f;
   s.top_k = 40;
-  for (int i = 0; i < argc; i++) {
+  ct_status st = prompts && owned ? CT_OK : ct_set_error(CT_ERR_NOMEM, "out of memory");
+  for (int i = 0; st == CT_OK && i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define ARG(name) (!strcmp(a, name) && (v || (ct_set_error(CT_ERR_USAGE, "%s needs a value\n%s", name, USAGE), 0)) && ++i)
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(USAGE, stdout); return CT_OK; }
+    bool takes = !strcmp(a, "--model") || !strcmp(a, "--prompt") || !strcmp(a, "--prompt-file") ||
+                 !strcmp(a, "--max_new_tokens") || !strcmp(a, "--temperature") ||
+                 !strcmp(a, "--top_k") || !strcmp(a, "--top_p") || !strcmp(a, "--seed");
+    if (takes && !v) { st = ct_set_error(CT_ERR_USAGE, "generate: %s needs a value\n%s", a, USAGE); break; }
+    if (takes) i++;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(USAGE, stdout); goto done; }
     else if (!strcmp(a, "--greedy")) s.temperature = 0;
-    else if (ARG("--model")) model_path = v;
-    else if (ARG("--prompt")) prompt = v;
-    else if (ARG("--max_new_tokens")) s.max_new_tokens = atoi(v);
-    else if (ARG("--temperature")) s.temperature = (float)atof(v);
-    else if (ARG("--top_k")) s.top_k = atoi(v);
-    else if (ARG("--top_p")) s.top_p = (float)atof(v);
-    else if (ARG("--seed")) s.seed = strtoull(v, NULL, 10);
-    else if (ct_last_error()[0] && strstr(ct_last_error(), "needs a value")) return CT_ERR_USAGE;
-    else return ct_set_error(CT_ERR_USAGE, "generate: unknown argument %s\n%s", a, USAGE);
-#undef ARG
+    else if (!strcmp(a, "--model")) model_path = v;
+    else if (!strcmp(a, "--prompt")) prompts[n_prompts++] = (char *)v;
+    else if (!strcmp(a, "--prompt-file")) {
+      char *text = NULL;
+      size_t len = 0;
+      st = ct_read_file(v, &text, &len);
+      if (st == CT_OK) { owned[n_prompts] = true; prompts[n_prompts++] = text; }
+    }
+    else if (!strcmp(a, "--max_new_tokens")) s.max_new_tokens = atoi(v);
+    else if (!strcmp(a, "--temperature")) s.temperature = (float)atof(v);
+    else if (!strcmp(a, "--top_k")) s.top_k = atoi(v);
+    else if (!strcmp(a, "--top_p")) s.top_p = (float)atof(v);
+    else if (!strcmp(a, "--seed")) s.seed = strtoull(v, NULL, 10);
+    else st = ct_set_error(CT_ERR_USAGE, "generate: unknown argument %s\n%s", a, USAGE);
   }
-  if (!model_path) return ct_set_error(CT_ERR_USAGE, "generate: --model is required\n%s", USAGE);
-  if (s.max_new_tokens < 0 || s.top_k < 0 || s.top_p <= 0 || s.top_p > 1)
-    return ct_set_error(CT_ERR_USAGE, "generate: --max_new_tokens and --top_k must be >= 0 and"
-                        " --top_p in (0, 1]");
+  if (st == CT_OK && !model_path) st = ct_set_error(CT_ERR_USAGE, "generate: --model is required\n%s", USAGE);
+  if (st == CT_OK && (s.max_new_tokens < 0 || s.top_k < 0 || s.top_p <= 0 || s.top_p > 1))
+    st = ct_set_error(CT_ERR_USAGE, "generate: --max_new_tokens and --top_k must be >= 0 and"
+                      " --top_p in (0, 1]");
+  if (st != CT_OK) goto done;
+  if (n_prompts == 0) prompts[n_prompts++] = "";
+
   ct_config cfg;
-  char file[4096];
-  CT_TRY(ct_checkpoint_read_config(model_path, &cfg, file, sizeof file));
-  if (strcmp(cfg.data.tokenizer, "byte"))
-    return ct_set_error(CT_ERR_INPUT, "%s: tokenizer \"%s\" is not supported by generate yet"
-                        " (only the built-in byte tokenizer)", file, cfg.data.tokenizer);
-  ct_backend be;
-  CT_TRY(ct_backend_select(&cfg.train, 0, &be));
+  ct_backend be = {0};
   ct_model *m = NULL;
-  CT_TRY(ct_model_create(&cfg.model, be.ops, 1, cfg.model.max_seq_len, &m));
-  ct_status st = ct_checkpoint_load_params(file, m);
-  size_t plen = strlen(prompt);
-  int32_t *ids = malloc(sizeof(int32_t) * (plen + 1));
-  int32_t *out = malloc(sizeof(int32_t) * (size_t)(s.max_new_tokens + 1));
-  if (st == CT_OK && (!ids || !out)) st = ct_set_error(CT_ERR_NOMEM, "out of memory");
-  if (st == CT_OK) {
-    size_t n = ct_byte_encode(prompt, plen, ids);
-    s.stop_id = CT_BYTE_EOT;
-    int produced = 0;
-    fputs(prompt, stdout);
-    double t0 = ct_now();
-    st = ct_generate(m, ids, (int)n, &s, out, &produced, print_byte_token, NULL);
-    double dt = ct_now() - t0;
+  ct_tokenizer *tok = NULL;
+  int32_t **ids = calloc((size_t)n_prompts, sizeof *ids), **outs = calloc((size_t)n_prompts, sizeof *outs);
+  int *lens = calloc((size_t)n_prompts, sizeof(int)), *n_out = calloc((size_t)n_prompts, sizeof(int));
+  char hf_config[4200], file[4096];
+  snprintf(hf_config, sizeof hf_config, "%s/config.json", model_path);
+  bool hf = ct_file_exists(hf_config);
+  if (!ids || !outs || !lens || !n_out) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
+  if (hf) CT_TRY_GOTO(ct_hf_read_config(model_path, &cfg), cleanup);
+  else CT_TRY_GOTO(ct_checkpoint_read_config(model_path, &cfg, file, sizeof file), cleanup);
+  st = ct_tokenizer_load(cfg.data.tokenizer, &tok);
+  if (st != CT_OK) { ct_add_context(st, "%s: data.tokenizer: ", model_path); goto cleanup; }
+  CT_TRY_GOTO(ct_backend_select(&cfg.train, 0, &be), cleanup);
+  if (hf) CT_TRY_GOTO(ct_hf_load(model_path, be.ops, 1, cfg.model.max_seq_len, &cfg, &m), cleanup);
+  else {
+    CT_TRY_GOTO(ct_model_create(&cfg.model, be.ops, 1, cfg.model.max_seq_len, &m), cleanup);
+    CT_TRY_GOTO(ct_checkpoint_load_params(file, m), cleanup);
+  }
+  s.stop_id = ct_tokenizer_eot_id(tok);
+  size_t total = 0;
+  for (int i = 0; i < n_prompts; i++) {
+    size_t n = 0;
+    CT_TRY_GOTO(ct_tokenizer_encode(tok, prompts[i], strlen(prompts[i]), &ids[i], &n), cleanup);
+    lens[i] = (int)n;
+    outs[i] = malloc(sizeof(int32_t) * (size_t)(s.max_new_tokens + 1));
+    if (!outs[i]) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
+  }
+  stream_ctx sc = {.tok = tok, .state = CT_DECODE_STATE_INIT, .cap = ct_tokenizer_stream_cap(tok)};
+  sc.buf = malloc(sc.cap);
+  if (!sc.buf) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
+  double t0 = ct_now();
+  if (n_prompts == 1) fputs(prompts[0], stdout);
+  st = ct_generate_batch(m, n_prompts, (const int32_t *const *)ids, lens, &s, outs, n_out,
+                         n_prompts == 1 ? stream_token : NULL, &sc);
+  double dt = ct_now() - t0;
+  if (st == CT_OK && n_prompts == 1) {
+    size_t n = ct_tokenizer_decode_flush(tok, &sc.state, sc.buf, sc.cap);
+    fwrite(sc.buf, 1, n, stdout);
     fputc('\n', stdout);
-    ct_log_info("generated %d tokens in %.2f s (%.1f tokens/s)", produced, dt, produced / (dt > 0 ? dt : 1));
+  }
+  for (int i = 0; st == CT_OK && n_prompts > 1 && i < n_prompts; i++) {
+    char *text = NULL;
+    size_t tl = 0;
+    CT_TRY_GOTO(ct_tokenizer_decode(tok, outs[i], (size_t)n_out[i], &text, &tl), cleanup);
+    printf("=== prompt %d ===\n%s%s\n", i, prompts[i], text);
+    free(text);
+  }
+  for (int i = 0; i < n_prompts; i++) total += (size_t)n_out[i];
+  free(sc.buf);
+  if (st == CT_OK)
+    ct_log_info("generated %zu tokens for %d prompt(s) in %.2f s (%.1f tokens/s)", total, n_prompts,
+                dt, total / (dt > 0 ? dt : 1));
+cleanup:
+  for (int i = 0; i < n_prompts; i++) {
+    if (ids) free(ids[i]);
+    if (outs) free(outs[i]);
   }
   free(ids);
-  free(out);
+  free(outs);
+  free(lens);
+  free(n_out);
+  ct_tokenizer_destroy(tok);
   ct_model_destroy(m);
   ct_backend_shutdown(&be);
+done:
+  for (int i = 0; i < n_prompts; i++)
+    if (owned && owned[i]) free(prompts[i]);
+  free(prompts);
+  free(owned);
   return st;
 }

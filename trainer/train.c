@@ -18,6 +18,7 @@
 #include "trainer/generate.h"
 #include "trainer/metrics.h"
 #include "trainer/model.h"
+#include "trainer/tokenizer.h"
 
 typedef struct run {
   const ct_config *cfg;
@@ -31,6 +32,7 @@ typedef struct run {
   ct_store_server *server;   /* rank 0 under srun/mpirun hosts the store */
   ct_store *store;
   ct_comm *comm;             /* data-parallel group; NULL at world size 1 */
+  ct_tokenizer *tok;
 } run;
 
 /* SIGTERM / SIGINT (stop) and SIGUSR1 (Slurm's pre-emption warning): finish the step, agree
@@ -122,34 +124,52 @@ static ct_status evaluate(run *r, double *val_loss) {
   return dp_mean(r, val_loss);
 }
 
-static void print_token(int seq, int32_t id, void *user) {
-  (void)user;
-  (void)seq;
-  if (id >= 0 && id < 256) fputc(id, stdout);
-}
-
 static ct_status sample(run *r) {
   const ct_train_cfg *t = &r->cfg->train;
-  if (t->sample_tokens <= 0 || strcmp(r->cfg->data.tokenizer, "byte")) return CT_OK;
-  size_t plen = strlen(t->sample_prompt);
-  int32_t *ids = malloc(sizeof(int32_t) * (plen + 1));
-  int32_t *out = malloc(sizeof(int32_t) * (size_t)t->sample_tokens);
-  if (!ids || !out) { free(ids); free(out); return ct_set_error(CT_ERR_NOMEM, "out of memory"); }
-  ct_sample_cfg s = CT_SAMPLE_INIT;
-  s.max_new_tokens = t->sample_tokens;
-  s.temperature = 0.8f;
-  s.top_k = 40;
-  s.seed = t->seed;
-  s.stop_id = CT_BYTE_EOT;
-  int n = 0;
-  printf("sample (temperature 0.8, top_k 40):\n%s", t->sample_prompt);
-  ct_status st = ct_generate(r->model, ids, (int)ct_byte_encode(t->sample_prompt, plen, ids), &s,
-                             out, &n, print_token, NULL);
-  printf("\n");
-  fflush(stdout);
+  if (t->sample_tokens <= 0) return CT_OK;
+  int32_t *ids = NULL, *out = malloc(sizeof(int32_t) * (size_t)t->sample_tokens);
+  size_t n_ids = 0;
+  ct_decode_state ds = CT_DECODE_STATE_INIT;
+  size_t cap = ct_tokenizer_stream_cap(r->tok);
+  char *buf = malloc(cap);
+  ct_status st = out && buf ? CT_OK : ct_set_error(CT_ERR_NOMEM, "out of memory");
+  if (st == CT_OK)
+    st = ct_tokenizer_encode(r->tok, t->sample_prompt, strlen(t->sample_prompt), &ids, &n_ids);
+  if (st == CT_OK) {
+    ct_sample_cfg s = CT_SAMPLE_INIT;
+    s.max_new_tokens = t->sample_tokens;
+    s.temperature = 0.8f;
+    s.top_k = 40;
+    s.seed = t->seed;
+    s.stop_id = ct_tokenizer_eot_id(r->tok);
+    int n = 0;
+    st = ct_generate(r->model, ids, (int)n_ids, &s, out, &n, NULL, NULL);
+    printf("sample (temperature 0.8, top_k 40):\n%s", t->sample_prompt);
+    for (int i = 0; st == CT_OK && i < n; i++) {
+      size_t k = ct_tokenizer_decode_stream(r->tok, &ds, out[i], buf, cap);
+      fwrite(buf, 1, k, stdout);
+    }
+    fwrite(buf, 1, ct_tokenizer_decode_flush(r->tok, &ds, buf, cap), stdout);
+    printf("\n");
+    fflush(stdout);
+  }
   free(ids);
   free(out);
+  free(buf);
   return st;
+}
+
+/* The tokenizer named by data.tokenizer: its digest must match the data files' and its
+ * vocabulary must fit the model's. */
+static ct_status load_tokenizer(run *r) {
+  const ct_config *cfg = r->cfg;
+  ct_status st = ct_tokenizer_load(cfg->data.tokenizer, &r->tok);
+  if (st != CT_OK) return ct_add_context(st, "data.tokenizer = \"%s\": ", cfg->data.tokenizer);
+  if (ct_tokenizer_vocab_size(r->tok) > cfg->model.vocab_size)
+    return ct_set_error(CT_ERR_CONFIG, "data.tokenizer %s has %lld tokens but model.vocab_size is %d",
+                        cfg->data.tokenizer, (long long)ct_tokenizer_vocab_size(r->tok),
+                        cfg->model.vocab_size);
+  return CT_OK;
 }
 
 ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
@@ -166,10 +186,11 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   const bool writer = rank == 0; /* one writer for metrics, checkpoints and samples */
   if (writer) ct_config_print(cfg, stderr);
   CT_TRY_GOTO(ct_backend_select(t, r.env.local_rank, &r.be), done);
-  CT_TRY_GOTO(ct_loader_open(cfg->data.train, cfg->data.tokenizer, cfg->model.vocab_size, T, rank,
+  CT_TRY_GOTO(load_tokenizer(&r), done);
+  CT_TRY_GOTO(ct_loader_open(cfg->data.train, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, rank,
                              world, t->seed, CT_LOADER_RANDOM, &r.train), done);
   if (cfg->data.val[0])
-    CT_TRY_GOTO(ct_loader_open(cfg->data.val, cfg->data.tokenizer, cfg->model.vocab_size, T, rank,
+    CT_TRY_GOTO(ct_loader_open(cfg->data.val, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, rank,
                                world, t->seed, CT_LOADER_SEQUENTIAL, &r.val), done);
   CT_TRY_GOTO(ct_model_create(&cfg->model, r.be.ops, B, T, &r.model), done);
   ct_model_init_weights(r.model, t->seed);
@@ -322,6 +343,7 @@ done:
   ct_model_destroy(r.model);
   ct_loader_destroy(r.train);
   ct_loader_destroy(r.val);
+  ct_tokenizer_destroy(r.tok);
   ct_backend_shutdown(&r.be);
   return st;
 }
