@@ -11,6 +11,7 @@ THREADS=${THREADS:-$(nproc)}
 STEPS=${STEPS:-20}
 cd "$(dirname "$0")/.."
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+mkdir -p bench/results
 out=bench/results/cpu_train_$(date +%F)_${commit}.txt
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -14,6 +14,7 @@ MODES=${MODES:-"fp32 tf32 bf16 bf16+compile"}
 cd "$(dirname "$0")/.."
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
+mkdir -p bench/results
 out=bench/results/gpu_train_$(date +%F)_${gpu}_${commit}.txt
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
