@@ -1,15 +1,20 @@
-// kernels/cuda/ops_cuda.cu — the first CUDA backend of the op table (kernels/ops.h).
+// kernels/cuda/ops_cuda.cu — the CUDA backend of the op table (kernels/ops.h): two tables.
 //
 // Contract (ops.h has the full text; kernels/cpu/ops_cpu.c is the reference this matches):
-//   - In this version every activation and weight pointer is fp32 device memory (`act_t` below);
-//     parameter gradients, norm statistics, losses, optimizer state and the attention state are
-//     fp32 as ops.h says. Kernels are templated on the activation type so bf16 can be added by
-//     instantiating them (and choosing cuBLAS data types) rather than rewriting them.
+//   - "cuda" (fp32): every activation and weight pointer is fp32 device memory. "cuda-bf16":
+//     they are __nv_bfloat16 (working weights made by cast_params, round to nearest even).
+//     Parameter gradients, norm statistics, losses and optimizer state are fp32 in both. The
+//     launchers are templated on the activation type (`act_t`); bf16 loads convert to fp32, all
+//     arithmetic is fp32 (statistics, softmax, loss, elementwise), stores round once to bf16.
+//     bf16 matmuls: cuBLAS with bf16 A/B and fp32 compute; dW into fp32 (beta 1); bias grads are
+//     fp32 column sums; the forward with a bias uses cuBLASLt's BIAS epilogue when it loads.
 //   - Row-major, N = B*T rows; linear weights are (OC, IC) (nn.Linear); qkv rows are
 //     [H q heads | KV k heads | KV v heads] of hd each, query head h uses kv head h / (H/KV).
 //   - Backward ACCUMULATES (+=) into every gradient; a NULL gradient pointer is skipped.
 //     rope_bwd rotates dqkv back in place; xent_fwd_bwd overwrites logits with its gradient.
-//   - Attention state = the probabilities (B, H, T, T), zero above the diagonal (as the CPU).
+//   - Attention state, fp32 table: the probabilities (B, H, T, T), zero above the diagonal (as
+//     the CPU). bf16 table: see the two bf16 attention sections (batched: P in bf16; flash:
+//     log-sum-exp and a copy of the output).
 //   - Deterministic: no floating-point atomics. Column sums (dweight, dbias) go through fixed
 //     row chunks and a second pass that adds the chunks in order; embedding backward gives each
 //     distinct token to one block that adds its rows in row order (bit-identical to the CPU);
@@ -19,27 +24,41 @@
 //
 // Layout of this file: runtime state and error handling, device helpers, kernels by op, the
 // launchers (the table's functions), the table and the C entry points.
+#include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
 
 namespace {
 
-typedef float act_t; // working dtype of activations and weights in this version
+typedef __nv_bfloat16 bf16;
+
+// Attention variants (CT_CUDA_ATTN / ct_cuda_set_variant). fp32 table: batched or perhead;
+// bf16 table: batched or flash (flash for head dims 64 and 128, batched otherwise).
+enum { ATTN_DEFAULT = -1, ATTN_BATCHED = 0, ATTN_PERHEAD = 1, ATTN_FLASH = 2 };
+// What ATTN_DEFAULT means for the bf16 table: flash, promoted after it beat batched on the same
+// inputs in one run (H200, tests/gpu/test_ops_cuda --perf: GPT-2 B16 T1024 H12 hd64 forward
+// 185 vs 785 us, backward 610 vs 1148 us) with errors at or under batched's.
+#define BF16_ATTN_DEFAULT ATTN_FLASH
 
 // ---------------------------------------------------------------------------------------------
 // runtime state and error handling
 
 struct cuda_state {
   int ready, device, num_sms, sync_debug;
-  int attn_perhead;        // CT_CUDA_ATTN=perhead: the first (per-head loop) attention variant
+  int attn_variant;        // ATTN_*: CT_CUDA_ATTN or ct_cuda_set_variant("attention", ...)
+  int matmul_lt;           // bf16 matmul_fwd with a bias through cuBLASLt's BIAS epilogue
   size_t attn_scratch_cap; // attention backward's dP chunk, bytes (CT_CUDA_ATTN_SCRATCH_MB)
   cudaStream_t stream;
   cublasHandle_t blas;
@@ -127,8 +146,25 @@ unsigned grid_for(size_t n, int threads) {
 template <typename T> __device__ __forceinline__ float ld(const T *p) { return (float)*p; }
 template <typename T> __device__ __forceinline__ void st(T *p, float v) { *p = (T)v; }
 
+template <> __device__ __forceinline__ float ld<bf16>(const bf16 *p) { return __bfloat162float(*p); }
+template <> __device__ __forceinline__ void st<bf16>(bf16 *p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
+
 template <typename T> cudaDataType_t blas_type();
 template <> cudaDataType_t blas_type<float>() { return CUDA_R_32F; }
+template <> cudaDataType_t blas_type<bf16>() { return CUDA_R_16BF; }
+// fp32 products use g.compute (fp32 or TF32); bf16 products always accumulate in fp32.
+template <typename T> cublasComputeType_t compute_type() { return g.compute; }
+template <> cublasComputeType_t compute_type<bf16>() { return CUBLAS_COMPUTE_32F; }
+
+inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+// Two floats as a bf16x2 word (round to nearest even), `lo` in the low half.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t *>(&v);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -252,26 +288,89 @@ __global__ void rope_kernel(T *qkv, long N, int T_, int H, int KV, int hd, int p
 
 #define GELU_K 0.7978845608028654f // sqrt(2/pi)
 
+__device__ __forceinline__ float gelu_f(float x) {
+  float u = GELU_K * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+__device__ __forceinline__ float gelu_grad(float x) {
+  float u = GELU_K * (x + 0.044715f * x * x * x);
+  float th = tanhf(u);
+  float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 template <typename T> __global__ void gelu_fwd_kernel(T *out, const T *inp, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x) {
-    float x = ld(inp + i);
-    float u = GELU_K * (x + 0.044715f * x * x * x);
-    st(out + i, 0.5f * x * (1.0f + tanhf(u)));
-  }
+       i += (size_t)gridDim.x * blockDim.x)
+    st(out + i, gelu_f(ld(inp + i)));
 }
 
 template <typename T>
 __global__ void gelu_bwd_kernel(T *dinp, const T *dout, const T *inp, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-       i += (size_t)gridDim.x * blockDim.x) {
-    float x = ld(inp + i);
-    float u = GELU_K * (x + 0.044715f * x * x * x);
-    float th = tanhf(u);
-    float sech2 = 1.0f - th * th;
-    float gr = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-    st(dinp + i, ld(dinp + i) + gr * ld(dout + i));
+       i += (size_t)gridDim.x * blockDim.x)
+    st(dinp + i, ld(dinp + i) + gelu_grad(ld(inp + i)) * ld(dout + i));
+}
+
+// 16-byte vector forms of the elementwise kernels (same arithmetic per element): nv vectors of
+// 16 / sizeof(T) elements; the launcher uses them when n divides and every pointer is aligned.
+#define VEC_LOOP(nv)                                                                              \
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (nv);                        \
+       i += (size_t)gridDim.x * blockDim.x)
+template <typename T> __global__ void gelu_fwd_vec_kernel(T *out, const T *inp, size_t nv) {
+  constexpr int V = 16 / sizeof(T);
+  VEC_LOOP(nv) {
+    int4 xr = reinterpret_cast<const int4 *>(inp)[i], yr;
+    const T *x = reinterpret_cast<const T *>(&xr);
+    T *y = reinterpret_cast<T *>(&yr);
+#pragma unroll
+    for (int j = 0; j < V; j++) st(y + j, gelu_f(ld(x + j)));
+    reinterpret_cast<int4 *>(out)[i] = yr;
   }
+}
+template <typename T>
+__global__ void gelu_bwd_vec_kernel(T *dinp, const T *dout, const T *inp, size_t nv) {
+  constexpr int V = 16 / sizeof(T);
+  VEC_LOOP(nv) {
+    int4 xr = reinterpret_cast<const int4 *>(inp)[i], dr = reinterpret_cast<const int4 *>(dout)[i];
+    int4 ar = reinterpret_cast<int4 *>(dinp)[i];
+    const T *x = reinterpret_cast<const T *>(&xr), *d = reinterpret_cast<const T *>(&dr);
+    T *a = reinterpret_cast<T *>(&ar);
+#pragma unroll
+    for (int j = 0; j < V; j++) st(a + j, ld(a + j) + gelu_grad(ld(x + j)) * ld(d + j));
+    reinterpret_cast<int4 *>(dinp)[i] = ar;
+  }
+}
+template <typename T> __global__ void add_vec_kernel(T *out, const T *a, const T *b, size_t nv) {
+  constexpr int V = 16 / sizeof(T);
+  VEC_LOOP(nv) {
+    int4 ar = reinterpret_cast<const int4 *>(a)[i], br = reinterpret_cast<const int4 *>(b)[i], yr;
+    const T *x = reinterpret_cast<const T *>(&ar), *z = reinterpret_cast<const T *>(&br);
+    T *y = reinterpret_cast<T *>(&yr);
+#pragma unroll
+    for (int j = 0; j < V; j++) st(y + j, ld(x + j) + ld(z + j));
+    reinterpret_cast<int4 *>(out)[i] = yr;
+  }
+}
+
+// fp32 <-> bf16 (round to nearest even); 8 elements per step when aligned.
+__global__ void cast_f32_bf16_kernel(bf16 *dst, const float *src, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = __float2bfloat16_rn(src[i]);
+}
+__global__ void cast_f32_bf16_vec_kernel(bf16 *dst, const float *src, size_t nv) {
+  VEC_LOOP(nv) {
+    float4 a = reinterpret_cast<const float4 *>(src)[2 * i];
+    float4 b = reinterpret_cast<const float4 *>(src)[2 * i + 1];
+    reinterpret_cast<int4 *>(dst)[i] = make_int4((int)pack_bf16(a.x, a.y), (int)pack_bf16(a.z, a.w),
+                                                 (int)pack_bf16(b.x, b.y), (int)pack_bf16(b.z, b.w));
+  }
+}
+__global__ void cast_bf16_f32_kernel(float *dst, const bf16 *src, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = __bfloat162float(src[i]);
 }
 
 template <typename T> __global__ void swiglu_fwd_kernel(T *out, const T *inp, long N, int F) {
@@ -736,17 +835,19 @@ __global__ void xent_kernel(float *losses, T *logits, const int32_t *targets, in
 // ---------------------------------------------------------------------------------------------
 // matmul through cuBLAS (column-major): a row-major (R, C) matrix is a column-major (C, R) one.
 
-// C = alpha op(A) op(B) + beta C, batched with strides when batch > 1.
-template <typename T>
+// C = alpha op(A) op(B) + beta C, batched with strides when batch > 1. A and B are T, C is TC
+// (bf16 A/B with an fp32 C: parameter gradients, attention scores); fp32 accumulation for bf16.
+template <typename T, typename TC = T>
 bool gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
-          const T *A, int lda, long long sA, const T *B, int ldb, long long sB, float beta, T *C,
+          const T *A, int lda, long long sA, const T *B, int ldb, long long sB, float beta, TC *C,
           int ldc, long long sC, int batch) {
-  const cudaDataType_t dt = blas_type<T>();
+  const cudaDataType_t dt = blas_type<T>(), ct = blas_type<TC>();
+  const cublasComputeType_t cp = compute_type<T>();
   if (batch == 1)
-    return CKB(cublasGemmEx(g.blas, ta, tb, m, n, k, &alpha, A, dt, lda, B, dt, ldb, &beta, C, dt,
-                            ldc, g.compute, CUBLAS_GEMM_DEFAULT));
+    return CKB(cublasGemmEx(g.blas, ta, tb, m, n, k, &alpha, A, dt, lda, B, dt, ldb, &beta, C, ct,
+                            ldc, cp, CUBLAS_GEMM_DEFAULT));
   return CKB(cublasGemmStridedBatchedEx(g.blas, ta, tb, m, n, k, &alpha, A, dt, lda, sA, B, dt,
-                                        ldb, sB, &beta, C, dt, ldc, sC, batch, g.compute,
+                                        ldb, sB, &beta, C, ct, ldc, sC, batch, cp,
                                         CUBLAS_GEMM_DEFAULT));
 }
 
@@ -759,13 +860,14 @@ struct ptr_desc {
   int div;
 };
 __global__ void build_ptrs_kernel(const void **a, const void **b, const void **c, int count,
-                                  int nper, ptr_desc da, ptr_desc db, ptr_desc dc, int esize) {
+                                  int nper, ptr_desc da, ptr_desc db, ptr_desc dc, int esize,
+                                  int esize_c) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= count) return;
   const long o = i / nper, r = i % nper;
   a[i] = da.base + (o * da.sb + (r / da.div) * da.s1 + (r % da.div) * da.s2) * esize;
   b[i] = db.base + (o * db.sb + (r / db.div) * db.s1 + (r % db.div) * db.s2) * esize;
-  c[i] = dc.base + (o * dc.sb + (r / dc.div) * dc.s1 + (r % dc.div) * dc.s2) * esize;
+  c[i] = dc.base + (o * dc.sb + (r / dc.div) * dc.s1 + (r % dc.div) * dc.s2) * esize_c;
 }
 ptr_desc pd(const void *base, long sb, long s1, int div = 1, long s2 = 0) {
   ptr_desc d = {(const char *)base, sb, s1, s2, div};
@@ -773,19 +875,180 @@ ptr_desc pd(const void *base, long sb, long s1, int div = 1, long s2 = 0) {
 }
 
 // C_i = alpha op(A_i) op(B_i) + beta C_i for `count` (A, B, C) triples described by the
-// descriptors; `ptrs` is device room for 3*count pointers. The C_i must be distinct.
-template <typename T>
+// descriptors; `ptrs` is device room for 3*count pointers. The C_i must be distinct. A and B
+// are T, C is TC (as gemm).
+template <typename T, typename TC = T>
 bool gemm_batched(void **ptrs, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                   float alpha, ptr_desc A, int lda, ptr_desc B, int ldb, float beta, ptr_desc C,
                   int ldc, int count, int nper) {
   const void **pa = (const void **)ptrs, **pb = pa + count, **pc = pb + count;
   build_ptrs_kernel<<<(count + 127) / 128, 128, 0, g.stream>>>(pa, pb, pc, count, nper, A, B, C,
-                                                               (int)sizeof(T));
+                                                               (int)sizeof(T), (int)sizeof(TC));
   if (!CK_LAUNCH(build_ptrs_kernel)) return false;
-  const cudaDataType_t dt = blas_type<T>();
+  const cudaDataType_t dt = blas_type<T>(), ct = blas_type<TC>();
   return CKB(cublasGemmBatchedEx(g.blas, ta, tb, m, n, k, &alpha, pa, dt, lda, pb, dt, ldb, &beta,
-                                 (void *const *)pc, dt, ldc, count, g.compute,
+                                 (void *const *)pc, ct, ldc, count, compute_type<T>(),
                                  CUBLAS_GEMM_DEFAULT));
+}
+
+// ---------------------------------------------------------------------------------------------
+// cuBLASLt, loaded at run time (the build links cuBLAS only): the bf16 matmul_fwd with a bias
+// goes through its BIAS epilogue, one pass, instead of a bias broadcast and a beta = 1 gemm.
+// Anything missing (library, symbol, heuristic) falls back to that plain path.
+
+#define LT_PLANS 64
+#define LT_WORKSPACE (32u << 20)
+struct lt_plan {
+  int N, IC, OC, align; // the key
+  int ok;               // a heuristic answered: use it
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t a, b, c;
+  cublasLtMatmulAlgo_t algo;
+};
+struct lt_api {
+  int tried, ok;
+  void *lib;
+  cublasLtHandle_t h;
+  void *ws;
+  int nplans;
+  lt_plan plans[LT_PLANS];
+  decltype(&cublasLtCreate) create;
+  decltype(&cublasLtDestroy) destroy;
+  decltype(&cublasLtMatmulDescCreate) desc_create;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+  decltype(&cublasLtMatmul) matmul;
+};
+lt_api lt;
+
+bool lt_load() {
+  if (lt.tried) return lt.ok;
+  lt.tried = 1;
+  char name[64];
+  snprintf(name, sizeof name, "libcublasLt.so.%d", CUBLAS_VER_MAJOR);
+  lt.lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  if (!lt.lib) lt.lib = dlopen("libcublasLt.so", RTLD_NOW | RTLD_LOCAL);
+  if (!lt.lib) return false;
+#define LT_SYM(field, sym)                                                                        \
+  if (!(*(void **)&lt.field = dlsym(lt.lib, #sym))) return false
+  LT_SYM(create, cublasLtCreate);
+  LT_SYM(destroy, cublasLtDestroy);
+  LT_SYM(desc_create, cublasLtMatmulDescCreate);
+  LT_SYM(desc_destroy, cublasLtMatmulDescDestroy);
+  LT_SYM(desc_set, cublasLtMatmulDescSetAttribute);
+  LT_SYM(layout_create, cublasLtMatrixLayoutCreate);
+  LT_SYM(layout_destroy, cublasLtMatrixLayoutDestroy);
+  LT_SYM(pref_create, cublasLtMatmulPreferenceCreate);
+  LT_SYM(pref_destroy, cublasLtMatmulPreferenceDestroy);
+  LT_SYM(pref_set, cublasLtMatmulPreferenceSetAttribute);
+  LT_SYM(heuristic, cublasLtMatmulAlgoGetHeuristic);
+  LT_SYM(matmul, cublasLtMatmul);
+#undef LT_SYM
+  if (lt.create(&lt.h) != CUBLAS_STATUS_SUCCESS) {
+    lt.h = NULL;
+    return false;
+  }
+  if (cudaMalloc(&lt.ws, LT_WORKSPACE) != cudaSuccess) {
+    cudaGetLastError();
+    lt.ws = NULL;
+    return false;
+  }
+  lt.ok = 1;
+  return true;
+}
+
+void lt_release() {
+  for (int i = 0; i < lt.nplans; i++) {
+    lt_plan *p = &lt.plans[i];
+    if (p->a) lt.layout_destroy(p->a);
+    if (p->b) lt.layout_destroy(p->b);
+    if (p->c) lt.layout_destroy(p->c);
+    if (p->desc) lt.desc_destroy(p->desc);
+  }
+  if (lt.h) lt.destroy(lt.h);
+  if (lt.ws) cudaFree(lt.ws);
+  if (lt.lib) dlclose(lt.lib);
+  memset(&lt, 0, sizeof lt);
+}
+
+int align_of(const void *p) {
+  int a = 256;
+  while (a > 1 && ((uintptr_t)p % (uintptr_t)a)) a >>= 1;
+  return a;
+}
+
+// The plan for out(N,OC) = inp(N,IC) w(OC,IC)^T + bias: column-major D (OC, N) = op_T(w) (OC, IC)
+// times inp (IC, N), the bias (OC) added to every column. NULL or !ok: use the plain path.
+lt_plan *lt_get_plan(int N, int IC, int OC, int align) {
+  for (int i = 0; i < lt.nplans; i++) {
+    lt_plan *p = &lt.plans[i];
+    if (p->N == N && p->IC == IC && p->OC == OC && p->align == align) return p;
+  }
+  if (lt.nplans == LT_PLANS) return NULL;
+  lt_plan *p = &lt.plans[lt.nplans++];
+  memset(p, 0, sizeof *p);
+  p->N = N, p->IC = IC, p->OC = OC, p->align = align;
+  const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+  const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  const cudaDataType_t bias_type = CUDA_R_16BF;
+  if (lt.desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
+    p->desc = NULL;
+    return p;
+  }
+  if (lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT) ||
+      lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN) ||
+      lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
+      lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type))
+    return p;
+  if (lt.layout_create(&p->a, CUDA_R_16BF, IC, OC, IC) ||
+      lt.layout_create(&p->b, CUDA_R_16BF, IC, N, IC) ||
+      lt.layout_create(&p->c, CUDA_R_16BF, OC, N, OC))
+    return p;
+  cublasLtMatmulPreference_t pref = NULL;
+  if (lt.pref_create(&pref) != CUBLAS_STATUS_SUCCESS) return p;
+  const size_t ws = LT_WORKSPACE;
+  const uint32_t al = (uint32_t)align;
+  int nres = 0;
+  cublasLtMatmulHeuristicResult_t res;
+  memset(&res, 0, sizeof res);
+  if (!lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) &&
+      !lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al) &&
+      !lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al) &&
+      !lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al) &&
+      !lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al) &&
+      lt.heuristic(lt.h, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &nres) ==
+          CUBLAS_STATUS_SUCCESS &&
+      nres > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
+    p->algo = res.algo;
+    p->ok = 1;
+  }
+  lt.pref_destroy(pref);
+  return p;
+}
+
+// Returns false when the plain path must do it (nothing queued); true when queued or failed
+// (the failure recorded).
+bool lt_matmul_bias(bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int N, int IC,
+                    int OC) {
+  if (IC % 8 || OC % 8 || !aligned16(bias) || !lt_load()) return false;
+  int al = align_of(out);
+  if (align_of(inp) < al) al = align_of(inp);
+  if (align_of(w) < al) al = align_of(w);
+  if (al < 16) return false;
+  lt_plan *p = lt_get_plan(N, IC, OC, al);
+  if (!p || !p->ok) return false;
+  const void *bp = bias;
+  if (!CKB(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp))) return true;
+  const float alpha = 1.0f, beta = 0.0f;
+  CKB(lt.matmul(lt.h, p->desc, &alpha, w, p->a, inp, p->b, &beta, out, p->c, out, p->c, &p->algo,
+                lt.ws, LT_WORKSPACE, g.stream));
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -845,6 +1108,7 @@ void cu_copy2d(void *dst, size_t dst_stride, const void *src, size_t src_stride,
                        g.stream));
 }
 
+template <typename act_t>
 void cu_embed_fwd(void *out, const int32_t *tok, const void *wte, const void *wpe, int B, int T,
                   int C) {
   OP("embed_fwd");
@@ -855,6 +1119,7 @@ void cu_embed_fwd(void *out, const int32_t *tok, const void *wte, const void *wp
   CK_LAUNCH(embed_fwd_kernel);
 }
 
+template <typename act_t>
 void cu_embed_bwd(float *dwte, float *dwpe, const void *dout, const int32_t *tok, int B, int T,
                   int C) {
   OP("embed_bwd");
@@ -872,6 +1137,7 @@ void cu_embed_bwd(float *dwte, float *dwpe, const void *dout, const int32_t *tok
   }
 }
 
+template <typename act_t>
 void cu_layernorm_fwd(void *out, float *mean, float *rstd, const void *inp, const void *w,
                       const void *b, int N, int C, float eps) {
   OP("layernorm_fwd");
@@ -881,6 +1147,7 @@ void cu_layernorm_fwd(void *out, float *mean, float *rstd, const void *inp, cons
   CK_LAUNCH(layernorm_fwd_kernel);
 }
 
+template <typename act_t>
 void cu_layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const void *inp,
                       const void *w, const float *mean, const float *rstd, int N, int C) {
   OP("layernorm_bwd");
@@ -898,6 +1165,7 @@ void cu_layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const 
   }
 }
 
+template <typename act_t>
 void cu_rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *w, int N, int C, int rpg,
                     long gs, float eps) {
   OP("rmsnorm_fwd");
@@ -908,6 +1176,7 @@ void cu_rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *w, int 
   CK_LAUNCH(rmsnorm_fwd_kernel);
 }
 
+template <typename act_t>
 void cu_rmsnorm_bwd(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                     const float *rstd, int N, int C, int rpg, long gs) {
   OP("rmsnorm_bwd");
@@ -928,10 +1197,16 @@ void cu_rmsnorm_bwd(void *dinp, float *dw, const void *dout, const void *inp, co
 // out(N,OC) = inp(N,IC) w(OC,IC)^T (+ bias). Column-major, out is (OC,N) = w^T(OC,IC) inp(IC,N):
 // gemm(T, N, m=OC, n=N, k=IC, A=w lda=IC, B=inp ldb=IC, C=out ldc=OC). With a bias, out is
 // first filled with it and the gemm adds (beta = 1), as the CPU does.
+template <typename act_t>
 void cu_matmul_fwd(void *out, const void *inp, const void *w, const void *bias, int N, int IC,
                    int OC) {
   OP("matmul_fwd");
   if (N <= 0 || OC <= 0) return;
+  if constexpr (std::is_same<act_t, bf16>::value) {
+    if (bias && g.matmul_lt && lt_matmul_bias((bf16 *)out, (const bf16 *)inp, (const bf16 *)w,
+                                              (const bf16 *)bias, N, IC, OC))
+      return;
+  }
   float beta = 0.0f;
   if (bias) {
     bias_broadcast_kernel<act_t><<<grid_for((size_t)N * OC, 256), 256, 0, g.stream>>>(
@@ -945,6 +1220,7 @@ void cu_matmul_fwd(void *out, const void *inp, const void *w, const void *bias, 
 
 // dinp(N,IC) += dout(N,OC) w(OC,IC):  gemm(N, N, m=IC, n=N, k=OC, A=w lda=IC, B=dout ldb=OC)
 // dw(OC,IC) += dout^T inp:            gemm(N, T, m=IC, n=OC, k=N, A=inp lda=IC, B=dout ldb=OC)
+template <typename act_t>
 void cu_matmul_bwd(void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
                    const void *w, int N, int IC, int OC) {
   OP("matmul_bwd");
@@ -953,9 +1229,9 @@ void cu_matmul_bwd(void *dinp, float *dw, float *dbias, const void *dout, const 
   if (dinp && !gemm<act_t>(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, (const act_t *)w, IC, 0, dO,
                            OC, 0, 1.0f, (act_t *)dinp, IC, 0, 1))
     return;
-  // dw is fp32 like every parameter gradient; with act_t = float the gemm types agree.
-  if (dw && !gemm<act_t>(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, (const act_t *)inp, IC, 0, dO,
-                         OC, 0, 1.0f, (act_t *)dw, IC, 0, 1))
+  // dw is fp32 like every parameter gradient (bf16 A/B, fp32 C for the bf16 table).
+  if (dw && !gemm<act_t, float>(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, (const act_t *)inp, IC,
+                                0, dO, OC, 0, 1.0f, dw, IC, 0, 1))
     return;
   if (dbias) {
     colsum_plain<act_t> f = {dO, OC};
@@ -963,6 +1239,7 @@ void cu_matmul_bwd(void *dinp, float *dw, float *dbias, const void *dout, const 
   }
 }
 
+template <typename act_t>
 void rope_launch(void *qkv, int B, int T, int H, int KV, int hd, int pos0, float theta, float dir) {
   long N = (long)B * T;
   size_t total = (size_t)N * (H + KV) * (hd / 2);
@@ -971,13 +1248,15 @@ void rope_launch(void *qkv, int B, int T, int H, int KV, int hd, int pos0, float
                                                                  pos0, theta, dir);
   CK_LAUNCH(rope_kernel);
 }
+template <typename act_t>
 void cu_rope_fwd(void *qkv, int B, int T, int H, int KV, int hd, int pos0, float theta) {
   OP("rope_fwd");
-  rope_launch(qkv, B, T, H, KV, hd, pos0, theta, 1.0f);
+  rope_launch<act_t>(qkv, B, T, H, KV, hd, pos0, theta, 1.0f);
 }
+template <typename act_t>
 void cu_rope_bwd(void *dqkv, int B, int T, int H, int KV, int hd, int pos0, float theta) {
   OP("rope_bwd");
-  rope_launch(dqkv, B, T, H, KV, hd, pos0, theta, -1.0f);
+  rope_launch<act_t>(dqkv, B, T, H, KV, hd, pos0, theta, -1.0f);
 }
 
 size_t cu_attention_state_floats(int B, int T, int H, int /*KV*/, int /*hd*/) {
@@ -992,13 +1271,13 @@ size_t cu_attention_state_floats(int B, int T, int H, int /*KV*/, int /*hd*/) {
 // of a plain version (the flash variant replaces it).
 void attention_fwd_perhead(void *out, float *state, const void *qkv_, int B, int T, int H,
                            int KV, int hd) {
-  const act_t *qkv = (const act_t *)qkv_;
-  act_t *o = (act_t *)out;
+  const float *qkv = (const float *)qkv_;
+  float *o = (float *)out;
   const long W3 = (long)(H + 2 * KV) * hd, HD = (long)H * hd, TT = (long)T * T;
   const int grp = H / KV;
   const float scale = 1.0f / sqrtf((float)hd);
   for (int h = 0; h < H; h++) {
-    const act_t *q = qkv + (long)h * hd, *k = qkv + HD + (long)(h / grp) * hd;
+    const float *q = qkv + (long)h * hd, *k = qkv + HD + (long)(h / grp) * hd;
     if (!gemm<float>(CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, scale, k, (int)W3, T * W3, q, (int)W3,
                      T * W3, 0.0f, state + h * TT, T, H * TT, B))
       return;
@@ -1008,7 +1287,7 @@ void attention_fwd_perhead(void *out, float *state, const void *qkv_, int B, int
                           g.stream>>>(state, rows, T);
   if (!CK_LAUNCH(softmax_causal_kernel)) return;
   for (int h = 0; h < H; h++) {
-    const act_t *v = qkv + HD + (long)(KV + h / grp) * hd;
+    const float *v = qkv + HD + (long)(KV + h / grp) * hd;
     if (!gemm<float>(CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, 1.0f, v, (int)W3, T * W3, state + h * TT,
                      T, H * TT, 0.0f, o + (long)h * hd, (int)HD, T * HD, B))
       return;
@@ -1024,8 +1303,8 @@ void attention_fwd_perhead(void *out, float *state, const void *qkv_, int B, int
 // Query heads of a group add into the same dK/dV one after another on the stream: no races.
 void attention_bwd_perhead(void *dqkv_, const void *dout_, const void *qkv_, const float *state,
                            int B, int T, int H, int KV, int hd) {
-  const act_t *qkv = (const act_t *)qkv_, *dO = (const act_t *)dout_;
-  act_t *dqkv = (act_t *)dqkv_;
+  const float *qkv = (const float *)qkv_, *dO = (const float *)dout_;
+  float *dqkv = (float *)dqkv_;
   const long W3 = (long)(H + 2 * KV) * hd, HD = (long)H * hd, TT = (long)T * T;
   const int grp = H / KV;
   const float scale = 1.0f / sqrtf((float)hd);
@@ -1033,10 +1312,10 @@ void attention_bwd_perhead(void *dqkv_, const void *dout_, const void *qkv_, con
   if (!dP) return;
   for (int h = 0; h < H; h++) {
     const int kv = h / grp;
-    const act_t *q = qkv + (long)h * hd, *k = qkv + HD + (long)kv * hd;
-    const act_t *v = qkv + HD + (long)(KV + kv) * hd, *dOh = dO + (long)h * hd;
-    act_t *dq = dqkv + (long)h * hd, *dk = dqkv + HD + (long)kv * hd;
-    act_t *dv = dqkv + HD + (long)(KV + kv) * hd;
+    const float *q = qkv + (long)h * hd, *k = qkv + HD + (long)kv * hd;
+    const float *v = qkv + HD + (long)(KV + kv) * hd, *dOh = dO + (long)h * hd;
+    float *dq = dqkv + (long)h * hd, *dk = dqkv + HD + (long)kv * hd;
+    float *dv = dqkv + HD + (long)(KV + kv) * hd;
     const float *P = state + h * TT;
     if (!gemm<float>(CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, 1.0f, dOh, (int)HD, T * HD, P, T, H * TT,
                      1.0f, dv, (int)W3, T * W3, B))
@@ -1066,7 +1345,7 @@ void attention_fwd_batched(void *out, float *state, const void *qkv, int B, int 
   const long W3 = (long)(H + 2 * KV) * hd, HD = (long)H * hd, TT = (long)T * T;
   const int grp = H / KV, count = B * H;
   const float scale = 1.0f / sqrtf((float)hd);
-  const act_t *q = (const act_t *)qkv, *k = q + HD, *v = q + HD + (long)KV * hd;
+  const float *q = (const float *)qkv, *k = q + HD, *v = q + HD + (long)KV * hd;
   void **ptrs = (void **)scratch(sizeof(void *) * 3 * (size_t)count);
   if (!ptrs) return;
   // S(b,h) = scale K(b, h/grp) Q(b,h)^T   (column-major (T_s, T_t) = row-major (T_t, T_s))
@@ -1099,9 +1378,9 @@ void attention_bwd_batched(void *dqkv, const void *dout, const void *qkv, const 
   if (!sc) return;
   float *dP = (float *)sc;
   void **ptrs = (void **)(sc + (dp_bytes + 255) / 256 * 256);
-  const act_t *q = (const act_t *)qkv, *k = q + HD, *v = q + HD + (long)KV * hd;
-  const act_t *dO = (const act_t *)dout;
-  act_t *dq = (act_t *)dqkv, *dk = dq + HD, *dv = dq + HD + (long)KV * hd;
+  const float *q = (const float *)qkv, *k = q + HD, *v = q + HD + (long)KV * hd;
+  const float *dO = (const float *)dout;
+  float *dq = (float *)dqkv, *dk = dq + HD, *dv = dq + HD + (long)KV * hd;
   for (int kv0 = 0; kv0 < KV; kv0 += nkc) {
     const int nk = KV - kv0 < nkc ? KV - kv0 : nkc, nh = nk * grp, h0 = kv0 * grp;
     // dV(b,kv) += P(b,h)^T dO(b,h) for h = kv*grp + j, one j at a time (outputs coincide)
@@ -1141,7 +1420,7 @@ void cu_attention_fwd(void *out, float *state, const void *qkv, int B, int T, in
                       int hd) {
   OP("attention_fwd");
   if (B <= 0 || T <= 0 || H <= 0) return;
-  if (g.attn_perhead) attention_fwd_perhead(out, state, qkv, B, T, H, KV, hd);
+  if (g.attn_variant == ATTN_PERHEAD) attention_fwd_perhead(out, state, qkv, B, T, H, KV, hd);
   else attention_fwd_batched(out, state, qkv, B, T, H, KV, hd);
 }
 
@@ -1149,10 +1428,11 @@ void cu_attention_bwd(void *dqkv, const void *dout, const void *qkv, const float
                       int T, int H, int KV, int hd) {
   OP("attention_bwd");
   if (B <= 0 || T <= 0 || H <= 0) return;
-  if (g.attn_perhead) attention_bwd_perhead(dqkv, dout, qkv, state, B, T, H, KV, hd);
+  if (g.attn_variant == ATTN_PERHEAD) attention_bwd_perhead(dqkv, dout, qkv, state, B, T, H, KV, hd);
   else attention_bwd_batched(dqkv, dout, qkv, state, B, T, H, KV, hd);
 }
 
+template <typename act_t>
 void cu_attention_cached(void *out, const void *qkv, const void *kc, const void *vc, int n,
                          int pos0, int H, int KV, int hd, int max_T) {
   OP("attention_cached");
@@ -1166,22 +1446,39 @@ void cu_attention_cached(void *out, const void *qkv, const void *kc, const void 
   CK_LAUNCH(attention_cached_kernel);
 }
 
+template <typename act_t>
 void cu_gelu_fwd(void *out, const void *inp, size_t n) {
   OP("gelu_fwd");
   if (!n) return;
+  constexpr size_t V = 16 / sizeof(act_t);
+  if (n % V == 0 && aligned16(out) && aligned16(inp)) {
+    gelu_fwd_vec_kernel<act_t><<<grid_for(n / V, 256), 256, 0, g.stream>>>(
+        (act_t *)out, (const act_t *)inp, n / V);
+    CK_LAUNCH(gelu_fwd_vec_kernel);
+    return;
+  }
   gelu_fwd_kernel<act_t><<<grid_for(n, 256), 256, 0, g.stream>>>((act_t *)out, (const act_t *)inp,
                                                                   n);
   CK_LAUNCH(gelu_fwd_kernel);
 }
 
+template <typename act_t>
 void cu_gelu_bwd(void *dinp, const void *dout, const void *inp, size_t n) {
   OP("gelu_bwd");
   if (!n || !dinp) return;
+  constexpr size_t V = 16 / sizeof(act_t);
+  if (n % V == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp)) {
+    gelu_bwd_vec_kernel<act_t><<<grid_for(n / V, 256), 256, 0, g.stream>>>(
+        (act_t *)dinp, (const act_t *)dout, (const act_t *)inp, n / V);
+    CK_LAUNCH(gelu_bwd_vec_kernel);
+    return;
+  }
   gelu_bwd_kernel<act_t><<<grid_for(n, 256), 256, 0, g.stream>>>(
       (act_t *)dinp, (const act_t *)dout, (const act_t *)inp, n);
   CK_LAUNCH(gelu_bwd_kernel);
 }
 
+template <typename act_t>
 void cu_swiglu_fwd(void *out, const void *inp, int N, int F) {
   OP("swiglu_fwd");
   if (N <= 0 || F <= 0) return;
@@ -1190,6 +1487,7 @@ void cu_swiglu_fwd(void *out, const void *inp, int N, int F) {
   CK_LAUNCH(swiglu_fwd_kernel);
 }
 
+template <typename act_t>
 void cu_swiglu_bwd(void *dinp, const void *dout, const void *inp, int N, int F) {
   OP("swiglu_bwd");
   if (N <= 0 || F <= 0 || !dinp) return;
@@ -1198,14 +1496,23 @@ void cu_swiglu_bwd(void *dinp, const void *dout, const void *inp, int N, int F) 
   CK_LAUNCH(swiglu_bwd_kernel);
 }
 
+template <typename act_t>
 void cu_add_fwd(void *out, const void *a, const void *b, size_t n) {
   OP("add_fwd");
   if (!n) return;
+  constexpr size_t V = 16 / sizeof(act_t);
+  if (n % V == 0 && aligned16(out) && aligned16(a) && aligned16(b)) {
+    add_vec_kernel<act_t><<<grid_for(n / V, 256), 256, 0, g.stream>>>(
+        (act_t *)out, (const act_t *)a, (const act_t *)b, n / V);
+    CK_LAUNCH(add_vec_kernel);
+    return;
+  }
   add_kernel<act_t><<<grid_for(n, 256), 256, 0, g.stream>>>((act_t *)out, (const act_t *)a,
                                                              (const act_t *)b, n);
   CK_LAUNCH(add_kernel);
 }
 
+template <typename act_t>
 void cu_xent_fwd_bwd(float *losses, void *logits, const int32_t *targets, int N, int V, int Vp,
                      float grad_scale) {
   OP("xent_fwd_bwd");
@@ -1254,46 +1561,831 @@ void cu_scale(float *x, float s, size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// bf16 attention, batched-GEMM variant. state = P as bf16 (B, H, T, T), zero above the diagonal,
+// packed two to a float. Scores S = scale K Q^T come out of a bf16 gemm in fp32 (scratch, in
+// chunks of kv groups under CT_CUDA_ATTN_SCRATCH_MB), the causal softmax runs in fp32 and stores
+// P in bf16; O = P V is a bf16 gemm with fp32 accumulation. Backward: dV += P^T dO and
+// dP = dO V^T (fp32, scratch); dS = P (dP - rowsum(P dP)) scale in fp32, stored bf16 for
+// dQ += dS K and dK += dS^T Q.
+
+// S rows r = (b*nh + hl)*T + t (fp32, rewritten as scratch) -> P rows ((b*H + h0 + hl)*T + t).
+__global__ void softmax_causal_bf16_kernel(bf16 *P, float *S, int B, int T, int H, int h0,
+                                           int nh) {
+  const long row = blockIdx.x * (long)NORM_WARPS + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= (long)B * nh * T) return;
+  const long b = row / ((long)nh * T), rem = row % ((long)nh * T);
+  const int hl = (int)(rem / T), t = (int)(rem % T);
+  float *s = S + row * T;
+  bf16 *p = P + ((b * H + h0 + hl) * T + t) * (long)T;
+  float mx = -INFINITY;
+  for (int j = lane; j <= t; j += 32) mx = fmaxf(mx, s[j]);
+  mx = warp_max(mx);
+  float sum = 0.0f;
+  for (int j = lane; j <= t; j += 32) {
+    float e = expf(s[j] - mx);
+    s[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / warp_sum(sum);
+  for (int j = lane; j < T; j += 32) p[j] = __float2bfloat16_rn(j <= t ? s[j] * inv : 0.0f);
+}
+
+// dP rows r = (b*nh + hl)*T + t (fp32) -> dS (bf16, same rows), P from the state.
+__global__ void softmax_causal_bwd_bf16_kernel(bf16 *dS, const float *dP, const bf16 *P, int B,
+                                               int T, int H, int h0, int nh, float scale) {
+  const long row = blockIdx.x * (long)NORM_WARPS + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= (long)B * nh * T) return;
+  const long b = row / ((long)nh * T), rem = row % ((long)nh * T);
+  const int hl = (int)(rem / T), t = (int)(rem % T);
+  const bf16 *p = P + ((b * H + h0 + hl) * T + t) * (long)T;
+  const float *d = dP + row * T;
+  bf16 *o = dS + row * T;
+  float sd = 0.0f;
+  for (int j = lane; j <= t; j += 32) sd += __bfloat162float(p[j]) * d[j];
+  sd = warp_sum(sd);
+  for (int j = lane; j < T; j += 32)
+    o[j] = __float2bfloat16_rn(j <= t ? __bfloat162float(p[j]) * (d[j] - sd) * scale : 0.0f);
+}
+
+size_t attn_bf16_batched_state_floats(int B, int T, int H) {
+  return ((size_t)B * H * T * T + 1) / 2;
+}
+
+// kv groups per chunk so that `per_kv` bytes each stay under the scratch cap (at least one).
+int attn_chunk(size_t per_kv, int KV) {
+  const size_t fit = g.attn_scratch_cap / (per_kv ? per_kv : 1);
+  return fit < 1 ? 1 : fit > (size_t)KV ? KV : (int)fit;
+}
+
+void attention_fwd_bf16_batched(void *out, float *state, const void *qkv, int B, int T, int H,
+                                int KV, int hd) {
+  const long W3 = (long)(H + 2 * KV) * hd, HD = (long)H * hd, TT = (long)T * T;
+  const int grp = H / KV;
+  const float scale = 1.0f / sqrtf((float)hd);
+  const size_t per_kv = sizeof(float) * (size_t)B * grp * TT;
+  const int nkc = attn_chunk(per_kv, KV);
+  const size_t s_bytes = per_kv * nkc, ptr_count = (size_t)B * nkc * grp;
+  char *sc = (char *)scratch(s_bytes + sizeof(void *) * 3 * ptr_count + 256);
+  if (!sc) return;
+  float *S = (float *)sc;
+  void **ptrs = (void **)(sc + (s_bytes + 255) / 256 * 256);
+  const bf16 *q = (const bf16 *)qkv, *k = q + HD, *v = q + HD + (long)KV * hd;
+  bf16 *P = (bf16 *)state, *o = (bf16 *)out;
+  for (int kv0 = 0; kv0 < KV; kv0 += nkc) {
+    const int nk = KV - kv0 < nkc ? KV - kv0 : nkc, nh = nk * grp, h0 = kv0 * grp;
+    // S(b,hl) = scale K(b, kv0 + hl/grp) Q(b, h0+hl)^T, fp32
+    if (!gemm_batched<bf16, float>(ptrs, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, scale,
+                                   pd(k + (long)kv0 * hd, T * W3, hd, grp), (int)W3,
+                                   pd(q + (long)h0 * hd, T * W3, hd), (int)W3, 0.0f,
+                                   pd(S, nh * TT, TT), T, B * nh, nh))
+      return;
+    const long rows = (long)B * nh * T;
+    softmax_causal_bf16_kernel<<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS),
+                                 NORM_WARPS * 32, 0, g.stream>>>(P, S, B, T, H, h0, nh);
+    if (!CK_LAUNCH(softmax_causal_bf16_kernel)) return;
+    // O(b,h) = P(b,h) V(b,kv)
+    if (!gemm_batched<bf16, bf16>(ptrs, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, 1.0f,
+                                  pd(v + (long)kv0 * hd, T * W3, hd, grp), (int)W3,
+                                  pd(P + (long)h0 * TT, H * TT, TT), T, 0.0f,
+                                  pd(o + (long)h0 * hd, T * HD, hd), (int)HD, B * nh, nh))
+      return;
+  }
+}
+
+void attention_bwd_bf16_batched(void *dqkv, const void *dout, const void *qkv, const float *state,
+                                int B, int T, int H, int KV, int hd) {
+  const long W3 = (long)(H + 2 * KV) * hd, HD = (long)H * hd, TT = (long)T * T;
+  const int grp = H / KV;
+  const float scale = 1.0f / sqrtf((float)hd);
+  const size_t per_kv = (sizeof(float) + sizeof(bf16)) * (size_t)B * grp * TT;
+  const int nkc = attn_chunk(per_kv, KV);
+  const size_t dp_bytes = sizeof(float) * (size_t)B * grp * TT * nkc;
+  const size_t ds_bytes = sizeof(bf16) * (size_t)B * grp * TT * nkc;
+  const size_t ptr_count = (size_t)B * nkc * grp;
+  char *sc = (char *)scratch(dp_bytes + ds_bytes + sizeof(void *) * 3 * ptr_count + 512);
+  if (!sc) return;
+  float *dP = (float *)sc;
+  bf16 *dS = (bf16 *)(sc + (dp_bytes + 255) / 256 * 256);
+  void **ptrs = (void **)(sc + (dp_bytes + 255) / 256 * 256 + (ds_bytes + 255) / 256 * 256);
+  const bf16 *q = (const bf16 *)qkv, *k = q + HD, *v = q + HD + (long)KV * hd;
+  const bf16 *dO = (const bf16 *)dout, *P = (const bf16 *)state;
+  bf16 *dq = (bf16 *)dqkv, *dk = dq + HD, *dv = dq + HD + (long)KV * hd;
+  for (int kv0 = 0; kv0 < KV; kv0 += nkc) {
+    const int nk = KV - kv0 < nkc ? KV - kv0 : nkc, nh = nk * grp, h0 = kv0 * grp;
+    // dV(b,kv) += P(b,h)^T dO(b,h) for h = kv*grp + j, one j at a time (outputs coincide)
+    for (int j = 0; j < grp; j++)
+      if (!gemm_batched<bf16, bf16>(ptrs, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, 1.0f,
+                                    pd(dO + (long)(h0 + j) * hd, T * HD, (long)grp * hd), (int)HD,
+                                    pd(P + (long)(h0 + j) * TT, H * TT, (long)grp * TT), T, 1.0f,
+                                    pd(dv + (long)kv0 * hd, T * W3, hd), (int)W3, B * nk, nk))
+        return;
+    // dP(b,hl) = dO(b,h) V(b,kv)^T, fp32
+    if (!gemm_batched<bf16, float>(ptrs, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, 1.0f,
+                                   pd(v + (long)kv0 * hd, T * W3, hd, grp), (int)W3,
+                                   pd(dO + (long)h0 * hd, T * HD, hd), (int)HD, 0.0f,
+                                   pd(dP, nh * TT, TT), T, B * nh, nh))
+      return;
+    const long rows = (long)B * nh * T;
+    softmax_causal_bwd_bf16_kernel<<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS),
+                                     NORM_WARPS * 32, 0, g.stream>>>(dS, dP, P, B, T, H, h0, nh,
+                                                                     scale);
+    if (!CK_LAUNCH(softmax_causal_bwd_bf16_kernel)) return;
+    // dQ(b,h) += dS(b,hl) K(b,kv)
+    if (!gemm_batched<bf16, bf16>(ptrs, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, 1.0f,
+                                  pd(k + (long)kv0 * hd, T * W3, hd, grp), (int)W3,
+                                  pd(dS, nh * TT, TT), T, 1.0f, pd(dq + (long)h0 * hd, T * W3, hd),
+                                  (int)W3, B * nh, nh))
+      return;
+    // dK(b,kv) += dS(b,hl)^T Q(b,h), one j at a time
+    for (int j = 0; j < grp; j++)
+      if (!gemm_batched<bf16, bf16>(ptrs, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, 1.0f,
+                                    pd(q + (long)(h0 + j) * hd, T * W3, (long)grp * hd), (int)W3,
+                                    pd(dS + (long)j * TT, nh * TT, (long)grp * TT), T, 1.0f,
+                                    pd(dk + (long)kv0 * hd, T * W3, hd), (int)W3, B * nk, nk))
+        return;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// bf16 attention, flash variant (FlashAttention-2 style, mma.sync m16n8k16 bf16 -> fp32), head
+// dims 64 and 128. Blocks of 4 warps; a warp owns 16 rows of a 64-row tile; K/V (or Q/dO) tiles
+// of 64 rows stream through shared memory with cp.async, two stages. Softmax statistics in fp32
+// (exp2 domain). state = [lse (B,H,T) in log2 units, padded to 8 floats][O copy (N, H*hd), bf16]:
+// backward needs D = rowsum(dO * O) and the signature passes no O.
+// Backward, deterministic (no atomics): one kernel owns dK/dV of a 64-key tile and loops over the
+// group's query heads and the query tiles at or after it; another owns dQ of a 64-query tile.
+// Grids put the longest blocks (most tiles under the causal mask) first.
+
+#define FL_THREADS 128
+
+__device__ __forceinline__ uint32_t lds32(const bf16 *p) {
+  return *reinterpret_cast<const uint32_t *>(p);
+}
+// c += a b, a 16x16 (row), b 16x8 (col), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Four 8x8 bf16 matrices, transposed, from shared memory (row addresses from lanes 8i..8i+7).
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16 *p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// A fragment (16x16 at rows r0.., cols k0..) of a row-major shared tile with leading dim LD.
+template <int LD>
+__device__ __forceinline__ void lds_a(uint32_t (&a)[4], const bf16 *s, int r0, int k0, int g,
+                                      int tg) {
+  const bf16 *p = s + (r0 + g) * LD + k0 + tg * 2;
+  a[0] = lds32(p);
+  a[1] = lds32(p + 8 * LD);
+  a[2] = lds32(p + 8);
+  a[3] = lds32(p + 8 * LD + 8);
+}
+// ldmatrix.trans address for the B fragments (k = rows k0.., n = cols n0..n0+15) of a row-major
+// [k][n] shared tile: r[0], r[1] are b0, b1 of n-tile n0, r[2], r[3] those of n0 + 8.
+template <int LD>
+__device__ __forceinline__ const bf16 *ldsm_t_addr(const bf16 *s, int k0, int n0, int lane) {
+  return s + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + n0 + (lane >> 4) * 8;
+}
+
+// Rows row0 .. row0+63 of a head slice (row t at base + t*stride, hd = HD contiguous) into a
+// [64][HD+8] shared tile; rows >= T are zero-filled.
+template <int HD>
+__device__ __forceinline__ void fl_load_tile(bf16 *s, const bf16 *base, long stride, int row0,
+                                             int T) {
+  constexpr int CPR = HD / 8, LD = HD + 8;
+  for (int i = threadIdx.x; i < 64 * CPR; i += FL_THREADS) {
+    const int r = i / CPR, c = (i % CPR) * 8;
+    const bool ok = row0 + r < T;
+    cp_async16(s + r * LD + c, ok ? base + (long)(row0 + r) * stride + c : base, ok);
+  }
+}
+
+// P (16 rows x 16*NT2 keys) from C fragments (n-tiles of 8) to A fragments (k-chunks of 16).
+template <int NT>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[NT / 2][4], const float (&c)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++) {
+    a[nt / 2][(nt & 1) * 2 + 0] = pack_bf16(c[nt][0], c[nt][1]);
+    a[nt / 2][(nt & 1) * 2 + 1] = pack_bf16(c[nt][2], c[nt][3]);
+  }
+}
+
+template <int HD> constexpr size_t fl_fwd_smem() { return sizeof(bf16) * 5 * 64 * (HD + 8); }
+template <int HD> constexpr size_t fl_bwd_smem() {
+  return sizeof(bf16) * 6 * 64 * (HD + 8) + sizeof(float) * 4 * 64;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FL_THREADS)
+    flash_fwd_kernel(bf16 *out, float *lse, bf16 *ocopy, const bf16 *qkv, int T, int H, int KV,
+                     float sl2) {
+  constexpr int LD = HD + 8, KC = HD / 16, DT = HD / 8;
+  extern __shared__ int4 fl_smem[];
+  bf16 *Qs = reinterpret_cast<bf16 *>(fl_smem), *Ks = Qs + 64 * LD, *Vs = Ks + 2 * 64 * LD;
+  const int nqb = (T + 63) / 64, qb = nqb - 1 - (int)blockIdx.x;
+  const int b = (int)blockIdx.y / H, h = (int)blockIdx.y % H, kv = h / (H / KV);
+  const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
+  const bf16 *qsrc = qkv + (long)b * T * W3 + (long)h * HD;
+  const bf16 *ksrc = qkv + (long)b * T * W3 + (long)(H + kv) * HD;
+  const bf16 *vsrc = qkv + (long)b * T * W3 + (long)(H + KV + kv) * HD;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+  const int q0 = qb * 64, r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+  fl_load_tile<HD>(Qs, qsrc, W3, q0, T);
+  fl_load_tile<HD>(Ks, ksrc, W3, 0, T);
+  fl_load_tile<HD>(Vs, vsrc, W3, 0, T);
+  cp_commit();
+  uint32_t qa[KC][4];
+  float o[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  const int nkv = qb + 1;
+  for (int j = 0; j < nkv; j++) {
+    const int stg = j & 1;
+    if (j + 1 < nkv) {
+      fl_load_tile<HD>(Ks + (stg ^ 1) * 64 * LD, ksrc, W3, (j + 1) * 64, T);
+      fl_load_tile<HD>(Vs + (stg ^ 1) * 64 * LD, vsrc, W3, (j + 1) * 64, T);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    if (j == 0) {
+#pragma unroll
+      for (int kc = 0; kc < KC; kc++) lds_a<LD>(qa[kc], Qs, warp * 16, kc * 16, g, tg);
+    }
+    const bf16 *K = Ks + stg * 64 * LD, *V = Vs + stg * 64 * LD;
+    float s[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++) {
+        const bf16 *p = K + (nt * 8 + g) * LD + kc * 16 + tg * 2;
+        mma_bf16(s[nt], qa[kc], lds32(p), lds32(p + 8));
+      }
+    }
+    if (j == qb) { // the diagonal tile: keys after the query are masked
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++) {
+        const int key = j * 64 + nt * 8 + tg * 2;
+        if (key > r0) s[nt][0] = -INFINITY;
+        if (key + 1 > r0) s[nt][1] = -INFINITY;
+        if (key > r1) s[nt][2] = -INFINITY;
+        if (key + 1 > r1) s[nt][3] = -INFINITY;
+      }
+    }
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+      mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]) * sl2);
+      mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]) * sl2);
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float a0 = exp2f(m0 - mx0), a1 = exp2f(m1 - mx1); // 0 on the first tile
+    m0 = mx0;
+    m1 = mx1;
+    l0 *= a0;
+    l1 *= a1;
+#pragma unroll
+    for (int i = 0; i < DT; i++) {
+      o[i][0] *= a0;
+      o[i][1] *= a0;
+      o[i][2] *= a1;
+      o[i][3] *= a1;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+      s[nt][0] = exp2f(s[nt][0] * sl2 - m0);
+      s[nt][1] = exp2f(s[nt][1] * sl2 - m0);
+      s[nt][2] = exp2f(s[nt][2] * sl2 - m1);
+      s[nt][3] = exp2f(s[nt][3] * sl2 - m1);
+      l0 += s[nt][0] + s[nt][1];
+      l1 += s[nt][2] + s[nt][3];
+    }
+    uint32_t pa[4][4];
+    c_to_a<8>(pa, s);
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) {
+#pragma unroll
+      for (int dp = 0; dp < HD / 16; dp++) {
+        uint32_t bv[4];
+        ldsm_x4_t(bv, ldsm_t_addr<LD>(V, kc * 16, dp * 16, lane));
+        mma_bf16(o[2 * dp], pa[kc], bv[0], bv[1]);
+        mma_bf16(o[2 * dp + 1], pa[kc], bv[2], bv[3]);
+      }
+    }
+    __syncthreads(); // the stage just read is the next prefetch's target
+  }
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+  if (r0 < T) {
+    const long off = ((long)b * T + r0) * HDt + (long)h * HD;
+#pragma unroll
+    for (int i = 0; i < DT; i++) {
+      const uint32_t v = pack_bf16(o[i][0] * inv0, o[i][1] * inv0);
+      *reinterpret_cast<uint32_t *>(out + off + i * 8 + tg * 2) = v;
+      *reinterpret_cast<uint32_t *>(ocopy + off + i * 8 + tg * 2) = v;
+    }
+    if (tg == 0) lse[((long)b * H + h) * T + r0] = m0 + log2f(l0);
+  }
+  if (r1 < T) {
+    const long off = ((long)b * T + r1) * HDt + (long)h * HD;
+#pragma unroll
+    for (int i = 0; i < DT; i++) {
+      const uint32_t v = pack_bf16(o[i][2] * inv1, o[i][3] * inv1);
+      *reinterpret_cast<uint32_t *>(out + off + i * 8 + tg * 2) = v;
+      *reinterpret_cast<uint32_t *>(ocopy + off + i * 8 + tg * 2) = v;
+    }
+    if (tg == 0) lse[((long)b * H + h) * T + r1] = m1 + log2f(l1);
+  }
+}
+
+// D[(b*H + h)*T + t] = sum_d dO * O over the head's hd values; one warp per (b*T + t, h).
+__global__ void flash_bwd_pre_kernel(float *D, const bf16 *dout, const bf16 *ocopy, int B, int T,
+                                     int H, int hd) {
+  const long row = blockIdx.x * (long)NORM_WARPS + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= (long)B * T * H) return;
+  const long bt = row / H;
+  const int h = (int)(row % H);
+  const long off = bt * H * hd + (long)h * hd;
+  float s = 0.0f;
+  for (int i = lane * 2; i < hd; i += 64) {
+    const __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162 *>(dout + off + i);
+    const __nv_bfloat162 y = *reinterpret_cast<const __nv_bfloat162 *>(ocopy + off + i);
+    s += __bfloat162float(x.x) * __bfloat162float(y.x) + __bfloat162float(x.y) * __bfloat162float(y.y);
+  }
+  s = warp_sum(s);
+  if (lane == 0) D[((bt / T) * H + h) * T + bt % T] = s;
+}
+
+// dst (bf16x2 at p) += (x, y) * k
+__device__ __forceinline__ void add_bf16x2(bf16 *p, float x, float y, float k) {
+  __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162 *>(p);
+  *reinterpret_cast<uint32_t *>(p) =
+      pack_bf16(__bfloat162float(v.x) + x * k, __bfloat162float(v.y) + y * k);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FL_THREADS)
+    flash_bwd_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse,
+                        const float *D, int T, int H, int KV, float sl2, float scale) {
+  constexpr int LD = HD + 8, KC = HD / 16, DT = HD / 8;
+  extern __shared__ int4 fl_smem[];
+  bf16 *Qs = reinterpret_cast<bf16 *>(fl_smem), *dOs = Qs + 64 * LD, *Ks = dOs + 64 * LD,
+       *Vs = Ks + 2 * 64 * LD;
+  const int nqb = (T + 63) / 64, qb = nqb - 1 - (int)blockIdx.x;
+  const int b = (int)blockIdx.y / H, h = (int)blockIdx.y % H, kv = h / (H / KV);
+  const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
+  const bf16 *qsrc = qkv + (long)b * T * W3 + (long)h * HD;
+  const bf16 *dosrc = dout + (long)b * T * HDt + (long)h * HD;
+  const bf16 *ksrc = qkv + (long)b * T * W3 + (long)(H + kv) * HD;
+  const bf16 *vsrc = qkv + (long)b * T * W3 + (long)(H + KV + kv) * HD;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+  const int q0 = qb * 64, r0 = q0 + warp * 16 + g, r1 = r0 + 8;
+  fl_load_tile<HD>(Qs, qsrc, W3, q0, T);
+  fl_load_tile<HD>(dOs, dosrc, HDt, q0, T);
+  fl_load_tile<HD>(Ks, ksrc, W3, 0, T);
+  fl_load_tile<HD>(Vs, vsrc, W3, 0, T);
+  cp_commit();
+  const long srow = ((long)b * H + h) * T;
+  const float L0 = r0 < T ? lse[srow + r0] : 0.0f, L1 = r1 < T ? lse[srow + r1] : 0.0f;
+  const float D0 = r0 < T ? D[srow + r0] : 0.0f, D1 = r1 < T ? D[srow + r1] : 0.0f;
+  float dq[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+  const int nkv = qb + 1;
+  for (int j = 0; j < nkv; j++) {
+    const int stg = j & 1;
+    if (j + 1 < nkv) {
+      fl_load_tile<HD>(Ks + (stg ^ 1) * 64 * LD, ksrc, W3, (j + 1) * 64, T);
+      fl_load_tile<HD>(Vs + (stg ^ 1) * 64 * LD, vsrc, W3, (j + 1) * 64, T);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    const bf16 *K = Ks + stg * 64 * LD, *V = Vs + stg * 64 * LD;
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] =
+          0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+      uint32_t a[4], e[4];
+      lds_a<LD>(a, Qs, warp * 16, kc * 16, g, tg);
+      lds_a<LD>(e, dOs, warp * 16, kc * 16, g, tg);
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++) {
+        const bf16 *pk = K + (nt * 8 + g) * LD + kc * 16 + tg * 2;
+        const bf16 *pv = V + (nt * 8 + g) * LD + kc * 16 + tg * 2;
+        mma_bf16(s[nt], a, lds32(pk), lds32(pk + 8));
+        mma_bf16(dp[nt], e, lds32(pv), lds32(pv + 8));
+      }
+    }
+    const bool diag = j == qb;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+      const int key = j * 64 + nt * 8 + tg * 2;
+      float p;
+      p = (diag && key > r0) ? 0.0f : exp2f(s[nt][0] * sl2 - L0);
+      s[nt][0] = p * (dp[nt][0] - D0);
+      p = (diag && key + 1 > r0) ? 0.0f : exp2f(s[nt][1] * sl2 - L0);
+      s[nt][1] = p * (dp[nt][1] - D0);
+      p = (diag && key > r1) ? 0.0f : exp2f(s[nt][2] * sl2 - L1);
+      s[nt][2] = p * (dp[nt][2] - D1);
+      p = (diag && key + 1 > r1) ? 0.0f : exp2f(s[nt][3] * sl2 - L1);
+      s[nt][3] = p * (dp[nt][3] - D1);
+    }
+    uint32_t da[4][4];
+    c_to_a<8>(da, s);
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) {
+#pragma unroll
+      for (int dd = 0; dd < HD / 16; dd++) {
+        uint32_t bk[4];
+        ldsm_x4_t(bk, ldsm_t_addr<LD>(K, kc * 16, dd * 16, lane));
+        mma_bf16(dq[2 * dd], da[kc], bk[0], bk[1]);
+        mma_bf16(dq[2 * dd + 1], da[kc], bk[2], bk[3]);
+      }
+    }
+    __syncthreads();
+  }
+  if (r0 < T) {
+    bf16 *d = dqkv + ((long)b * T + r0) * W3 + (long)h * HD;
+#pragma unroll
+    for (int i = 0; i < DT; i++) add_bf16x2(d + i * 8 + tg * 2, dq[i][0], dq[i][1], scale);
+  }
+  if (r1 < T) {
+    bf16 *d = dqkv + ((long)b * T + r1) * W3 + (long)h * HD;
+#pragma unroll
+    for (int i = 0; i < DT; i++) add_bf16x2(d + i * 8 + tg * 2, dq[i][2], dq[i][3], scale);
+  }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(FL_THREADS)
+    flash_bwd_dkdv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse,
+                          const float *D, int T, int H, int KV, float sl2, float scale) {
+  constexpr int LD = HD + 8, KC = HD / 16, DT = HD / 8;
+  extern __shared__ int4 fl_smem[];
+  bf16 *Ks = reinterpret_cast<bf16 *>(fl_smem), *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD,
+       *dOs = Qs + 2 * 64 * LD;
+  float *Ls = reinterpret_cast<float *>(dOs + 2 * 64 * LD), *Ds = Ls + 2 * 64;
+  const int nqb = (T + 63) / 64, kb = (int)blockIdx.x;
+  const int b = (int)blockIdx.y / KV, kv = (int)blockIdx.y % KV, grp = H / KV;
+  const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
+  const bf16 *base = qkv + (long)b * T * W3;
+  const bf16 *dbase = dout + (long)b * T * HDt;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+  const int k0 = kb * 64 + warp * 16 + g, k1 = k0 + 8;
+  const int nq = nqb - kb, total = grp * nq; // (head, query tile) steps
+  // step it: head h = kv*grp + it / nq, query tile i = kb + it % nq
+  auto issue = [&](int it, int stg) {
+    const int h = kv * grp + it / nq, i = kb + it % nq;
+    fl_load_tile<HD>(Qs + stg * 64 * LD, base + (long)h * HD, W3, i * 64, T);
+    fl_load_tile<HD>(dOs + stg * 64 * LD, dbase + (long)h * HD, HDt, i * 64, T);
+    if (threadIdx.x < 64) {
+      const int t = i * 64 + threadIdx.x;
+      const long sr = ((long)b * H + h) * T;
+      Ls[stg * 64 + threadIdx.x] = t < T ? lse[sr + t] : INFINITY; // padding rows: P = 0
+      Ds[stg * 64 + threadIdx.x] = t < T ? D[sr + t] : 0.0f;
+    }
+  };
+  fl_load_tile<HD>(Ks, base + (long)(H + kv) * HD, W3, kb * 64, T);
+  fl_load_tile<HD>(Vs, base + (long)(H + KV + kv) * HD, W3, kb * 64, T);
+  issue(0, 0);
+  cp_commit();
+  float dk[DT][4], dv[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; i++)
+    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+  for (int it = 0; it < total; it++) {
+    const int stg = it & 1;
+    if (it + 1 < total) {
+      issue(it + 1, stg ^ 1);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    const int i = kb + it % nq;
+    const bool diag = i == kb;
+    const bf16 *Q = Qs + stg * 64 * LD, *dO = dOs + stg * 64 * LD;
+    const float *L = Ls + stg * 64, *Dd = Ds + stg * 64;
+#pragma unroll
+    for (int half = 0; half < 2; half++) { // 32 queries at a time (register pressure)
+      const int qo = half * 32;
+      float st[4][4], dpt[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++)
+        st[nt][0] = st[nt][1] = st[nt][2] = st[nt][3] = dpt[nt][0] = dpt[nt][1] = dpt[nt][2] =
+            dpt[nt][3] = 0.0f;
+      // S^T = K Q^T and dP^T = V dO^T (16 keys x 32 queries per warp)
+#pragma unroll
+      for (int kc = 0; kc < KC; kc++) {
+        uint32_t a[4], e[4];
+        lds_a<LD>(a, Ks, warp * 16, kc * 16, g, tg);
+        lds_a<LD>(e, Vs, warp * 16, kc * 16, g, tg);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+          const bf16 *pq = Q + (qo + nt * 8 + g) * LD + kc * 16 + tg * 2;
+          const bf16 *pd_ = dO + (qo + nt * 8 + g) * LD + kc * 16 + tg * 2;
+          mma_bf16(st[nt], a, lds32(pq), lds32(pq + 8));
+          mma_bf16(dpt[nt], e, lds32(pd_), lds32(pd_ + 8));
+        }
+      }
+      // P^T, dS^T
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) {
+        const int ql = qo + nt * 8 + tg * 2, q = i * 64 + ql;
+        st[nt][0] = (diag && q < k0) ? 0.0f : exp2f(st[nt][0] * sl2 - L[ql]);
+        st[nt][1] = (diag && q + 1 < k0) ? 0.0f : exp2f(st[nt][1] * sl2 - L[ql + 1]);
+        st[nt][2] = (diag && q < k1) ? 0.0f : exp2f(st[nt][2] * sl2 - L[ql]);
+        st[nt][3] = (diag && q + 1 < k1) ? 0.0f : exp2f(st[nt][3] * sl2 - L[ql + 1]);
+        dpt[nt][0] = st[nt][0] * (dpt[nt][0] - Dd[ql]);
+        dpt[nt][1] = st[nt][1] * (dpt[nt][1] - Dd[ql + 1]);
+        dpt[nt][2] = st[nt][2] * (dpt[nt][2] - Dd[ql]);
+        dpt[nt][3] = st[nt][3] * (dpt[nt][3] - Dd[ql + 1]);
+      }
+      uint32_t pa[2][4], sa[2][4];
+      c_to_a<4>(pa, st);
+      c_to_a<4>(sa, dpt);
+      // dV += P^T dO, dK += dS^T Q (k = the 32 queries)
+#pragma unroll
+      for (int kc = 0; kc < 2; kc++) {
+#pragma unroll
+        for (int dd = 0; dd < HD / 16; dd++) {
+          uint32_t bo[4], bq[4];
+          ldsm_x4_t(bo, ldsm_t_addr<LD>(dO, qo + kc * 16, dd * 16, lane));
+          ldsm_x4_t(bq, ldsm_t_addr<LD>(Q, qo + kc * 16, dd * 16, lane));
+          mma_bf16(dv[2 * dd], pa[kc], bo[0], bo[1]);
+          mma_bf16(dv[2 * dd + 1], pa[kc], bo[2], bo[3]);
+          mma_bf16(dk[2 * dd], sa[kc], bq[0], bq[1]);
+          mma_bf16(dk[2 * dd + 1], sa[kc], bq[2], bq[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  const long koff = (long)(H + kv) * HD, voff = (long)(H + KV + kv) * HD;
+  if (k0 < T) {
+    bf16 *d = dqkv + ((long)b * T + k0) * W3;
+#pragma unroll
+    for (int i = 0; i < DT; i++) {
+      add_bf16x2(d + koff + i * 8 + tg * 2, dk[i][0], dk[i][1], scale);
+      add_bf16x2(d + voff + i * 8 + tg * 2, dv[i][0], dv[i][1], 1.0f);
+    }
+  }
+  if (k1 < T) {
+    bf16 *d = dqkv + ((long)b * T + k1) * W3;
+#pragma unroll
+    for (int i = 0; i < DT; i++) {
+      add_bf16x2(d + koff + i * 8 + tg * 2, dk[i][2], dk[i][3], scale);
+      add_bf16x2(d + voff + i * 8 + tg * 2, dv[i][2], dv[i][3], 1.0f);
+    }
+  }
+}
+
+bool flash_ok(int hd) { return hd == 64 || hd == 128; }
+size_t flash_lse_floats(int B, int T, int H) { return ((size_t)B * H * T + 7) / 8 * 8; }
+size_t flash_state_floats(int B, int T, int H, int hd) {
+  return flash_lse_floats(B, T, H) + ((size_t)B * T * H * hd + 1) / 2;
+}
+bool attn_bf16_flash(int hd) {
+  const int v = g.attn_variant == ATTN_DEFAULT ? BF16_ATTN_DEFAULT : g.attn_variant;
+  return v == ATTN_FLASH && flash_ok(hd);
+}
+
+// Raises a kernel's dynamic shared memory limit once.
+template <typename K> bool fl_smem_attr(K kernel, size_t bytes, int *done) {
+  if (*done) return true;
+  if (!CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)))
+    return false;
+  *done = 1;
+  return true;
+}
+
+bool fl_aligned(const void *a, const void *b, const void *c) {
+  if (aligned16(a) && aligned16(b) && aligned16(c)) return true;
+  record_error("flash attention", "qkv, out/dout and state must be 16-byte aligned", __FILE__,
+               __LINE__);
+  return false;
+}
+
+template <int HD>
+void flash_fwd_launch(bf16 *out, float *state, const bf16 *qkv, int B, int T, int H, int KV) {
+  static int attr;
+  const size_t smem = fl_fwd_smem<HD>();
+  if (!fl_smem_attr(flash_fwd_kernel<HD>, smem, &attr)) return;
+  float *lse = state;
+  bf16 *oc = (bf16 *)(state + flash_lse_floats(B, T, H));
+  const dim3 grid((unsigned)((T + 63) / 64), (unsigned)(B * H));
+  const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
+  flash_fwd_kernel<HD><<<grid, FL_THREADS, smem, g.stream>>>(out, lse, oc, qkv, T, H, KV, sl2);
+  CK_LAUNCH(flash_fwd_kernel);
+}
+
+template <int HD>
+void flash_bwd_launch(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *state, int B,
+                      int T, int H, int KV) {
+  static int attr_dq, attr_dkdv;
+  const size_t smem = fl_bwd_smem<HD>();
+  if (!fl_smem_attr(flash_bwd_dq_kernel<HD>, smem, &attr_dq)) return;
+  if (!fl_smem_attr(flash_bwd_dkdv_kernel<HD>, smem, &attr_dkdv)) return;
+  const float *lse = state;
+  const bf16 *oc = (const bf16 *)(state + flash_lse_floats(B, T, H));
+  float *D = (float *)scratch(sizeof(float) * (size_t)B * H * T);
+  if (!D) return;
+  const long rows = (long)B * T * H;
+  flash_bwd_pre_kernel<<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * 32, 0,
+                         g.stream>>>(D, dout, oc, B, T, H, HD);
+  if (!CK_LAUNCH(flash_bwd_pre_kernel)) return;
+  const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
+  const unsigned nqb = (unsigned)((T + 63) / 64);
+  flash_bwd_dkdv_kernel<HD><<<dim3(nqb, (unsigned)(B * KV)), FL_THREADS, smem, g.stream>>>(
+      dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
+  if (!CK_LAUNCH(flash_bwd_dkdv_kernel)) return;
+  flash_bwd_dq_kernel<HD><<<dim3(nqb, (unsigned)(B * H)), FL_THREADS, smem, g.stream>>>(
+      dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
+  CK_LAUNCH(flash_bwd_dq_kernel);
+}
+
+size_t cu_attention_state_floats_bf16(int B, int T, int H, int /*KV*/, int hd) {
+  return attn_bf16_flash(hd) ? flash_state_floats(B, T, H, hd)
+                             : attn_bf16_batched_state_floats(B, T, H);
+}
+
+void cu_attention_fwd_bf16(void *out, float *state, const void *qkv, int B, int T, int H, int KV,
+                           int hd) {
+  OP("attention_fwd");
+  if (B <= 0 || T <= 0 || H <= 0) return;
+  if (!attn_bf16_flash(hd)) {
+    attention_fwd_bf16_batched(out, state, qkv, B, T, H, KV, hd);
+    return;
+  }
+  if (!fl_aligned(out, state, qkv)) return;
+  if (hd == 64) flash_fwd_launch<64>((bf16 *)out, state, (const bf16 *)qkv, B, T, H, KV);
+  else flash_fwd_launch<128>((bf16 *)out, state, (const bf16 *)qkv, B, T, H, KV);
+}
+
+void cu_attention_bwd_bf16(void *dqkv, const void *dout, const void *qkv, const float *state,
+                           int B, int T, int H, int KV, int hd) {
+  OP("attention_bwd");
+  if (B <= 0 || T <= 0 || H <= 0) return;
+  if (!attn_bf16_flash(hd)) {
+    attention_bwd_bf16_batched(dqkv, dout, qkv, state, B, T, H, KV, hd);
+    return;
+  }
+  if (!fl_aligned(dqkv, dout, qkv) || !fl_aligned(state, state, state)) return;
+  if (hd == 64)
+    flash_bwd_launch<64>((bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, state, B, T, H, KV);
+  else
+    flash_bwd_launch<128>((bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, state, B, T, H, KV);
+}
+
+// ---------------------------------------------------------------------------------------------
+// working copies and logits to the host
+
+void cu_cast_params_f32(void *dst, const float *src, size_t n) {
+  OP("cast_params");
+  if (n && dst != (const void *)src)
+    CK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, g.stream));
+}
+
+void cu_cast_params_bf16(void *dst, const float *src, size_t n) {
+  OP("cast_params");
+  if (!n) return;
+  if (n % 8 == 0 && aligned16(dst) && aligned16(src)) {
+    cast_f32_bf16_vec_kernel<<<grid_for(n / 8, 256), 256, 0, g.stream>>>((bf16 *)dst, src, n / 8);
+    CK_LAUNCH(cast_f32_bf16_vec_kernel);
+    return;
+  }
+  cast_f32_bf16_kernel<<<grid_for(n, 256), 256, 0, g.stream>>>((bf16 *)dst, src, n);
+  CK_LAUNCH(cast_f32_bf16_kernel);
+}
+
+void cu_to_host_f32_f32(float *dst, const void *src, size_t n) {
+  OP("to_host_f32");
+  if (!n) return;
+  if (CK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, g.stream)))
+    CK(cudaStreamSynchronize(g.stream));
+}
+
+// Converted on the device into fp32 scratch, in chunks of 16M elements, then copied.
+void cu_to_host_f32_bf16(float *dst, const void *src, size_t n) {
+  OP("to_host_f32");
+  if (!n) return;
+  const size_t chunk = (size_t)1 << 24;
+  float *tmp = (float *)scratch(sizeof(float) * (n < chunk ? n : chunk));
+  if (!tmp) return;
+  for (size_t off = 0; off < n; off += chunk) {
+    const size_t m = n - off < chunk ? n - off : chunk;
+    cast_bf16_f32_kernel<<<grid_for(m, 256), 256, 0, g.stream>>>(tmp, (const bf16 *)src + off, m);
+    if (!CK_LAUNCH(cast_bf16_f32_kernel)) return;
+    if (!CK(cudaMemcpyAsync(dst + off, tmp, m * sizeof(float), cudaMemcpyDeviceToHost, g.stream)))
+      return;
+    if (!CK(cudaStreamSynchronize(g.stream))) return; // tmp is reused by the next chunk
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // the table
 
-ct_ops make_table() {
+template <typename A> ct_ops make_table() {
+  const bool b16 = std::is_same<A, bf16>::value;
   ct_ops t;
   memset(&t, 0, sizeof t);
-  t.name = "cuda";
+  t.name = b16 ? "cuda-bf16" : "cuda";
+  t.dtype = b16 ? "bf16" : "fp32";
+  t.act_bytes = (int)sizeof(A);
   t.alloc = cu_alloc;
   t.free = cu_free;
   t.zero = cu_zero;
   t.to_device = cu_to_device;
   t.to_host = cu_to_host;
+  t.cast_params = b16 ? cu_cast_params_bf16 : cu_cast_params_f32;
+  t.to_host_f32 = b16 ? cu_to_host_f32_bf16 : cu_to_host_f32_f32;
   t.copy2d = cu_copy2d;
-  t.embed_fwd = cu_embed_fwd;
-  t.embed_bwd = cu_embed_bwd;
-  t.layernorm_fwd = cu_layernorm_fwd;
-  t.layernorm_bwd = cu_layernorm_bwd;
-  t.rmsnorm_fwd = cu_rmsnorm_fwd;
-  t.rmsnorm_bwd = cu_rmsnorm_bwd;
-  t.matmul_fwd = cu_matmul_fwd;
-  t.matmul_bwd = cu_matmul_bwd;
-  t.rope_fwd = cu_rope_fwd;
-  t.rope_bwd = cu_rope_bwd;
-  t.attention_state_floats = cu_attention_state_floats;
-  t.attention_fwd = cu_attention_fwd;
-  t.attention_bwd = cu_attention_bwd;
-  t.attention_cached = cu_attention_cached;
-  t.gelu_fwd = cu_gelu_fwd;
-  t.gelu_bwd = cu_gelu_bwd;
-  t.swiglu_fwd = cu_swiglu_fwd;
-  t.swiglu_bwd = cu_swiglu_bwd;
-  t.add_fwd = cu_add_fwd;
-  t.xent_fwd_bwd = cu_xent_fwd_bwd;
+  t.embed_fwd = cu_embed_fwd<A>;
+  t.embed_bwd = cu_embed_bwd<A>;
+  t.layernorm_fwd = cu_layernorm_fwd<A>;
+  t.layernorm_bwd = cu_layernorm_bwd<A>;
+  t.rmsnorm_fwd = cu_rmsnorm_fwd<A>;
+  t.rmsnorm_bwd = cu_rmsnorm_bwd<A>;
+  t.matmul_fwd = cu_matmul_fwd<A>;
+  t.matmul_bwd = cu_matmul_bwd<A>;
+  t.rope_fwd = cu_rope_fwd<A>;
+  t.rope_bwd = cu_rope_bwd<A>;
+  t.attention_state_floats = b16 ? cu_attention_state_floats_bf16 : cu_attention_state_floats;
+  t.attention_fwd = b16 ? cu_attention_fwd_bf16 : cu_attention_fwd;
+  t.attention_bwd = b16 ? cu_attention_bwd_bf16 : cu_attention_bwd;
+  t.attention_cached = cu_attention_cached<A>;
+  t.gelu_fwd = cu_gelu_fwd<A>;
+  t.gelu_bwd = cu_gelu_bwd<A>;
+  t.swiglu_fwd = cu_swiglu_fwd<A>;
+  t.swiglu_bwd = cu_swiglu_bwd<A>;
+  t.add_fwd = cu_add_fwd<A>;
+  t.xent_fwd_bwd = cu_xent_fwd_bwd<A>;
   t.adamw = cu_adamw;
   t.sumsq = cu_sumsq;
   t.scale = cu_scale;
   return t;
 }
-const ct_ops cuda_ops = make_table();
+const ct_ops cuda_ops = make_table<float>();
+const ct_ops cuda_bf16_ops = make_table<bf16>();
+
+int set_variant(const char *op, const char *v) {
+  if (!op || !v) return -1;
+  if (!strcmp(op, "attention")) {
+    if (!strcmp(v, "default")) g.attn_variant = ATTN_DEFAULT;
+    else if (!strcmp(v, "batched")) g.attn_variant = ATTN_BATCHED;
+    else if (!strcmp(v, "perhead")) g.attn_variant = ATTN_PERHEAD;
+    else if (!strcmp(v, "flash")) g.attn_variant = ATTN_FLASH;
+    else return -1;
+    return 0;
+  }
+  if (!strcmp(op, "matmul")) {
+    if (!strcmp(v, "lt") || !strcmp(v, "default")) g.matmul_lt = 1;
+    else if (!strcmp(v, "gemmex")) g.matmul_lt = 0;
+    else return -1;
+    return 0;
+  }
+  return -1;
+}
 
 void release() {
+  lt_release();
   if (g.scratch) cudaFree(g.scratch);
   if (g.host_result) cudaFreeHost(g.host_result);
   if (g.blas) cublasDestroy(g.blas);
@@ -1317,6 +2409,12 @@ bool env_on(const char *name) {
 // C entry points
 
 extern "C" const ct_ops *ct_ops_cuda(void) { return &cuda_ops; }
+
+extern "C" const ct_ops *ct_ops_cuda_bf16(void) { return &cuda_bf16_ops; }
+
+extern "C" int ct_cuda_set_variant(const char *op, const char *variant) {
+  return set_variant(op, variant);
+}
 
 extern "C" int ct_cuda_init(int device, char *err, size_t errcap) {
 #define INIT_FAIL(...)                                                                            \
@@ -1360,7 +2458,10 @@ extern "C" int ct_cuda_init(int device, char *err, size_t errcap) {
     INIT_FAIL("cublasSetMathMode: %s", cublasGetStatusString(s));
   g.sync_debug = env_on("CT_CUDA_SYNC");
   const char *attn = getenv("CT_CUDA_ATTN");
-  g.attn_perhead = attn && !strcmp(attn, "perhead");
+  g.attn_variant = ATTN_DEFAULT;
+  if (attn && attn[0] && set_variant("attention", attn) != 0)
+    INIT_FAIL("CT_CUDA_ATTN=%s: unknown attention variant (batched, perhead, flash)", attn);
+  g.matmul_lt = !(getenv("CT_CUDA_LT") && !env_on("CT_CUDA_LT"));
   const char *cap = getenv("CT_CUDA_ATTN_SCRATCH_MB");
   g.attn_scratch_cap = (size_t)(cap && atol(cap) > 0 ? atol(cap) : 256) << 20;
   g.device = device;

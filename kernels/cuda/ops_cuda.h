@@ -3,7 +3,8 @@
  * Lifecycle (one process per GPU, one host thread issuing ops):
  *   ct_cuda_init(device)  once, before any op: selects the device, creates the backend's stream
  *                         and cuBLAS handle. Calling it again with the same device is a no-op.
- *   ct_ops_cuda()         the op table; every op is queued on the backend's one stream.
+ *   ct_ops_cuda()         the fp32 op table; every op is queued on the backend's one stream.
+ *   ct_ops_cuda_bf16()    the bf16 mixed-precision table: same stream, handle and scratch.
  *   ct_cuda_check()       once per step: synchronizes and reports the first error any op hit.
  *   ct_cuda_shutdown()    frees the backend's scratch, handle and stream (not user buffers).
  *
@@ -12,16 +13,26 @@
  * after a CUDA error the context is usually unusable anyway. `alloc` is the exception: it
  * returns NULL on failure (out of memory) without poisoning the state.
  *
- * Pointers: in this version every activation and weight (`void *` in ops.h) is fp32 device
- * memory, like the CPU backend, so model code runs unchanged on either table. `to_host`
- * synchronizes; `to_device` returns after the copy is done (the host buffer may be reused).
+ * Pointers: in the fp32 table ("cuda") every activation and weight (`void *` in ops.h) is fp32
+ * device memory, like the CPU backend. In the bf16 table ("cuda-bf16") they are __nv_bfloat16
+ * device memory (working weights made by cast_params from the fp32 master, round to nearest
+ * even); parameter gradients, norm statistics, losses and optimizer state stay fp32. bf16 math:
+ * matmuls and attention products accumulate in fp32 (cuBLAS, compute 32F); norms, softmax,
+ * cross-entropy and the elementwise ops compute in fp32 from bf16 loads and round once on store.
+ * bf16 attention state: the batched variant keeps P as bf16 (B,H,T,T) (half of B*H*T*T floats);
+ * the flash variant keeps the log-sum-exp (B,H,T) and a bf16 copy of the output (N, H*hd).
+ * `to_host` synchronizes; `to_device` returns after the copy is done (the host buffer may be
+ * reused). `to_host_f32` converts on the device in chunks and synchronizes.
  *
  * Environment: CT_CUDA_TF32=1 lets cuBLAS use TF32 tensor cores for fp32 matmuls (faster,
  * ~1e-3 relative error); default off, for exactness against the CPU reference.
  * CT_CUDA_SYNC=1 synchronizes after every op, so an asynchronous fault names its op (debug).
- * CT_CUDA_ATTN=perhead selects the first attention variant (a per-head loop of batched gemms;
- * the default batches all heads in one call). CT_CUDA_ATTN_SCRATCH_MB (default 256) caps the
- * scratch attention backward uses for dP: heads are processed in chunks that fit.
+ * CT_CUDA_ATTN selects the attention variant: fp32 table "batched" (default, all heads in one
+ * batched gemm call) or "perhead" (a per-head loop, the first variant); bf16 table "flash"
+ * (default: our FlashAttention-2-style kernels, head dims 64 and 128; other head dims use
+ * batched) or "batched" (bf16 batched gemms, P materialized). CT_CUDA_ATTN_SCRATCH_MB (default 256) caps the scratch the batched variants use
+ * for scores / dP: heads are processed in chunks that fit. CT_CUDA_LT=0 turns off cuBLASLt
+ * (loaded at run time) for the bf16 matmul_fwd with a bias (its BIAS epilogue; default on).
  */
 #ifndef CT_OPS_CUDA_H
 #define CT_OPS_CUDA_H
@@ -40,6 +51,15 @@ int ct_cuda_init(int device, char *err, size_t errcap);
 
 /* The CUDA op table. Valid after ct_cuda_init; ops called before it record an error. */
 const ct_ops *ct_ops_cuda(void);
+
+/* The bf16 table (see Pointers above). Valid after ct_cuda_init. */
+const ct_ops *ct_ops_cuda_bf16(void);
+
+/* Switches a variant at run time, as the environment does at init (tests and benchmarks compare
+ * variants in one process): op "attention" with "default", "batched", "perhead", "flash"; op
+ * "matmul" with "lt" (default) or "gemmex". attention_state_floats follows the attention
+ * variant, so switch it only while no attention state is live. Returns 0, or -1 if unknown. */
+int ct_cuda_set_variant(const char *op, const char *variant);
 
 /* Waits for all queued work. Returns 0 if no op has failed so far, else -1 with the first
  * error's message ("cuda op <op>: <call> failed: <reason> (<file>:<line>)"). */

@@ -37,6 +37,8 @@ int ct_cuda_device_count(void); /* kernels/cuda/device_query.cu */
 #define MAXB 10
 #define RT_ELEM 1e-5          /* elementwise ops */
 #define RT_RED 1e-4           /* reductions, matmul, attention */
+#define RT_BF16 1e-2          /* any case with bf16 buffers (outputs rounded to 8 bits) */
+#define SENTINEL16 0xffadu    /* bf16 NaN pattern for the guards of bf16 buffers */
 
 /* ---- cases ------------------------------------------------------------------------------ */
 
@@ -50,6 +52,10 @@ typedef struct bspec {
   int role, init;
   float scale, offset; /* I_RAND: offset + scale * U(-sqrt3, sqrt3); I_POS: offset + scale * U(0,1) */
   int range;           /* I_TOK / I_TGT: integers in [0, range); I_TGT also -1 (ignored) */
+  int act;             /* working dtype (the table's act_bytes), else fp32 / int32 */
+  int opaque;          /* backend-defined (attention state of a bf16 table): n is the device's
+                          size, ncpu the CPU's; never compared, guards still checked */
+  size_t ncpu;
 } bspec;
 
 struct tcase;
@@ -60,6 +66,8 @@ typedef struct family {
   void (*call)(const ct_ops *o, void **p, const struct tcase *c);
   double (*flops)(const struct tcase *c);
   int scalar; /* the call's result is g_scalar (sumsq) */
+  /* device-only preparation after upload (fills an opaque state with the device's forward) */
+  void (*dprep)(const ct_ops *o, void **p, const struct tcase *c);
 } family;
 
 typedef struct tcase {
@@ -71,26 +79,34 @@ typedef struct tcase {
   int flags, pos0, step;
   float x; /* grad_scale / theta / scale factor, per family */
   double rtol;
-  int perf;
+  int perf; /* 1: also a perf case; 2: perf only (too large for the CPU reference) */
 } tcase;
 
 static double g_scalar;
+static const ct_ops *dev; /* the table under test */
+static int g_bf16;        /* dev works in bf16 */
 static int W3(const tcase *c) { return (c->H + 2 * c->KV) * c->hd; }
 static int NT(const tcase *c) { return c->B * c->T; }
 
 #define BUF(nm, cnt, role, init, sc, off, rg) \
-  (bspec) { nm, (size_t)(cnt), role, init, sc, off, rg }
+  (bspec) { nm, (size_t)(cnt), role, init, sc, off, rg, 0, 0, 0 }
 #define IN(nm, cnt) BUF(nm, cnt, R_IN, I_RAND, 1.0f, 0.0f, 0)
 #define OUT(nm, cnt) BUF(nm, cnt, R_OUT, I_RAND, 1.0f, 0.0f, 0)
 #define ACC(nm, cnt) BUF(nm, cnt, R_ACC, I_RAND, 1.0f, 0.0f, 0)
 #define F(i) ((float *)p[i])
+/* working-dtype buffer i, `off` elements in */
+#define AP(o, i, off) ((void *)((char *)p[i] + (size_t)(off) * (size_t)(o)->act_bytes))
+static bspec act(bspec b) {
+  b.act = 1;
+  return b;
+}
 
 /* embedding */
 static int su_embed_fwd(const tcase *c, bspec *b) {
-  b[0] = OUT("out", (size_t)NT(c) * c->C);
+  b[0] = act(OUT("out", (size_t)NT(c) * c->C));
   b[1] = BUF("tok", NT(c), R_IN, I_TOK, 0, 0, c->Vp);
-  b[2] = IN("wte", (size_t)c->Vp * c->C);
-  b[3] = IN("wpe", c->flags & NOWPE ? 0 : (size_t)(c->T + 3) * c->C);
+  b[2] = act(IN("wte", (size_t)c->Vp * c->C));
+  b[3] = act(IN("wpe", c->flags & NOWPE ? 0 : (size_t)(c->T + 3) * c->C));
   return 4;
 }
 static void ca_embed_fwd(const ct_ops *o, void **p, const tcase *c) {
@@ -99,7 +115,7 @@ static void ca_embed_fwd(const ct_ops *o, void **p, const tcase *c) {
 static int su_embed_bwd(const tcase *c, bspec *b) {
   b[0] = ACC("dwte", c->flags & NODW ? 0 : (size_t)c->Vp * c->C);
   b[1] = ACC("dwpe", c->flags & NOWPE ? 0 : (size_t)(c->T + 3) * c->C);
-  b[2] = IN("dout", (size_t)NT(c) * c->C);
+  b[2] = act(IN("dout", (size_t)NT(c) * c->C));
   b[3] = BUF("tok", NT(c), R_IN, I_TOK, 0, 0, c->V); /* V < Vp: small V repeats tokens */
   return 4;
 }
@@ -110,12 +126,12 @@ static void ca_embed_bwd(const ct_ops *o, void **p, const tcase *c) {
 /* layernorm */
 static int su_ln_fwd(const tcase *c, bspec *b) {
   size_t nc = (size_t)c->N * c->C, ns = c->flags & NOSTATS ? 0 : (size_t)c->N;
-  b[0] = OUT("out", nc);
+  b[0] = act(OUT("out", nc));
   b[1] = OUT("mean", ns);
   b[2] = OUT("rstd", ns);
-  b[3] = BUF("inp", nc, R_IN, I_RAND, 2.0f, 0.5f, 0);
-  b[4] = BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0);
-  b[5] = IN("b", c->flags & NOBIAS ? 0 : c->C);
+  b[3] = act(BUF("inp", nc, R_IN, I_RAND, 2.0f, 0.5f, 0));
+  b[4] = act(BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0));
+  b[5] = act(IN("b", c->flags & NOBIAS ? 0 : c->C));
   return 6;
 }
 static void ca_ln_fwd(const ct_ops *o, void **p, const tcase *c) {
@@ -123,12 +139,12 @@ static void ca_ln_fwd(const ct_ops *o, void **p, const tcase *c) {
 }
 static int su_ln_bwd(const tcase *c, bspec *b) {
   size_t nc = (size_t)c->N * c->C;
-  b[0] = ACC("dinp", c->flags & NODINP ? 0 : nc);
+  b[0] = act(ACC("dinp", c->flags & NODINP ? 0 : nc));
   b[1] = ACC("dw", c->C);
   b[2] = ACC("db", c->flags & NOBIAS ? 0 : c->C);
-  b[3] = IN("dout", nc);
-  b[4] = BUF("inp", nc, R_IN, I_RAND, 2.0f, 0.5f, 0);
-  b[5] = BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  b[3] = act(IN("dout", nc));
+  b[4] = act(BUF("inp", nc, R_IN, I_RAND, 2.0f, 0.5f, 0));
+  b[5] = act(BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0));
   b[6] = IN("mean", c->N); /* prep */
   b[7] = IN("rstd", c->N);
   return 8;
@@ -145,10 +161,10 @@ static void ca_ln_bwd(const ct_ops *o, void **p, const tcase *c) {
 /* rmsnorm, plain rows */
 static int su_rms_fwd(const tcase *c, bspec *b) {
   size_t nc = (size_t)c->N * c->C;
-  b[0] = OUT("out", nc);
+  b[0] = act(OUT("out", nc));
   b[1] = OUT("rstd", c->flags & NOSTATS ? 0 : (size_t)c->N);
-  b[2] = BUF("inp", nc, R_IN, I_RAND, 2.0f, 0.3f, 0);
-  b[3] = BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  b[2] = act(BUF("inp", nc, R_IN, I_RAND, 2.0f, 0.3f, 0));
+  b[3] = act(BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0));
   return 4;
 }
 static void ca_rms_fwd(const ct_ops *o, void **p, const tcase *c) {
@@ -156,11 +172,11 @@ static void ca_rms_fwd(const ct_ops *o, void **p, const tcase *c) {
 }
 static int su_rms_bwd(const tcase *c, bspec *b) {
   size_t nc = (size_t)c->N * c->C;
-  b[0] = ACC("dinp", c->flags & NODINP ? 0 : nc);
+  b[0] = act(ACC("dinp", c->flags & NODINP ? 0 : nc));
   b[1] = ACC("dw", c->flags & NODW ? 0 : c->C);
-  b[2] = IN("dout", nc);
-  b[3] = BUF("inp", nc, R_IN, I_RAND, 2.0f, 0.3f, 0);
-  b[4] = BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  b[2] = act(IN("dout", nc));
+  b[3] = act(BUF("inp", nc, R_IN, I_RAND, 2.0f, 0.3f, 0));
+  b[4] = act(BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0));
   b[5] = IN("rstd", c->N); /* prep */
   return 6;
 }
@@ -176,28 +192,29 @@ static void ca_rms_bwd(const ct_ops *o, void **p, const tcase *c) {
 /* rmsnorm, strided (Qwen3 qk_norm): the q heads then the k heads of N qkv rows, like model.c */
 static int su_qk_fwd(const tcase *c, bspec *b) {
   size_t nw = (size_t)c->N * W3(c);
-  b[0] = ACC("qkv", nw); /* v section untouched: starts random, must stay so */
+  b[0] = act(ACC("qkv", nw)); /* v section untouched: starts random, must stay so */
   b[1] = OUT("rstd_q", (size_t)c->N * c->H);
   b[2] = OUT("rstd_k", (size_t)c->N * c->KV);
-  b[3] = BUF("raw", nw, R_IN, I_RAND, 2.0f, 0.3f, 0);
-  b[4] = BUF("wq", c->hd, R_IN, I_RAND, 0.2f, 1.0f, 0);
-  b[5] = BUF("wk", c->hd, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  b[3] = act(BUF("raw", nw, R_IN, I_RAND, 2.0f, 0.3f, 0));
+  b[4] = act(BUF("wq", c->hd, R_IN, I_RAND, 0.2f, 1.0f, 0));
+  b[5] = act(BUF("wk", c->hd, R_IN, I_RAND, 0.2f, 1.0f, 0));
   return 6;
 }
 static void ca_qk_fwd(const ct_ops *o, void **p, const tcase *c) {
   const int H = c->H, KV = c->KV, hd = c->hd, N = c->N, W = W3(c);
   o->rmsnorm_fwd(p[0], F(1), p[3], p[4], N * H, hd, H, W, 1e-6f);
-  o->rmsnorm_fwd(F(0) + (size_t)H * hd, F(2), F(3) + (size_t)H * hd, p[5], N * KV, hd, KV, W, 1e-6f);
+  o->rmsnorm_fwd(AP(o, 0, (size_t)H * hd), F(2), AP(o, 3, (size_t)H * hd), p[5], N * KV, hd, KV, W,
+                 1e-6f);
 }
 static int su_qk_bwd(const tcase *c, bspec *b) {
   size_t nw = (size_t)c->N * W3(c);
-  b[0] = ACC("draw", nw);
+  b[0] = act(ACC("draw", nw));
   b[1] = ACC("dwq", c->hd);
   b[2] = ACC("dwk", c->hd);
-  b[3] = IN("dqkv", nw);
-  b[4] = BUF("raw", nw, R_IN, I_RAND, 2.0f, 0.3f, 0);
-  b[5] = BUF("wq", c->hd, R_IN, I_RAND, 0.2f, 1.0f, 0);
-  b[6] = BUF("wk", c->hd, R_IN, I_RAND, 0.2f, 1.0f, 0);
+  b[3] = act(IN("dqkv", nw));
+  b[4] = act(BUF("raw", nw, R_IN, I_RAND, 2.0f, 0.3f, 0));
+  b[5] = act(BUF("wq", c->hd, R_IN, I_RAND, 0.2f, 1.0f, 0));
+  b[6] = act(BUF("wk", c->hd, R_IN, I_RAND, 0.2f, 1.0f, 0));
   b[7] = IN("rstd_q", (size_t)c->N * c->H); /* prep */
   b[8] = IN("rstd_k", (size_t)c->N * c->KV);
   return 9;
@@ -214,16 +231,16 @@ static void pr_qk_bwd(const tcase *c, void **h) {
 static void ca_qk_bwd(const ct_ops *o, void **p, const tcase *c) {
   const int H = c->H, KV = c->KV, hd = c->hd, N = c->N, W = W3(c);
   o->rmsnorm_bwd(p[0], F(1), p[3], p[4], p[5], F(7), N * H, hd, H, W);
-  o->rmsnorm_bwd(F(0) + (size_t)H * hd, F(2), F(3) + (size_t)H * hd, F(4) + (size_t)H * hd, p[6],
-                 F(8), N * KV, hd, KV, W);
+  o->rmsnorm_bwd(AP(o, 0, (size_t)H * hd), F(2), AP(o, 3, (size_t)H * hd), AP(o, 4, (size_t)H * hd),
+                 p[6], F(8), N * KV, hd, KV, W);
 }
 
 /* matmul */
 static int su_mm_fwd(const tcase *c, bspec *b) {
-  b[0] = OUT("out", (size_t)c->N * c->OC);
-  b[1] = IN("inp", (size_t)c->N * c->IC);
-  b[2] = BUF("w", (size_t)c->OC * c->IC, R_IN, I_RAND, 1.0f / sqrtf((float)c->IC), 0, 0);
-  b[3] = IN("bias", c->flags & NOBIAS ? 0 : c->OC);
+  b[0] = act(OUT("out", (size_t)c->N * c->OC));
+  b[1] = act(IN("inp", (size_t)c->N * c->IC));
+  b[2] = act(BUF("w", (size_t)c->OC * c->IC, R_IN, I_RAND, 1.0f / sqrtf((float)c->IC), 0, 0));
+  b[3] = act(IN("bias", c->flags & NOBIAS ? 0 : c->OC));
   return 4;
 }
 static void ca_mm_fwd(const ct_ops *o, void **p, const tcase *c) {
@@ -231,12 +248,12 @@ static void ca_mm_fwd(const ct_ops *o, void **p, const tcase *c) {
 }
 static double fl_mm_fwd(const tcase *c) { return 2.0 * c->N * c->IC * c->OC; }
 static int su_mm_bwd(const tcase *c, bspec *b) {
-  b[0] = ACC("dinp", c->flags & NODINP ? 0 : (size_t)c->N * c->IC);
+  b[0] = act(ACC("dinp", c->flags & NODINP ? 0 : (size_t)c->N * c->IC));
   b[1] = ACC("dw", c->flags & NODW ? 0 : (size_t)c->OC * c->IC);
   b[2] = ACC("dbias", c->flags & NOBIAS ? 0 : c->OC);
-  b[3] = IN("dout", (size_t)c->N * c->OC);
-  b[4] = IN("inp", (size_t)c->N * c->IC);
-  b[5] = BUF("w", (size_t)c->OC * c->IC, R_IN, I_RAND, 1.0f / sqrtf((float)c->IC), 0, 0);
+  b[3] = act(IN("dout", (size_t)c->N * c->OC));
+  b[4] = act(IN("inp", (size_t)c->N * c->IC));
+  b[5] = act(BUF("w", (size_t)c->OC * c->IC, R_IN, I_RAND, 1.0f / sqrtf((float)c->IC), 0, 0));
   return 6;
 }
 static void ca_mm_bwd(const ct_ops *o, void **p, const tcase *c) {
@@ -248,7 +265,7 @@ static double fl_mm_bwd(const tcase *c) {
 
 /* rope (in place on q and k of qkv) */
 static int su_rope(const tcase *c, bspec *b) {
-  b[0] = ACC("qkv", (size_t)NT(c) * W3(c));
+  b[0] = act(ACC("qkv", (size_t)NT(c) * W3(c)));
   return 1;
 }
 static void ca_rope_fwd(const ct_ops *o, void **p, const tcase *c) {
@@ -262,10 +279,19 @@ static void ca_rope_bwd(const ct_ops *o, void **p, const tcase *c) {
 static size_t att_state(const tcase *c) {
   return ct_ops_cpu()->attention_state_floats(c->B, c->T, c->H, c->KV, c->hd);
 }
+/* fp32 tables keep the CPU's state (probabilities) and are compared on it; a bf16 table's state
+ * is its own (sized by its table) and is filled, for backward, by its own forward. */
+static bspec state_spec(bspec s, const tcase *c) {
+  if (!g_bf16) return s;
+  s.ncpu = s.n;
+  s.n = dev->attention_state_floats(c->B, c->T, c->H, c->KV, c->hd);
+  s.opaque = 1;
+  return s;
+}
 static int su_att_fwd(const tcase *c, bspec *b) {
-  b[0] = OUT("out", (size_t)NT(c) * c->H * c->hd);
-  b[1] = OUT("state", att_state(c));
-  b[2] = IN("qkv", (size_t)NT(c) * W3(c));
+  b[0] = act(OUT("out", (size_t)NT(c) * c->H * c->hd));
+  b[1] = state_spec(OUT("state", att_state(c)), c);
+  b[2] = act(IN("qkv", (size_t)NT(c) * W3(c)));
   return 3;
 }
 static void ca_att_fwd(const ct_ops *o, void **p, const tcase *c) {
@@ -273,11 +299,18 @@ static void ca_att_fwd(const ct_ops *o, void **p, const tcase *c) {
 }
 static double fl_att_fwd(const tcase *c) { return 2.0 * c->B * c->H * (double)c->T * c->T * c->hd; }
 static int su_att_bwd(const tcase *c, bspec *b) {
-  b[0] = ACC("dqkv", (size_t)NT(c) * W3(c));
-  b[1] = IN("dout", (size_t)NT(c) * c->H * c->hd);
-  b[2] = IN("qkv", (size_t)NT(c) * W3(c));
-  b[3] = IN("state", att_state(c)); /* prep */
+  b[0] = act(ACC("dqkv", (size_t)NT(c) * W3(c)));
+  b[1] = act(IN("dout", (size_t)NT(c) * c->H * c->hd));
+  b[2] = act(IN("qkv", (size_t)NT(c) * W3(c)));
+  b[3] = state_spec(IN("state", att_state(c)), c); /* prep (CPU), dprep (bf16 device) */
   return 4;
+}
+static void dp_att_bwd(const ct_ops *o, void **p, const tcase *c) {
+  if (!g_bf16) return;
+  void *tmp = o->alloc((size_t)NT(c) * c->H * c->hd * o->act_bytes);
+  if (!tmp) return;
+  o->attention_fwd(tmp, F(3), p[2], c->B, c->T, c->H, c->KV, c->hd);
+  o->free(tmp);
 }
 static void pr_att_bwd(const tcase *c, void **h) {
   float *tmp = malloc(sizeof(float) * (size_t)NT(c) * c->H * c->hd);
@@ -291,10 +324,10 @@ static double fl_att_bwd(const tcase *c) { return 2.0 * fl_att_fwd(c); }
 
 /* attention over a KV cache: N new queries at positions pos0.., cache (KV, T = max_T, hd) */
 static int su_att_cached(const tcase *c, bspec *b) {
-  b[0] = OUT("out", (size_t)c->N * c->H * c->hd);
-  b[1] = IN("qkv", (size_t)c->N * W3(c));
-  b[2] = IN("kc", (size_t)c->KV * c->T * c->hd);
-  b[3] = IN("vc", (size_t)c->KV * c->T * c->hd);
+  b[0] = act(OUT("out", (size_t)c->N * c->H * c->hd));
+  b[1] = act(IN("qkv", (size_t)c->N * W3(c)));
+  b[2] = act(IN("kc", (size_t)c->KV * c->T * c->hd));
+  b[3] = act(IN("vc", (size_t)c->KV * c->T * c->hd));
   return 4;
 }
 static void ca_att_cached(const ct_ops *o, void **p, const tcase *c) {
@@ -306,47 +339,47 @@ static double fl_att_cached(const tcase *c) {
 
 /* activations */
 static int su_gelu_fwd(const tcase *c, bspec *b) {
-  b[0] = OUT("out", c->n);
-  b[1] = BUF("inp", c->n, R_IN, I_RAND, 3.0f, 0, 0);
+  b[0] = act(OUT("out", c->n));
+  b[1] = act(BUF("inp", c->n, R_IN, I_RAND, 3.0f, 0, 0));
   return 2;
 }
 static void ca_gelu_fwd(const ct_ops *o, void **p, const tcase *c) { o->gelu_fwd(p[0], p[1], c->n); }
 static int su_gelu_bwd(const tcase *c, bspec *b) {
-  b[0] = ACC("dinp", c->n);
-  b[1] = IN("dout", c->n);
-  b[2] = BUF("inp", c->n, R_IN, I_RAND, 3.0f, 0, 0);
+  b[0] = act(ACC("dinp", c->n));
+  b[1] = act(IN("dout", c->n));
+  b[2] = act(BUF("inp", c->n, R_IN, I_RAND, 3.0f, 0, 0));
   return 3;
 }
 static void ca_gelu_bwd(const ct_ops *o, void **p, const tcase *c) {
   o->gelu_bwd(p[0], p[1], p[2], c->n);
 }
 static int su_swi_fwd(const tcase *c, bspec *b) {
-  b[0] = OUT("out", (size_t)c->N * c->F);
-  b[1] = BUF("inp", (size_t)c->N * 2 * c->F, R_IN, I_RAND, 3.0f, 0, 0);
+  b[0] = act(OUT("out", (size_t)c->N * c->F));
+  b[1] = act(BUF("inp", (size_t)c->N * 2 * c->F, R_IN, I_RAND, 3.0f, 0, 0));
   return 2;
 }
 static void ca_swi_fwd(const ct_ops *o, void **p, const tcase *c) {
   o->swiglu_fwd(p[0], p[1], c->N, c->F);
 }
 static int su_swi_bwd(const tcase *c, bspec *b) {
-  b[0] = ACC("dinp", (size_t)c->N * 2 * c->F);
-  b[1] = IN("dout", (size_t)c->N * c->F);
-  b[2] = BUF("inp", (size_t)c->N * 2 * c->F, R_IN, I_RAND, 3.0f, 0, 0);
+  b[0] = act(ACC("dinp", (size_t)c->N * 2 * c->F));
+  b[1] = act(IN("dout", (size_t)c->N * c->F));
+  b[2] = act(BUF("inp", (size_t)c->N * 2 * c->F, R_IN, I_RAND, 3.0f, 0, 0));
   return 3;
 }
 static void ca_swi_bwd(const ct_ops *o, void **p, const tcase *c) {
   o->swiglu_bwd(p[0], p[1], p[2], c->N, c->F);
 }
 static int su_add(const tcase *c, bspec *b) {
-  b[0] = OUT("out", c->n);
-  b[1] = IN("a", c->n);
-  b[2] = IN("b", c->n);
+  b[0] = act(OUT("out", c->n));
+  b[1] = act(IN("a", c->n));
+  b[2] = act(IN("b", c->n));
   return 3;
 }
 static void ca_add(const ct_ops *o, void **p, const tcase *c) { o->add_fwd(p[0], p[1], p[2], c->n); }
 static int su_add_alias(const tcase *c, bspec *b) {
-  b[0] = ACC("out=a", c->n);
-  b[1] = IN("b", c->n);
+  b[0] = act(ACC("out=a", c->n));
+  b[1] = act(IN("b", c->n));
   return 2;
 }
 static void ca_add_alias(const ct_ops *o, void **p, const tcase *c) {
@@ -356,7 +389,7 @@ static void ca_add_alias(const ct_ops *o, void **p, const tcase *c) {
 /* fused softmax + cross-entropy (logits overwritten by the gradient when grad_scale != 0) */
 static int su_xent(const tcase *c, bspec *b) {
   b[0] = OUT("losses", c->N);
-  b[1] = BUF("logits", (size_t)c->N * c->Vp, R_ACC, I_RAND, 3.0f, 0, 0);
+  b[1] = act(BUF("logits", (size_t)c->N * c->Vp, R_ACC, I_RAND, 3.0f, 0, 0));
   b[2] = BUF("targets", c->N, R_IN, I_TGT, 0, 0, c->V);
   return 3;
 }
@@ -386,16 +419,17 @@ static int su_scale(const tcase *c, bspec *b) {
 }
 static void ca_scale(const ct_ops *o, void **p, const tcase *c) { o->scale(F(0), c->x, c->n); }
 
-/* memory: copy2d moves `C` floats from each of N rows, src stride OC floats, dst stride IC
- * floats, both starting `H` floats in (the v section of qkv rows, as model.c does); zero
- * clears all but 5 elements at each end. */
+/* memory: copy2d moves `C` elements (working dtype) from each of N rows, src stride OC, dst
+ * stride IC, both starting `H` elements in (the v section of qkv rows, as model.c does); zero
+ * clears all but 5 elements (fp32) at each end. */
 static int su_copy2d(const tcase *c, bspec *b) {
-  b[0] = ACC("dst", (size_t)c->N * c->IC);
-  b[1] = IN("src", (size_t)c->N * c->OC);
+  b[0] = act(ACC("dst", (size_t)c->N * c->IC));
+  b[1] = act(IN("src", (size_t)c->N * c->OC));
   return 2;
 }
 static void ca_copy2d(const ct_ops *o, void **p, const tcase *c) {
-  o->copy2d(F(0) + c->H, (size_t)c->IC * 4, F(1) + c->H, (size_t)c->OC * 4, (size_t)c->C * 4,
+  const size_t e = (size_t)o->act_bytes;
+  o->copy2d(AP(o, 0, c->H), (size_t)c->IC * e, AP(o, 1, c->H), (size_t)c->OC * e, (size_t)c->C * e,
             (size_t)c->N);
 }
 static int su_zero(const tcase *c, bspec *b) {
@@ -407,33 +441,33 @@ static void ca_zero(const ct_ops *o, void **p, const tcase *c) {
 }
 
 static const family
-    fam_embed_fwd = {"embed_fwd", su_embed_fwd, NULL, ca_embed_fwd, NULL, 0},
-    fam_embed_bwd = {"embed_bwd", su_embed_bwd, NULL, ca_embed_bwd, NULL, 0},
-    fam_ln_fwd = {"layernorm_fwd", su_ln_fwd, NULL, ca_ln_fwd, NULL, 0},
-    fam_ln_bwd = {"layernorm_bwd", su_ln_bwd, pr_ln_bwd, ca_ln_bwd, NULL, 0},
-    fam_rms_fwd = {"rmsnorm_fwd", su_rms_fwd, NULL, ca_rms_fwd, NULL, 0},
-    fam_rms_bwd = {"rmsnorm_bwd", su_rms_bwd, pr_rms_bwd, ca_rms_bwd, NULL, 0},
-    fam_qk_fwd = {"rmsnorm_fwd", su_qk_fwd, NULL, ca_qk_fwd, NULL, 0},
-    fam_qk_bwd = {"rmsnorm_bwd", su_qk_bwd, pr_qk_bwd, ca_qk_bwd, NULL, 0},
-    fam_mm_fwd = {"matmul_fwd", su_mm_fwd, NULL, ca_mm_fwd, fl_mm_fwd, 0},
-    fam_mm_bwd = {"matmul_bwd", su_mm_bwd, NULL, ca_mm_bwd, fl_mm_bwd, 0},
-    fam_rope_fwd = {"rope_fwd", su_rope, NULL, ca_rope_fwd, NULL, 0},
-    fam_rope_bwd = {"rope_bwd", su_rope, NULL, ca_rope_bwd, NULL, 0},
-    fam_att_fwd = {"attention_fwd", su_att_fwd, NULL, ca_att_fwd, fl_att_fwd, 0},
-    fam_att_bwd = {"attention_bwd", su_att_bwd, pr_att_bwd, ca_att_bwd, fl_att_bwd, 0},
-    fam_att_cached = {"attention_cached", su_att_cached, NULL, ca_att_cached, fl_att_cached, 0},
-    fam_gelu_fwd = {"gelu_fwd", su_gelu_fwd, NULL, ca_gelu_fwd, NULL, 0},
-    fam_gelu_bwd = {"gelu_bwd", su_gelu_bwd, NULL, ca_gelu_bwd, NULL, 0},
-    fam_swi_fwd = {"swiglu_fwd", su_swi_fwd, NULL, ca_swi_fwd, NULL, 0},
-    fam_swi_bwd = {"swiglu_bwd", su_swi_bwd, NULL, ca_swi_bwd, NULL, 0},
-    fam_add = {"add_fwd", su_add, NULL, ca_add, NULL, 0},
-    fam_add_alias = {"add_fwd", su_add_alias, NULL, ca_add_alias, NULL, 0},
-    fam_xent = {"xent_fwd_bwd", su_xent, NULL, ca_xent, NULL, 0},
-    fam_adamw = {"adamw", su_adamw, NULL, ca_adamw, NULL, 0},
-    fam_sumsq = {"sumsq", su_sumsq, NULL, ca_sumsq, NULL, 1},
-    fam_scale = {"scale", su_scale, NULL, ca_scale, NULL, 0},
-    fam_copy2d = {"copy2d", su_copy2d, NULL, ca_copy2d, NULL, 0},
-    fam_zero = {"zero", su_zero, NULL, ca_zero, NULL, 0};
+    fam_embed_fwd = {"embed_fwd", su_embed_fwd, NULL, ca_embed_fwd, NULL, 0, NULL},
+    fam_embed_bwd = {"embed_bwd", su_embed_bwd, NULL, ca_embed_bwd, NULL, 0, NULL},
+    fam_ln_fwd = {"layernorm_fwd", su_ln_fwd, NULL, ca_ln_fwd, NULL, 0, NULL},
+    fam_ln_bwd = {"layernorm_bwd", su_ln_bwd, pr_ln_bwd, ca_ln_bwd, NULL, 0, NULL},
+    fam_rms_fwd = {"rmsnorm_fwd", su_rms_fwd, NULL, ca_rms_fwd, NULL, 0, NULL},
+    fam_rms_bwd = {"rmsnorm_bwd", su_rms_bwd, pr_rms_bwd, ca_rms_bwd, NULL, 0, NULL},
+    fam_qk_fwd = {"rmsnorm_fwd", su_qk_fwd, NULL, ca_qk_fwd, NULL, 0, NULL},
+    fam_qk_bwd = {"rmsnorm_bwd", su_qk_bwd, pr_qk_bwd, ca_qk_bwd, NULL, 0, NULL},
+    fam_mm_fwd = {"matmul_fwd", su_mm_fwd, NULL, ca_mm_fwd, fl_mm_fwd, 0, NULL},
+    fam_mm_bwd = {"matmul_bwd", su_mm_bwd, NULL, ca_mm_bwd, fl_mm_bwd, 0, NULL},
+    fam_rope_fwd = {"rope_fwd", su_rope, NULL, ca_rope_fwd, NULL, 0, NULL},
+    fam_rope_bwd = {"rope_bwd", su_rope, NULL, ca_rope_bwd, NULL, 0, NULL},
+    fam_att_fwd = {"attention_fwd", su_att_fwd, NULL, ca_att_fwd, fl_att_fwd, 0, NULL},
+    fam_att_bwd = {"attention_bwd", su_att_bwd, pr_att_bwd, ca_att_bwd, fl_att_bwd, 0, dp_att_bwd},
+    fam_att_cached = {"attention_cached", su_att_cached, NULL, ca_att_cached, fl_att_cached, 0, NULL},
+    fam_gelu_fwd = {"gelu_fwd", su_gelu_fwd, NULL, ca_gelu_fwd, NULL, 0, NULL},
+    fam_gelu_bwd = {"gelu_bwd", su_gelu_bwd, NULL, ca_gelu_bwd, NULL, 0, NULL},
+    fam_swi_fwd = {"swiglu_fwd", su_swi_fwd, NULL, ca_swi_fwd, NULL, 0, NULL},
+    fam_swi_bwd = {"swiglu_bwd", su_swi_bwd, NULL, ca_swi_bwd, NULL, 0, NULL},
+    fam_add = {"add_fwd", su_add, NULL, ca_add, NULL, 0, NULL},
+    fam_add_alias = {"add_fwd", su_add_alias, NULL, ca_add_alias, NULL, 0, NULL},
+    fam_xent = {"xent_fwd_bwd", su_xent, NULL, ca_xent, NULL, 0, NULL},
+    fam_adamw = {"adamw", su_adamw, NULL, ca_adamw, NULL, 0, NULL},
+    fam_sumsq = {"sumsq", su_sumsq, NULL, ca_sumsq, NULL, 1, NULL},
+    fam_scale = {"scale", su_scale, NULL, ca_scale, NULL, 0, NULL},
+    fam_copy2d = {"copy2d", su_copy2d, NULL, ca_copy2d, NULL, 0, NULL},
+    fam_zero = {"zero", su_zero, NULL, ca_zero, NULL, 0, NULL};
 
 /* Small and odd shapes (not multiples of 32) first, then realistic ones (perf = 1):
  * GPT-2 124M (B=4, T=256, C=768, H=12), Qwen3-0.6B-like GQA (H=16/KV=8, hd=128; H=8/KV=2, hd=64). */
@@ -468,6 +502,11 @@ static const tcase cases[] = {
     {&fam_mm_fwd, "N1024 768->3072 bias", .N = 1024, .IC = 768, .OC = 3072, .rtol = RT_RED, .perf = 1},
     {&fam_mm_fwd, "N1024 3072->768 bias", .N = 1024, .IC = 3072, .OC = 768, .rtol = RT_RED, .perf = 1},
     {&fam_mm_fwd, "N1024 768->50304 head", .N = 1024, .IC = 768, .OC = 50304, .flags = NOBIAS, .rtol = RT_RED, .perf = 1},
+    {&fam_mm_fwd, "N16384 768->2304 bias (qkv)", .N = 16384, .IC = 768, .OC = 2304, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_fwd, "N16384 768->768 bias (proj)", .N = 16384, .IC = 768, .OC = 768, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_fwd, "N16384 768->3072 bias (fc)", .N = 16384, .IC = 768, .OC = 3072, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_fwd, "N16384 3072->768 bias (fcproj)", .N = 16384, .IC = 3072, .OC = 768, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_fwd, "N16384 768->50304 (head)", .N = 16384, .IC = 768, .OC = 50304, .flags = NOBIAS, .rtol = RT_RED, .perf = 2},
     {&fam_mm_bwd, "N37 IC45 OC71 bias", .N = 37, .IC = 45, .OC = 71, .rtol = RT_RED},
     {&fam_mm_bwd, "N300 IC5 OC3 no dinp/bias", .N = 300, .IC = 5, .OC = 3, .flags = NODINP | NOBIAS, .rtol = RT_RED},
     {&fam_mm_bwd, "N7 IC33 OC9 no dw", .N = 7, .IC = 33, .OC = 9, .flags = NODW, .rtol = RT_RED},
@@ -475,6 +514,11 @@ static const tcase cases[] = {
     {&fam_mm_bwd, "N1024 768->3072 bias", .N = 1024, .IC = 768, .OC = 3072, .rtol = RT_RED, .perf = 1},
     {&fam_mm_bwd, "N1024 3072->768 bias", .N = 1024, .IC = 3072, .OC = 768, .rtol = RT_RED, .perf = 1},
     {&fam_mm_bwd, "N1024 768->50304 head", .N = 1024, .IC = 768, .OC = 50304, .flags = NOBIAS, .rtol = RT_RED, .perf = 1},
+    {&fam_mm_bwd, "N16384 768->2304 bias (qkv)", .N = 16384, .IC = 768, .OC = 2304, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_bwd, "N16384 768->768 bias (proj)", .N = 16384, .IC = 768, .OC = 768, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_bwd, "N16384 768->3072 bias (fc)", .N = 16384, .IC = 768, .OC = 3072, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_bwd, "N16384 3072->768 bias (fcproj)", .N = 16384, .IC = 3072, .OC = 768, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_bwd, "N16384 768->50304 (head)", .N = 16384, .IC = 768, .OC = 50304, .flags = NOBIAS, .rtol = RT_RED, .perf = 2},
     {&fam_rope_fwd, "B2 T5 H4 KV2 hd6 pos0=3", .B = 2, .T = 5, .H = 4, .KV = 2, .hd = 6, .pos0 = 3, .x = 10000.0f, .rtol = RT_ELEM},
     {&fam_rope_fwd, "B1 T64 H2 KV1 hd16 pos0=4000", .B = 1, .T = 64, .H = 2, .KV = 1, .hd = 16, .pos0 = 4000, .x = 1e6f, .rtol = RT_ELEM},
     {&fam_rope_fwd, "B4 T256 H16 KV8 hd128", .B = 4, .T = 256, .H = 16, .KV = 8, .hd = 128, .x = 1e6f, .rtol = RT_ELEM, .perf = 1},
@@ -486,11 +530,23 @@ static const tcase cases[] = {
     {&fam_att_fwd, "B4 T256 H12 hd64", .B = 4, .T = 256, .H = 12, .KV = 12, .hd = 64, .rtol = RT_RED, .perf = 1},
     {&fam_att_fwd, "B4 T256 H8 KV2 hd64", .B = 4, .T = 256, .H = 8, .KV = 2, .hd = 64, .rtol = RT_RED, .perf = 1},
     {&fam_att_fwd, "B4 T1024 H12 hd64", .B = 4, .T = 1024, .H = 12, .KV = 12, .hd = 64, .rtol = RT_RED, .perf = 1},
+    {&fam_att_fwd, "B2 T77 H4 KV2 hd64", .B = 2, .T = 77, .H = 4, .KV = 2, .hd = 64, .rtol = RT_RED},
+    {&fam_att_fwd, "B1 T130 H4 KV1 hd128", .B = 1, .T = 130, .H = 4, .KV = 1, .hd = 128, .rtol = RT_RED},
+    {&fam_att_fwd, "B2 T64 H2 KV2 hd128", .B = 2, .T = 64, .H = 2, .KV = 2, .hd = 128, .rtol = RT_RED},
+    {&fam_att_fwd, "B4 T512 H16 KV8 hd128", .B = 4, .T = 512, .H = 16, .KV = 8, .hd = 128, .rtol = RT_RED, .perf = 1},
+    {&fam_att_fwd, "B16 T1024 H12 hd64 (GPT-2)", .B = 16, .T = 1024, .H = 12, .KV = 12, .hd = 64, .rtol = RT_RED, .perf = 2},
+    {&fam_att_fwd, "B4 T2048 H16 KV8 hd128", .B = 4, .T = 2048, .H = 16, .KV = 8, .hd = 128, .rtol = RT_RED, .perf = 2},
     {&fam_att_bwd, "B2 T7 H3 KV3 hd5", .B = 2, .T = 7, .H = 3, .KV = 3, .hd = 5, .rtol = RT_RED},
     {&fam_att_bwd, "B2 T33 H4 KV2 hd8", .B = 2, .T = 33, .H = 4, .KV = 2, .hd = 8, .rtol = RT_RED},
     {&fam_att_bwd, "B4 T256 H12 hd64", .B = 4, .T = 256, .H = 12, .KV = 12, .hd = 64, .rtol = RT_RED, .perf = 1},
     {&fam_att_bwd, "B4 T256 H8 KV2 hd64", .B = 4, .T = 256, .H = 8, .KV = 2, .hd = 64, .rtol = RT_RED, .perf = 1},
     {&fam_att_bwd, "B4 T1024 H12 hd64", .B = 4, .T = 1024, .H = 12, .KV = 12, .hd = 64, .rtol = RT_RED, .perf = 1},
+    {&fam_att_bwd, "B2 T77 H4 KV2 hd64", .B = 2, .T = 77, .H = 4, .KV = 2, .hd = 64, .rtol = RT_RED},
+    {&fam_att_bwd, "B1 T130 H4 KV1 hd128", .B = 1, .T = 130, .H = 4, .KV = 1, .hd = 128, .rtol = RT_RED},
+    {&fam_att_bwd, "B2 T64 H2 KV2 hd128", .B = 2, .T = 64, .H = 2, .KV = 2, .hd = 128, .rtol = RT_RED},
+    {&fam_att_bwd, "B4 T512 H16 KV8 hd128", .B = 4, .T = 512, .H = 16, .KV = 8, .hd = 128, .rtol = RT_RED, .perf = 1},
+    {&fam_att_bwd, "B16 T1024 H12 hd64 (GPT-2)", .B = 16, .T = 1024, .H = 12, .KV = 12, .hd = 64, .rtol = RT_RED, .perf = 2},
+    {&fam_att_bwd, "B4 T2048 H16 KV8 hd128", .B = 4, .T = 2048, .H = 16, .KV = 8, .hd = 128, .rtol = RT_RED, .perf = 2},
     {&fam_att_cached, "n5 pos0=0 H4 KV2 hd8 maxT16", .N = 5, .pos0 = 0, .H = 4, .KV = 2, .hd = 8, .T = 16, .rtol = RT_RED},
     {&fam_att_cached, "n1 pos0=37 H3 KV1 hd10 maxT64", .N = 1, .pos0 = 37, .H = 3, .KV = 1, .hd = 10, .T = 64, .rtol = RT_RED},
     {&fam_att_cached, "n3 pos0=200 H6 KV3 hd300", .N = 3, .pos0 = 200, .H = 6, .KV = 3, .hd = 300, .T = 203, .rtol = RT_RED},
@@ -527,8 +583,8 @@ static const tcase cases[] = {
 
 /* ---- harness ---------------------------------------------------------------------------- */
 
-static const ct_ops *dev;
 static int dev_is_cpu;
+static const char *g_variant = ""; /* the variant a case runs under, for labels */
 
 static int dev_check(const char *what) {
   if (dev_is_cpu) return 0;
@@ -538,9 +594,23 @@ static int dev_check(const char *what) {
   return -1;
 }
 
+/* bf16 <-> fp32 on the host, round to nearest even (NaN -> a quiet NaN) */
+static uint16_t f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
 /* Counter-based, so buffers fill in parallel and the values depend only on (seed, index). */
-static void fill(void *dst, const bspec *b, uint64_t seed) {
-  const size_t n = b->n;
+static void fill(void *dst, const bspec *b, size_t n, uint64_t seed) {
   if (b->role == R_OUT) {
     uint32_t nan = 0x7fc00000u;
 #pragma omp parallel for if (n > 65536)
@@ -564,7 +634,7 @@ static void fill(void *dst, const bspec *b, uint64_t seed) {
 }
 
 typedef struct opstat {
-  const char *op;
+  char op[48];
   double worst;
   int cases;
 } opstat;
@@ -577,7 +647,10 @@ static void note(const char *op, double err) {
       stats[i].cases++;
       return;
     }
-  stats[nstats++] = (opstat){op, err, 1};
+  if (nstats == 64) return;
+  snprintf(stats[nstats].op, sizeof stats[nstats].op, "%s", op);
+  stats[nstats].worst = err;
+  stats[nstats++].cases = 1;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -606,100 +679,136 @@ static double time_op(const tcase *c, void **gp) {
   return samples[2];
 }
 
+static size_t esz(const bspec *b) { return b->act ? (size_t)dev->act_bytes : 4; }
+
 static void run_case(size_t ci, int perf) {
   const tcase *c = &cases[ci];
   bspec b[MAXB];
   memset(b, 0, sizeof b);
   const int nb = c->fam->setup(c, b);
-  void *init[MAXB] = {0}, *cpu[MAXB] = {0}, *gp[MAXB] = {0}, *gbase[MAXB] = {0};
-  uint32_t *got[MAXB] = {0};
-  char what[256];
-  int ok = 1;
+  void *init[MAXB] = {0}, *cpu[MAXB] = {0}, *gbase[MAXB] = {0};
+  void *gp[MAXB] = {0};
+  unsigned char *got[MAXB] = {0}, *sent[MAXB] = {0};
+  float *gf = NULL;
+  char what[256], label[64];
+  int ok = 1, uses_act = 0;
 
+  snprintf(label, sizeof label, "%s%s%s", c->fam->op, g_variant[0] ? "/" : "", g_variant);
   for (int i = 0; i < nb; i++) {
     if (!b[i].n) continue;
-    init[i] = malloc(4 * b[i].n);
+    if (!b[i].ncpu) b[i].ncpu = b[i].n;
+    uses_act |= b[i].act;
+    size_t m = b[i].n > b[i].ncpu ? b[i].n : b[i].ncpu;
+    init[i] = malloc(4 * m);
     if (!init[i]) { fprintf(stderr, "out of host memory\n"); exit(1); }
-    fill(init[i], &b[i], 0x5eed0000ull + ci * 131 + i);
+    fill(init[i], &b[i], m, 0x5eed0000ull + ci * 131 + i);
+    if (b[i].act && dev->act_bytes == 2) { /* both sides see the bf16 values */
+      float *f = init[i];
+#pragma omp parallel for if (m > 65536)
+      for (size_t k = 0; k < m; k++) f[k] = bf2f(f2bf(f[k]));
+    }
   }
   if (c->fam->prep) c->fam->prep(c, init);
+  const double rtol = g_bf16 && uses_act && c->rtol > 0 ? fmax(c->rtol, RT_BF16) : c->rtol;
 
   double cpu_scalar = 0;
   if (!perf) { /* the reference */
     for (int i = 0; i < nb; i++) {
       if (!b[i].n) continue;
-      cpu[i] = malloc(4 * b[i].n);
-      memcpy(cpu[i], init[i], 4 * b[i].n);
+      cpu[i] = malloc(4 * b[i].ncpu);
+      memcpy(cpu[i], init[i], 4 * b[i].ncpu);
     }
     c->fam->call(ct_ops_cpu(), cpu, c);
     cpu_scalar = g_scalar;
   }
 
-  /* device copies: [GUARD sentinels | data | GUARD sentinels] */
+  /* device copies: [GUARD sentinels | data | GUARD sentinels], elements of esz bytes */
   for (int i = 0; i < nb; i++) {
     if (!b[i].n) continue;
-    size_t tot = b[i].n + 2 * GUARD;
-    got[i] = malloc(4 * tot);
-    for (size_t k = 0; k < GUARD; k++) got[i][k] = got[i][GUARD + b[i].n + k] = SENTINEL;
-    memcpy(got[i] + GUARD, init[i], 4 * b[i].n);
-    gbase[i] = dev->alloc(4 * tot);
-    CHECK_MSG(gbase[i] != NULL, "%s %s: alloc of %zu bytes failed", c->fam->op, c->shape, 4 * tot);
+    const size_t es = esz(&b[i]), tot = b[i].n + 2 * GUARD;
+    got[i] = malloc(es * tot);
+    sent[i] = malloc(es * tot);
+    if (!got[i] || !sent[i]) { fprintf(stderr, "out of host memory\n"); exit(1); }
+    if (es == 4) {
+      uint32_t *w = (uint32_t *)sent[i];
+      for (size_t k = 0; k < GUARD; k++) w[k] = w[GUARD + b[i].n + k] = SENTINEL;
+      memcpy(w + GUARD, init[i], 4 * b[i].n);
+    } else {
+      uint16_t *w = (uint16_t *)sent[i];
+      const float *f = init[i];
+      for (size_t k = 0; k < GUARD; k++) w[k] = w[GUARD + b[i].n + k] = SENTINEL16;
+#pragma omp parallel for if (b[i].n > 65536)
+      for (size_t k = 0; k < b[i].n; k++) w[GUARD + k] = f2bf(f[k]);
+    }
+    gbase[i] = dev->alloc(es * tot);
+    CHECK_MSG(gbase[i] != NULL, "%s %s: alloc of %zu bytes failed", label, c->shape, es * tot);
     if (!gbase[i]) { ok = 0; goto done; }
-    dev->to_device(gbase[i], got[i], 4 * tot);
-    gp[i] = (uint32_t *)gbase[i] + GUARD;
+    dev->to_device(gbase[i], sent[i], es * tot);
+    gp[i] = (char *)gbase[i] + GUARD * es;
   }
+  snprintf(what, sizeof what, "%s [%s] (%s)", label, c->shape, dev->name);
+  if (c->fam->dprep) c->fam->dprep(dev, gp, c);
   c->fam->call(dev, gp, c);
-  snprintf(what, sizeof what, "%s [%s]", c->fam->op, c->shape);
   if (dev_check(what)) { CHECK_MSG(0, "%s: the device reported an error", what); ok = 0; goto done; }
 
   if (!perf) {
     double worst = 0;
     if (c->fam->scalar) {
       double err = fabs(g_scalar - cpu_scalar) / (fabs(cpu_scalar) > 1e-300 ? fabs(cpu_scalar) : 1e-300);
-      CHECK_MSG(isfinite(g_scalar) && err <= c->rtol, "%s: got %.17g, want %.17g (normalized %.3e)",
+      CHECK_MSG(isfinite(g_scalar) && err <= rtol, "%s: got %.17g, want %.17g (normalized %.3e)",
                 what, g_scalar, cpu_scalar, err);
       worst = err;
     }
     for (int i = 0; i < nb; i++) {
       if (!b[i].n) continue;
-      size_t tot = b[i].n + 2 * GUARD;
-      dev->to_host(got[i], gbase[i], 4 * tot);
+      const size_t es = esz(&b[i]), tot = b[i].n + 2 * GUARD;
+      dev->to_host(got[i], gbase[i], es * tot);
       if (dev_check(what)) { ok = 0; goto done; }
-      size_t bad = 0;
-      for (size_t k = 0; k < GUARD; k++)
-        bad += (got[i][k] != SENTINEL) + (got[i][GUARD + b[i].n + k] != SENTINEL);
-      CHECK_MSG(bad == 0, "%s: %s: %zu guard elements overwritten (out-of-bounds write)", what,
-                b[i].name, bad);
-      uint32_t *g = got[i] + GUARD;
+      size_t bad = memcmp(got[i], sent[i], es * GUARD) != 0;
+      bad += memcmp(got[i] + es * (GUARD + b[i].n), sent[i] + es * (GUARD + b[i].n), es * GUARD) != 0;
+      CHECK_MSG(bad == 0, "%s: %s: guard elements overwritten (out-of-bounds write)", what, b[i].name);
+      if (b[i].opaque) continue;
       if (b[i].role == R_IN) {
-        CHECK_MSG(!memcmp(g, init[i], 4 * b[i].n), "%s: input %s was modified", what, b[i].name);
+        CHECK_MSG(!memcmp(got[i] + es * GUARD, sent[i] + es * GUARD, es * b[i].n),
+                  "%s: input %s was modified", what, b[i].name);
         continue;
+      }
+      const float *g = (const float *)(got[i] + es * GUARD);
+      if (es == 2) {
+        free(gf);
+        gf = malloc(4 * b[i].n);
+        const uint16_t *h = (const uint16_t *)(got[i] + es * GUARD);
+#pragma omp parallel for if (b[i].n > 65536)
+        for (size_t k = 0; k < b[i].n; k++) gf[k] = bf2f(h[k]);
+        g = gf;
       }
       char nm[300];
       snprintf(nm, sizeof nm, "%s: %s", what, b[i].name);
-      double e = ct_check_close(nm, (const float *)g, cpu[i], b[i].n, c->rtol, 0.0);
+      double e = ct_check_close(nm, g, cpu[i], b[i].n, rtol, 0.0);
       if (e > worst) worst = e;
     }
-    note(c->fam->op, worst);
-    printf("  %-16s %-32s worst normalized error %.2e\n", c->fam->op, c->shape, worst);
+    note(label, worst);
+    printf("  %-22s %-32s worst normalized error %.2e\n", label, c->shape, worst);
   } else {
     double t = time_op(c, gp);
     double bytes = 0;
-    for (int i = 0; i < nb; i++) bytes += 4.0 * b[i].n * (b[i].role == R_ACC ? 2 : 1);
+    for (int i = 0; i < nb; i++) bytes += (double)esz(&b[i]) * b[i].n * (b[i].role == R_ACC ? 2 : 1);
     double fl = c->fam->flops ? c->fam->flops(c) : 0;
-    printf("  %-16s %-32s %10.1f us %9.1f GB/s", c->fam->op, c->shape, t * 1e6, bytes / t / 1e9);
+    printf("  %-22s %-32s %10.1f us %9.1f GB/s", label, c->shape, t * 1e6, bytes / t / 1e9);
     if (fl > 0) printf(" %8.2f TFLOP/s", fl / t / 1e12);
     printf("\n");
   }
 
 done:
-  if (!ok) note(c->fam->op, INFINITY);
+  if (!ok) note(label, INFINITY);
   for (int i = 0; i < nb; i++) {
     if (gbase[i]) dev->free(gbase[i]);
     free(init[i]);
     free(cpu[i]);
     free(got[i]);
+    free(sent[i]);
   }
+  free(gf);
 }
 
 /* alloc returns zero-filled memory; zero-byte allocations are valid and freeable. */
@@ -722,6 +831,68 @@ static void test_alloc(void) {
   free(h);
 }
 
+/* cast_params (fp32 -> working dtype, round to nearest even) and to_host_f32 (back), bit-exact,
+ * with guards; n odd (scalar path) and a multiple of 8 at an aligned start (vector path). Inputs
+ * include rounding ties, values that round up into the next binade or to infinity, signed zeros,
+ * infinities and subnormals. */
+static void test_cast(void) {
+  static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3f7fffffu,
+                                     0x7f7fffffu, 0x80000000u, 0x00000000u, 0x7f800000u,
+                                     0xff800000u, 0x00000001u, 0x00018000u, 0xbf838000u};
+  const size_t ns = sizeof special / sizeof special[0], e = (size_t)dev->act_bytes;
+  const size_t sizes[2] = {1001, (size_t)1 << 20};
+  for (int si = 0; si < 2; si++) {
+    const size_t n = sizes[si], tot = n + 2 * GUARD;
+    float *src = malloc(4 * n), *back = malloc(4 * n);
+    unsigned char *dst = malloc(e * tot), *want = malloc(e * tot);
+    bspec bs = IN("src", n);
+    fill(src, &bs, n, 0xca57u + si);
+    for (size_t k = 0; k < n; k++) src[k] *= (k % 3 == 0) ? 1e-30f : (k % 3 == 1) ? 1.0f : 1e30f;
+    for (size_t k = 0; k < ns && k < n; k++) memcpy(src + 7 * k, &special[k], 4);
+    memset(want, 0x5a, e * tot);
+    for (size_t k = 0; k < n; k++) {
+      if (e == 2) {
+        uint16_t h = f2bf(src[k]);
+        memcpy(want + e * (GUARD + k), &h, 2);
+      } else {
+        memcpy(want + e * (GUARD + k), src + k, 4);
+      }
+    }
+    float *dsrc = dev->alloc(4 * n);
+    unsigned char *ddst = dev->alloc(e * tot);
+    if (!dsrc || !ddst) { CHECK(dsrc && ddst); return; }
+    dev->to_device(dsrc, src, 4 * n);
+    dev->to_device(ddst, want, e * GUARD); /* guards */
+    dev->to_device(ddst + e * (GUARD + n), want + e * (GUARD + n), e * GUARD);
+    dev->cast_params(ddst + e * GUARD, dsrc, n);
+    dev->to_host(dst, ddst, e * tot);
+    dev->to_host_f32(back, ddst + e * GUARD, n);
+    CHECK(dev_check("cast_params / to_host_f32") == 0);
+    size_t bad = 0, badg = 0, badb = 0;
+    for (size_t k = 0; k < e * tot; k++) {
+      if (dst[k] == want[k]) continue;
+      if (k < e * GUARD || k >= e * (GUARD + n)) badg++;
+      else bad++;
+    }
+    for (size_t k = 0; k < n; k++) {
+      float w = e == 2 ? bf2f(f2bf(src[k])) : src[k];
+      badb += memcmp(&w, back + k, 4) != 0;
+    }
+    CHECK_MSG(bad == 0 && badg == 0, "%s cast_params n=%zu: %zu bytes differ from round-to-nearest-even, "
+              "%zu guard bytes overwritten", dev->name, n, bad, badg);
+    CHECK_MSG(badb == 0, "%s to_host_f32 n=%zu: %zu values differ", dev->name, n, badb);
+    printf("  %-22s n=%-30zu %s\n", "cast_params/to_host_f32", n, bad + badg + badb ? "MISMATCH" : "bit-exact");
+    note("cast_params", bad + badg ? INFINITY : 0.0);
+    note("to_host_f32", badb ? INFINITY : 0.0);
+    dev->free(dsrc);
+    dev->free(ddst);
+    free(src);
+    free(back);
+    free(dst);
+    free(want);
+  }
+}
+
 /* The sticky error: a bad copy2d (pitch smaller than the row) must be reported, naming the op. */
 static void test_sticky_error(void) {
   char err[768] = "";
@@ -735,18 +906,52 @@ static void test_sticky_error(void) {
   CHECK_MSG(rc == -1, "the error state must stay set");
 }
 
+/* Variants compared on the same cases within one run (bf16 table): attention batched vs flash,
+ * bias matmul through cuBLASLt vs cublasGemmEx. */
+static int is_att(const family *f) { return f == &fam_att_fwd || f == &fam_att_bwd; }
+
+static void run_selected(size_t i, int perf) {
+  const tcase *c = &cases[i];
+  if (!dev_is_cpu && g_bf16 && is_att(c->fam)) {
+    static const char *v[] = {"batched", "flash", "default"}; /* default: timed as its variant */
+    for (int k = 0; k < (perf ? 2 : 3); k++) {
+      ct_cuda_set_variant("attention", v[k]);
+      g_variant = v[k];
+      run_case(i, perf);
+    }
+    ct_cuda_set_variant("attention", "default");
+  } else if (!dev_is_cpu && g_bf16 && c->fam == &fam_mm_fwd && !(c->flags & NOBIAS)) {
+    static const char *v[] = {"lt", "gemmex"};
+    for (int k = 0; k < 2; k++) {
+      ct_cuda_set_variant("matmul", v[k]);
+      g_variant = v[k];
+      run_case(i, perf);
+    }
+    ct_cuda_set_variant("matmul", "default");
+  } else {
+    run_case(i, perf);
+  }
+  g_variant = "";
+}
+
 int main(int argc, char **argv) {
   int perf = 0, small = 0;
-  const char *only = NULL;
+  const char *only = NULL, *dtype = "all";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--perf")) perf = 1;
     else if (!strcmp(argv[i], "--small")) small = 1;
     else if (!strcmp(argv[i], "--op") && i + 1 < argc) only = argv[++i];
+    else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
     else if (!strcmp(argv[i], "--cpu")) dev_is_cpu = 1;
-    else { fprintf(stderr, "usage: %s [--perf | --small] [--op NAME] [--cpu]\n", argv[0]); return 2; }
+    else {
+      fprintf(stderr, "usage: %s [--perf | --small] [--op NAME] [--dtype fp32|bf16|all] [--cpu]\n", argv[0]);
+      return 2;
+    }
   }
+  const ct_ops *tables[2] = {0};
+  int ntables = 0;
   if (dev_is_cpu) {
-    dev = ct_ops_cpu();
+    tables[ntables++] = ct_ops_cpu();
   } else {
     char err[512];
     if (ct_cuda_device_count() <= 0) {
@@ -757,25 +962,37 @@ int main(int argc, char **argv) {
       fprintf(stderr, "ct_cuda_init: %s\n", err);
       return 1;
     }
-    dev = ct_ops_cuda();
-    CHECK(dev->attention_state_floats(3, 5, 4, 2, 8) == ct_ops_cpu()->attention_state_floats(3, 5, 4, 2, 8));
+    if (strcmp(dtype, "bf16")) tables[ntables++] = ct_ops_cuda();
+    if (strcmp(dtype, "fp32")) tables[ntables++] = ct_ops_cuda_bf16();
+    CHECK(ct_ops_cuda()->attention_state_floats(3, 5, 4, 2, 8) == ct_ops_cpu()->attention_state_floats(3, 5, 4, 2, 8));
+    CHECK(!strcmp(ct_ops_cuda()->dtype, "fp32") && ct_ops_cuda()->act_bytes == 4);
+    CHECK(!strcmp(ct_ops_cuda_bf16()->dtype, "bf16") && ct_ops_cuda_bf16()->act_bytes == 2);
   }
-  printf("%s: %s table against the CPU reference%s\n", argv[0], dev->name,
-         perf ? " (perf: realistic shapes)" : "");
-  if (perf) {
-    printf("  %-16s %-32s %13s %14s %16s\n", "op", "shape", "time", "bandwidth", "compute");
+  for (int ti = 0; ti < ntables; ti++) {
+    dev = tables[ti];
+    g_bf16 = dev->act_bytes == 2;
+    nstats = 0;
+    printf("%s: %s table (%s) against the CPU reference%s\n", argv[0], dev->name, dev->dtype,
+           perf ? " (perf: realistic shapes)" : "");
+    if (perf) {
+      printf("  %-22s %-32s %13s %14s %16s\n", "op", "shape", "time", "bandwidth", "compute");
+      for (size_t i = 0; i < NCASES; i++)
+        if (cases[i].perf && (!only || strstr(cases[i].fam->op, only))) run_selected(i, 1);
+      printf("  (GB/s counts each buffer once, read+write for accumulated ones; attention TFLOP/s"
+             " counts the causal half)\n");
+      continue;
+    }
+    if (ti == 0) test_alloc();
+    if (!only || strstr("cast_params to_host_f32", only)) test_cast();
     for (size_t i = 0; i < NCASES; i++)
-      if (cases[i].perf && (!only || strstr(cases[i].fam->op, only))) run_case(i, 1);
-    printf("  (GB/s counts each buffer once, read+write for accumulated ones; attention TFLOP/s"
-           " counts the causal half)\n");
-    return ct_test_finish();
+      if ((!small || !cases[i].perf) && cases[i].perf != 2 && (!only || strstr(cases[i].fam->op, only)))
+        run_selected(i, 0);
+    printf("\nworst normalized error per op (cases), %s table%s:\n", dev->name,
+           g_bf16 ? " (bf16 tolerance " : "");
+    if (g_bf16) printf("  %.0e where a case has bf16 buffers)\n", RT_BF16);
+    for (int i = 0; i < nstats; i++)
+      printf("  %-22s %.2e (%d)\n", stats[i].op, stats[i].worst, stats[i].cases);
   }
-  test_alloc();
-  for (size_t i = 0; i < NCASES; i++)
-    if ((!small || !cases[i].perf) && (!only || strstr(cases[i].fam->op, only))) run_case(i, 0);
-  printf("\nworst normalized error per op (cases):\n");
-  for (int i = 0; i < nstats; i++)
-    printf("  %-16s %.2e (%d)\n", stats[i].op, stats[i].worst, stats[i].cases);
   if (!dev_is_cpu && !small && !only) test_sticky_error(); /* last: it leaves the error state set */
   return ct_test_finish();
 }
