@@ -1,6 +1,7 @@
 /* parallel/comm.c — the C side of the process group: argument checks, dispatch through the
  * backend table, the store side of split, and the failed state after a backend error.
- * The Gloo backend lives in gloo_adapter.cc; NCCL will add its own table. */
+ * The Gloo backend lives in gloo_adapter.cc, the NCCL one in comm_nccl.c (CUDA builds only: a
+ * build without it gets a stub init that says so, so callers need no #if). */
 #include "parallel/comm.h"
 
 #include <stdint.h>
@@ -9,9 +10,11 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "ct_build_config.h"
 
 struct ct_comm {
   const ct_comm_backend_ops *be;
+  const ct_comm_backend_ext *ext; /* NULL for Gloo */
   void *impl;        /* the backend's state */
   ct_store *store;   /* not owned */
   int rank, size;
@@ -53,8 +56,9 @@ const char *ct_redop_name(ct_redop op) {
   return "?";
 }
 
-static ct_status comm_new(const ct_comm_backend_ops *be, void *impl, ct_store *store, int rank,
-                          int size, double timeout_s, const char *prefix, ct_comm **out) {
+static ct_status comm_new(const ct_comm_backend_ops *be, const ct_comm_backend_ext *ext,
+                          void *impl, ct_store *store, int rank, int size, double timeout_s,
+                          const char *prefix, ct_comm **out) {
   ct_comm *c = ct_calloc(1, sizeof *c, "process group");
   char *p = c ? ct_strdup(prefix) : NULL;
   if (!c || !p) {
@@ -63,6 +67,7 @@ static ct_status comm_new(const ct_comm_backend_ops *be, void *impl, ct_store *s
     return ct_set_error(CT_ERR_NOMEM, "process group '%s': out of memory", prefix);
   }
   c->be = be;
+  c->ext = ext;
   c->impl = impl;
   c->store = store;
   c->rank = rank;
@@ -73,20 +78,40 @@ static ct_status comm_new(const ct_comm_backend_ops *be, void *impl, ct_store *s
   return CT_OK;
 }
 
+static ct_status check_init(const char *call, ct_store *store, int rank, int world,
+                            const char *prefix, double timeout_s, ct_comm **out) {
+  if (!out) return ct_set_error(CT_ERR_USAGE, "%s: out is NULL", call);
+  *out = NULL;
+  if (!store) return ct_set_error(CT_ERR_USAGE, "%s: store is NULL", call);
+  if (!prefix || !*prefix) return ct_set_error(CT_ERR_USAGE, "%s: empty prefix", call);
+  if (world < 1 || rank < 0 || rank >= world)
+    return ct_set_error(CT_ERR_USAGE, "%s: rank %d is not in a group of %d", call, rank, world);
+  if (!(timeout_s > 0))
+    return ct_set_error(CT_ERR_USAGE, "%s: timeout %g s must be > 0", call, timeout_s);
+  return CT_OK;
+}
+
 ct_status ct_comm_init_gloo(ct_store *store, int rank, int world, const char *prefix,
                             double timeout_s, ct_comm **out) {
-  if (!out) return ct_set_error(CT_ERR_USAGE, "ct_comm_init_gloo: out is NULL");
-  *out = NULL;
-  if (!store) return ct_set_error(CT_ERR_USAGE, "ct_comm_init_gloo: store is NULL");
-  if (!prefix || !*prefix) return ct_set_error(CT_ERR_USAGE, "ct_comm_init_gloo: empty prefix");
-  if (world < 1 || rank < 0 || rank >= world)
-    return ct_set_error(CT_ERR_USAGE, "ct_comm_init_gloo: rank %d is not in a group of %d",
-                        rank, world);
-  if (!(timeout_s > 0))
-    return ct_set_error(CT_ERR_USAGE, "ct_comm_init_gloo: timeout %g s must be > 0", timeout_s);
+  CT_TRY(check_init("ct_comm_init_gloo", store, rank, world, prefix, timeout_s, out));
   void *impl;
   CT_TRY(ct_comm_gloo_create(store, rank, world, prefix, timeout_s, &impl));
-  return comm_new(&ct_comm_gloo_ops, impl, store, rank, world, timeout_s, prefix, out);
+  return comm_new(&ct_comm_gloo_ops, NULL, impl, store, rank, world, timeout_s, prefix, out);
+}
+
+ct_status ct_comm_init_nccl(ct_store *store, int rank, int world, const char *prefix,
+                            double timeout_s, ct_comm **out) {
+  CT_TRY(check_init("ct_comm_init_nccl", store, rank, world, prefix, timeout_s, out));
+#if CT_HAVE_NCCL
+  void *impl;
+  CT_TRY(ct_comm_nccl_create(store, rank, world, prefix, timeout_s, &impl));
+  return comm_new(&ct_comm_nccl_ops, &ct_comm_nccl_ext, impl, store, rank, world, timeout_s,
+                  prefix, out);
+#else
+  return ct_set_error(CT_ERR_USAGE, "ct_comm_init_nccl (group '%s', rank %d of %d): this build "
+                      "has no NCCL (configured without CUDA or without libnccl); use the gloo "
+                      "backend", prefix, rank, world);
+#endif
 }
 
 /* Common front of every collective: the group exists and has not failed. */
@@ -108,9 +133,10 @@ static ct_status check_type(const ct_comm *c, const char *call, ct_dtype dt, ct_
 }
 
 /* Records the first failure so later calls fail at once instead of talking to a transport
- * in an unknown state (the analogue of ncclCommAbort). */
+ * in an unknown state (the analogue of ncclCommAbort). A usage error (e.g. the NCCL backend
+ * refusing a host pointer) is found before anything is sent, so it leaves the group healthy. */
 static ct_status after(ct_comm *c, ct_status st) {
-  if (st != CT_OK && !c->failed) c->failed = ct_strdup(ct_last_error());
+  if (st != CT_OK && st != CT_ERR_USAGE && !c->failed) c->failed = ct_strdup(ct_last_error());
   return st;
 }
 
@@ -183,6 +209,12 @@ ct_status ct_comm_barrier(ct_comm *c) {
   return after(c, c->be->barrier(c->impl));
 }
 
+ct_status ct_comm_sync(ct_comm *c) {
+  CT_TRY(check_comm(c, "ct_comm_sync"));
+  if (!c->ext || !c->ext->sync) return CT_OK; /* Gloo: every call has completed already */
+  return after(c, c->ext->sync(c->impl));
+}
+
 /* Split, store side: every rank of the parent publishes "color key" under
  * <prefix>/split<n>/r<rank>, reads everyone's (O(size) gets; fine for the group sizes we run),
  * and the ranks of one color rendezvous again under <prefix>/split<n>/c<color>. */
@@ -224,7 +256,13 @@ ct_status ct_comm_split(ct_comm *p, int color, int key, ct_comm **out) {
   CT_TRY_GOTO(after(p, p->be->barrier(p->impl)), done);
   snprintf(k, klen + 16, "%s/r%d", base, p->rank);
   ct_store_delete(p->store, k, NULL);
-  if (color < 0) goto done; /* CT_COMM_NO_COLOR: in no group */
+  void *impl = NULL;
+  /* A backend whose split is collective over the parent (ncclCommSplit) needs every rank. */
+  bool all = p->ext && p->ext->split_all;
+  if (color < 0) { /* CT_COMM_NO_COLOR: in no group */
+    if (all) st = after(p, p->ext->split_all(p->impl, CT_COMM_NO_COLOR, key, -1, 0, NULL, &impl));
+    goto done;
+  }
 
   /* Members of my color ordered by (key, parent rank): insertion sort, O(size^2). */
   int m = 0, me = -1;
@@ -242,9 +280,11 @@ ct_status ct_comm_split(ct_comm *p, int color, int key, ct_comm **out) {
     if (members[j] == p->rank) me = j;
 
   snprintf(k, klen + 16, "%s/c%d", base, color);
-  void *impl;
-  CT_TRY_GOTO(p->be->split(p->impl, me, m, k, &impl), done);
-  st = comm_new(p->be, impl, p->store, me, m, p->timeout_s, k, out);
+  if (all)
+    CT_TRY_GOTO(after(p, p->ext->split_all(p->impl, color, key, me, m, k, &impl)), done);
+  else
+    CT_TRY_GOTO(p->be->split(p->impl, me, m, k, &impl), done);
+  st = comm_new(p->be, p->ext, impl, p->store, me, m, p->timeout_s, k, out);
 
 done:
   if (st != CT_OK) ct_add_context(st, "%s (group '%s', rank %d, color %d, key %d): ", call,

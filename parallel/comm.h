@@ -9,14 +9,21 @@
  *   gloo  CPU buffers over TCP (Debian libgloo-dev through the C++ adapter gloo_adapter.cc).
  *         Its reduce_scatter is an all_reduce plus a copy of the own block (2x the bytes of a
  *         real reduce-scatter; Gloo's own halving-doubling one races, see the adapter).
- *   nccl  GPU buffers (comes with the multi-GPU work: ct_comm_init_nccl, same calls).
+ *   nccl  GPU buffers of this rank's device (comm_nccl.c, CUDA builds only): collectives are
+ *         queued on the CUDA backend's stream (ct_cuda_stream()) and return before they finish;
+ *         ct_comm_sync / ct_comm_barrier are the bounded waits (see Completion below).
  *
  * Rules common to every call:
  * - Collective: every rank of the group makes the same calls in the same order with the same
  *   count, dtype, op and root. A rank that never arrives makes the others fail with a timeout
  *   error after `timeout_s` (given at init) — never a hang.
- * - Synchronous: when a call returns, the result is in the output buffer (Gloo is blocking;
- *   the NCCL backend will say what it means there).
+ * - Completion. Gloo is blocking: when a call returns, the result is in the output buffer.
+ *   NCCL queues the collective on ct_cuda_stream() in call order and returns: any later work on
+ *   that stream sees the result, but the host must call ct_comm_sync (or ct_comm_barrier)
+ *   before it reads, reuses or frees a buffer. That wait is bounded by timeout_s; waiting any
+ *   other way (cudaStreamSynchronize, ct_cuda_check, a to_host copy) is not, and hangs if a peer
+ *   never enters a collective, so sync first. Portable code calls ct_comm_sync where the host
+ *   needs results; with Gloo it returns at once.
  * - count 0 is allowed and does nothing. A NULL buffer with count > 0 is CT_ERR_USAGE, naming
  *   the call. Buffers are caller-owned; nothing is retained after a call returns.
  * - Errors come back as a ct_status with ct_last_error() naming the call, the backend, the
@@ -27,6 +34,11 @@
  *   back to nearest even once at the end), so the result is the fp32 result rounded once.
  *   Integer CT_AVG is the sum divided by size with C integer division (truncation); integer
  *   sums wrap (CT_U8 modulo 256).
+ *   NCCL differs for floating point: bf16 / f16 are reduced in their own type step by step
+ *   (each hop adds in fp32 and rounds back), so with more than 2 ranks a result may be a few
+ *   units in the last place off the rounded-once value; CT_AVG is ncclAvg (each input scaled by
+ *   1/size, then summed), so it rounds like the sum only when size is a power of two. Integer
+ *   rules are the same.
  */
 #ifndef CT_COMM_H
 #define CT_COMM_H
@@ -62,19 +74,32 @@ const char *ct_redop_name(ct_redop op);
 ct_status ct_comm_init_gloo(ct_store *store, int rank, int world, const char *prefix,
                             double timeout_s, ct_comm **out);
 
+/* Joins a GPU group through NCCL (same rules as ct_comm_init_gloo for rank, world, prefix and
+ * timeout_s). Call ct_cuda_init(device) first: the communicator belongs to the current device
+ * and every collective is queued on ct_cuda_stream(). Rank 0 makes the unique id and sets it
+ * under "<prefix>/nccl_id" (removed once everyone has joined); the others get it, waiting up to
+ * timeout_s. Init is non-blocking and polled, so a rank that never comes makes the others fail
+ * after timeout_s. Collective buffers are device memory of this rank's GPU (cudaMalloc, or the
+ * CUDA op table's alloc); a host pointer is CT_ERR_USAGE. A build without CUDA / NCCL returns
+ * CT_ERR_USAGE "this build has no NCCL". Keep NCCL_NVLS_ENABLE=0 where NVLink multicast must stay
+ * off (NCCL reads its environment at its first call). */
+ct_status ct_comm_init_nccl(ct_store *store, int rank, int world, const char *prefix,
+                            double timeout_s, ct_comm **out);
+
 /* Splits `parent` (collective over the parent group): ranks passing the same color >= 0 form
  * one new group, ordered by key (ties by parent rank); its store keys live under
  * "<parent prefix>/split<n>/c<color>" (n counts this parent's splits). A negative color
  * (CT_COMM_NO_COLOR) joins no group: *out is set to NULL and CT_OK returned. For a dp × tp mesh
  * with tp size T: tp = split(world, r / T, r % T), dp = split(world, r % T, r / T).
  * The new group shares the parent's store and timeout and must be destroyed on its own (before
- * or after the parent). */
+ * or after the parent). NCCL splits with ncclCommSplit: every parent rank takes part, the ones
+ * with CT_COMM_NO_COLOR too; a split that fails or times out leaves the parent unusable. */
 #define CT_COMM_NO_COLOR (-1)
 ct_status ct_comm_split(ct_comm *parent, int color, int key, ct_comm **out);
 
 int ct_comm_rank(const ct_comm *c);
 int ct_comm_size(const ct_comm *c);
-const char *ct_comm_backend(const ct_comm *c);  /* "gloo" (later "nccl") */
+const char *ct_comm_backend(const ct_comm *c);  /* "gloo" or "nccl" */
 const char *ct_comm_prefix(const ct_comm *c);   /* the group's store key prefix */
 
 /* In place: buf (count elements) on every rank becomes the reduction over ranks. */
@@ -96,8 +121,16 @@ ct_status ct_comm_all_gather(ct_comm *c, const void *send, void *recv, size_t se
 /* buf on every rank becomes root's buf (count elements). */
 ct_status ct_comm_broadcast(ct_comm *c, void *buf, size_t count, ct_dtype dt, int root);
 
-/* Returns once every rank of the group has entered it. */
+/* Returns once every rank of the group has entered it. NCCL: an all-reduce of one int followed by
+ * ct_comm_sync, so it also waits for everything queued on the stream before it. */
 ct_status ct_comm_barrier(ct_comm *c);
+
+/* Waits until every collective this group has queued is complete, at most timeout_s (from the
+ * start of the wait). On expiry the group's communicator is aborted (ncclCommAbort) and the call
+ * returns CT_ERR_RUNTIME naming the collective that did not finish, this rank and the seconds
+ * waited; an asynchronous NCCL error (a peer that died) fails the same way, sooner. The wait
+ * covers all work queued on ct_cuda_stream() before the last collective. Gloo: returns at once. */
+ct_status ct_comm_sync(ct_comm *c);
 
 /* Frees the group and closes its connections. Not collective; NULL is ignored. */
 void ct_comm_destroy(ct_comm *c);
@@ -123,9 +156,27 @@ typedef struct ct_comm_backend_ops {
   void (*destroy)(void *impl);
 } ct_comm_backend_ops;
 
+/* Extra entry points of a backend whose collectives complete asynchronously and whose split is
+ * collective over the whole parent (NCCL). Gloo has none (NULL). */
+typedef struct ct_comm_backend_ext {
+  /* Bounded wait for everything queued (ct_comm_sync). */
+  ct_status (*sync)(void *impl);
+  /* Used instead of ops->split, on EVERY rank of the parent after comm.c's store exchange:
+   * color < 0 joins no group (*out stays NULL); otherwise `rank` of `size` is this rank's place
+   * in the new group as comm.c computed it (the backend checks its own agrees). */
+  ct_status (*split_all)(void *parent_impl, int color, int key, int rank, int size,
+                         const char *prefix, void **out);
+} ct_comm_backend_ext;
+
 /* Gloo (gloo_adapter.cc): creates the state of one rank of a new group. */
 extern const ct_comm_backend_ops ct_comm_gloo_ops;
 ct_status ct_comm_gloo_create(ct_store *store, int rank, int world, const char *prefix,
+                              double timeout_s, void **impl);
+
+/* NCCL (comm_nccl.c, built only with CUDA and NCCL; ct_build_config.h: CT_HAVE_NCCL). */
+extern const ct_comm_backend_ops ct_comm_nccl_ops;
+extern const ct_comm_backend_ext ct_comm_nccl_ext;
+ct_status ct_comm_nccl_create(ct_store *store, int rank, int world, const char *prefix,
                               double timeout_s, void **impl);
 
 #ifdef __cplusplus

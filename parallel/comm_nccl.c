@@ -1,0 +1,595 @@
+/* parallel/comm_nccl.c — the NCCL backend of parallel/comm.h (GPU buffers, one GPU per process).
+ *
+ * Lifecycle, NCCL's own (REFERENCE.md):
+ *   rank 0 ncclGetUniqueId -> store "<prefix>/nccl_id" -> the others get it (timeout_s)
+ *   -> ncclCommInitRankConfig(blocking = 0) on the device ct_cuda_init selected, polled with
+ *      ncclCommGetAsyncError until ready or timeout_s
+ *   -> collectives queued on ct_cuda_stream() (the stream every CUDA op runs on)
+ *   -> ncclCommSplit for sub-groups (comm.c's split_all hook: every parent rank takes part)
+ *   -> ncclCommFinalize (polled) -> ncclCommDestroy; ncclCommAbort on any failure.
+ *
+ * Non-blocking communicators: any NCCL call may return ncclInProgress (init, split, finalize,
+ * and a collective whose connections NCCL sets up lazily on first use). Then no other call may
+ * touch the communicator until ncclCommGetAsyncError leaves ncclInProgress; wait_ready polls for
+ * that with the group's deadline, so a peer that never comes is an error, not a hang.
+ *
+ * Watchdog: NCCL never times out a collective by itself. After every collective an event is
+ * recorded on the stream (a ring of RING events remembers which collective each one follows).
+ * The host waits that must happen (ct_comm_sync, ct_comm_barrier, destroy) poll cudaEventQuery
+ * and ncclCommGetAsyncError against the deadline; on expiry the communicator is aborted, which
+ * also makes the stuck kernel return, and the error names the first unfinished collective, the
+ * rank and the seconds waited. There is no background thread: a host that waits on the stream
+ * some other way (cudaStreamSynchronize) before ct_comm_sync is not protected (comm.h says so).
+ *
+ * Costs, stated openly: every collective checks its buffers with cudaPointerGetAttributes (about
+ * a microsecond; a host pointer would otherwise be an illegal-address fault that kills the CUDA
+ * context) and records one event. RING events per group are created up front.
+ */
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "kernels/cuda/ops_cuda.h"
+#include "parallel/comm.h"
+#include "parallel/store.h"
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "the NCCL backend needs NCCL >= 2.18 (ncclCommSplit, non-blocking init, ncclCommFinalize)"
+#endif
+
+#define RING 64 /* collectives remembered for the watchdog's message */
+
+typedef struct pending {
+  cudaEvent_t ev;
+  uint64_t seq;  /* 1-based number of the collective in this group */
+  char what[96]; /* "all_reduce (f32 sum, 1000 elements)" */
+} pending;
+
+typedef struct ngroup {
+  ncclComm_t comm; /* NULL once aborted or destroyed */
+  int rank, size, device;
+  double timeout_s;
+  char *prefix;
+  cudaStream_t stream;
+  int32_t *one;           /* one device int: the barrier's all-reduce */
+  ncclComm_t nocolor_out; /* where a CT_COMM_NO_COLOR split lets NCCL write (stays NULL) */
+  pending ring[RING];
+  int nev;                /* events created */
+  uint64_t issued, done;  /* collectives queued; the first `done` are known complete */
+} ngroup;
+
+/* ---- errors: "nccl <what> failed on rank r of n (group 'p'): ..." (as the Gloo adapter) ---- */
+
+static ct_status fail(const ngroup *g, const char *what, ct_status st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static ct_status fail(const ngroup *g, const char *what, ct_status st, const char *fmt, ...) {
+  char msg[768];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return ct_set_error(st, "nccl %s failed on rank %d of %d (group '%s'): %s", what, g->rank,
+                      g->size, g->prefix, msg);
+}
+
+/* Aborts the communicator (the group is dropped either way) and returns a suffix for the
+ * message saying how that went ("" when there was none yet). */
+static const char *abort_comm(ngroup *g) {
+  if (!g->comm) return "";
+  ncclResult_t r = ncclCommAbort(g->comm);
+  g->comm = NULL;
+  return r == ncclSuccess ? "; communicator aborted" : "; ncclCommAbort failed too";
+}
+
+/* NCCL's own detail for the message; it may belong to an earlier call (NCCL's caveat), so it is
+ * labeled as such. */
+static const char *nccl_detail(const ngroup *g) {
+  const char *s = ncclGetLastError(g->comm);
+  return s ? s : "";
+}
+
+static ct_status nccl_fail(ngroup *g, const char *what, const char *call, ncclResult_t r) {
+  char detail[384];
+  snprintf(detail, sizeof detail, "%s", nccl_detail(g));
+  const char *ab = abort_comm(g);
+  return fail(g, what, CT_ERR_RUNTIME, "%s: %s%s%s%s (NCCL_DEBUG=WARN shows more)%s", call,
+              ncclGetErrorString(r), *detail ? " [NCCL's last message: " : "", detail,
+              *detail ? "]" : "", ab);
+}
+
+static ct_status cuda_fail(ngroup *g, const char *what, const char *call, cudaError_t e) {
+  const char *ab = abort_comm(g);
+  return fail(g, what, CT_ERR_RUNTIME, "%s: %s%s", call, cudaGetErrorString(e), ab);
+}
+
+/* Spin briefly (a healthy wait is usually short), then sleep with a growing pause capped at
+ * 0.5 ms: the deadline is checked at least that often and an idle wait costs little CPU. */
+static void backoff(int *n) {
+  int k = (*n)++;
+  if (k < 200) {
+    sched_yield();
+    return;
+  }
+  long us = k < 400 ? 20 : k < 600 ? 100 : 500;
+  struct timespec ts = {0, us * 1000L};
+  nanosleep(&ts, NULL);
+}
+
+/* Polls `comm` (this group's, or a new one during split) until it leaves ncclInProgress. On an
+ * error or once timeout_s has passed since t0, aborts this group's communicator. */
+static ct_status wait_ready(ngroup *g, ncclComm_t comm, const char *what, const char *call,
+                            double t0) {
+  for (int spins = 0;;) {
+    ncclResult_t a = ncclInProgress;
+    ncclResult_t r = ncclCommGetAsyncError(comm, &a);
+    if (r != ncclSuccess) return nccl_fail(g, what, "ncclCommGetAsyncError", r);
+    if (a == ncclSuccess) return CT_OK;
+    if (a != ncclInProgress) return nccl_fail(g, what, call, a);
+    double waited = ct_now() - t0;
+    if (waited > g->timeout_s) {
+      const char *ab = abort_comm(g);
+      return fail(g, what, CT_ERR_RUNTIME, "%s did not complete within the timeout of %.1f s "
+                  "(waited %.1f s): a rank did not take part or died%s", call, g->timeout_s,
+                  waited, ab);
+    }
+    backoff(&spins);
+  }
+}
+
+/* A cheap look for an asynchronous error (a peer died, a network error) before queuing more. */
+static ct_status check_async(ngroup *g, const char *what) {
+  if (!g->comm)
+    return fail(g, what, CT_ERR_RUNTIME, "the communicator was aborted by an earlier failure");
+  ncclResult_t a = ncclSuccess;
+  ncclResult_t r = ncclCommGetAsyncError(g->comm, &a);
+  if (r != ncclSuccess) return nccl_fail(g, what, "ncclCommGetAsyncError", r);
+  if (a != ncclSuccess && a != ncclInProgress)
+    return nccl_fail(g, what, "asynchronous error from an earlier collective", a);
+  return CT_OK;
+}
+
+/* ---- the group ---- */
+
+static void group_free(ngroup *g) {
+  if (!g) return;
+  for (int i = 0; i < g->nev; i++) cudaEventDestroy(g->ring[i].ev);
+  if (g->one) cudaFree(g->one);
+  free(g->prefix);
+  free(g);
+}
+
+/* A group's host-side state on the current device; the communicator comes later. */
+static ct_status group_new(int rank, int size, const char *prefix, double timeout_s,
+                           ngroup **out) {
+  *out = NULL;
+  ngroup *g = ct_calloc(1, sizeof *g, "nccl group");
+  if (!g) return CT_ERR_NOMEM;
+  g->rank = rank;
+  g->size = size;
+  g->timeout_s = timeout_s;
+  g->prefix = ct_strdup(prefix);
+  if (!g->prefix) {
+    free(g);
+    return ct_set_error(CT_ERR_NOMEM, "nccl group '%s': out of memory", prefix);
+  }
+  g->stream = (cudaStream_t)ct_cuda_stream();
+  ct_status st = CT_OK;
+  if (!g->stream) {
+    st = fail(g, "init", CT_ERR_USAGE, "the CUDA backend is not initialized: call "
+              "ct_cuda_init(device) first (it selects the GPU and makes the stream NCCL uses)");
+    goto bad;
+  }
+  cudaError_t e = cudaGetDevice(&g->device);
+  if (e != cudaSuccess) {
+    st = cuda_fail(g, "init", "cudaGetDevice", e);
+    goto bad;
+  }
+  for (; g->nev < RING; g->nev++) {
+    e = cudaEventCreateWithFlags(&g->ring[g->nev].ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      st = cuda_fail(g, "init", "cudaEventCreateWithFlags", e);
+      goto bad;
+    }
+  }
+  if ((e = cudaMalloc((void **)&g->one, sizeof *g->one)) != cudaSuccess) {
+    g->one = NULL;
+    st = cuda_fail(g, "init", "cudaMalloc (4 bytes for the barrier)", e);
+    goto bad;
+  }
+  if ((e = cudaMemsetAsync(g->one, 0, sizeof *g->one, g->stream)) != cudaSuccess) {
+    st = cuda_fail(g, "init", "cudaMemsetAsync", e);
+    goto bad;
+  }
+  *out = g;
+  return CT_OK;
+bad:
+  group_free(g);
+  return st;
+}
+
+static ncclConfig_t nonblocking_config(void) {
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  return cfg;
+}
+
+ct_status ct_comm_nccl_create(ct_store *store, int rank, int world, const char *prefix,
+                              double timeout_s, void **impl) {
+  *impl = NULL;
+  ngroup *g;
+  CT_TRY(group_new(rank, world, prefix, timeout_s, &g));
+  ct_status st = CT_OK;
+  ncclUniqueId id;
+  ncclConfig_t cfg = nonblocking_config();
+  ncclResult_t r;
+  double t0;
+  size_t klen = strlen(prefix) + 16;
+  char *key = ct_malloc(klen, "store key");
+  if (!key) {
+    group_free(g);
+    return CT_ERR_NOMEM;
+  }
+  snprintf(key, klen, "%s/nccl_id", prefix);
+
+  /* The unique id, out of band through the store. */
+  if (rank == 0) {
+    r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) {
+      st = nccl_fail(g, "init", "ncclGetUniqueId", r);
+      goto done;
+    }
+    if ((st = ct_store_set(store, key, &id, sizeof id)) != CT_OK) {
+      ct_add_context(st, "nccl init failed on rank 0 of %d (group '%s'): publishing the unique "
+                     "id: ", world, prefix);
+      goto done;
+    }
+  } else {
+    void *v = NULL;
+    size_t len = 0;
+    if ((st = ct_store_get(store, key, timeout_s, &v, &len)) != CT_OK) {
+      ct_add_context(st, "nccl init failed on rank %d of %d (group '%s'): waiting for rank 0's "
+                     "unique id: ", rank, world, prefix);
+      goto done;
+    }
+    if (len != sizeof id) {
+      free(v);
+      st = fail(g, "init", CT_ERR_RUNTIME, "store key %s holds %zu bytes, not a %zu-byte NCCL "
+                "unique id", key, len, sizeof id);
+      goto done;
+    }
+    memcpy(&id, v, sizeof id);
+    free(v);
+  }
+
+  /* Non-blocking init: returns at once (ncclInProgress) and connects in the background. */
+  t0 = ct_now();
+  r = ncclCommInitRankConfig(&g->comm, world, id, rank, &cfg);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    st = nccl_fail(g, "init", "ncclCommInitRankConfig", r);
+    goto done;
+  }
+  if (!g->comm) {
+    st = fail(g, "init", CT_ERR_RUNTIME, "ncclCommInitRankConfig returned no communicator");
+    goto done;
+  }
+  if ((st = wait_ready(g, g->comm, "init", "ncclCommInitRankConfig", t0)) != CT_OK) goto done;
+  /* Every rank has joined, so every rank has read the id: rank 0 removes it. */
+  if (rank == 0) ct_store_delete(store, key, NULL);
+
+done:
+  free(key);
+  if (st != CT_OK) {
+    abort_comm(g);
+    group_free(g);
+    return st;
+  }
+  *impl = g;
+  return CT_OK;
+}
+
+/* ---- collectives ---- */
+
+static ncclDataType_t nccl_type(ct_dtype dt) {
+  switch (dt) {
+    case CT_F32: return ncclFloat32;
+    case CT_BF16: return ncclBfloat16;
+    case CT_F16: return ncclFloat16;
+    case CT_I32: return ncclInt32;
+    case CT_I64: return ncclInt64;
+    case CT_U8: return ncclUint8;
+  }
+  return ncclFloat32; /* comm.c has checked dt */
+}
+
+static ncclRedOp_t nccl_op(ct_redop op) {
+  switch (op) {
+    case CT_SUM: return ncclSum;
+    case CT_AVG: return ncclAvg;
+    case CT_MAX: return ncclMax;
+    case CT_MIN: return ncclMin;
+  }
+  return ncclSum; /* comm.c has checked op */
+}
+
+/* A buffer must be device (or managed) memory of this rank's GPU. CT_ERR_USAGE before anything
+ * is queued, so the group stays usable. */
+static ct_status check_ptr(ngroup *g, const char *what, const char *which, const void *p) {
+  struct cudaPointerAttributes a;
+  cudaError_t e = cudaPointerGetAttributes(&a, p);
+  if (e != cudaSuccess) {
+    cudaGetLastError(); /* not sticky; clear it */
+    return fail(g, what, CT_ERR_USAGE, "%s (%p) is not a pointer CUDA knows: %s", which, p,
+                cudaGetErrorString(e));
+  }
+  if (a.type == cudaMemoryTypeManaged) return CT_OK;
+  if (a.type != cudaMemoryTypeDevice)
+    return fail(g, what, CT_ERR_USAGE, "%s (%p) is host memory; the NCCL backend takes device "
+                "buffers (cudaMalloc / the CUDA op table's alloc)", which, p);
+  if (a.device != g->device)
+    return fail(g, what, CT_ERR_USAGE, "%s (%p) is on device %d, this rank's GPU is device %d",
+                which, p, a.device, g->device);
+  return CT_OK;
+}
+
+/* After ncclXxx returned r: wait out ncclInProgress, then record the watchdog's event. */
+static ct_status queued(ngroup *g, const char *what, const char *call, ncclResult_t r, double t0,
+                        const char *desc) {
+  if (r == ncclInProgress) {
+    CT_TRY(wait_ready(g, g->comm, what, call, t0));
+  } else if (r != ncclSuccess) {
+    return nccl_fail(g, what, call, r);
+  }
+  pending *p = &g->ring[g->issued % RING];
+  cudaError_t e = cudaEventRecord(p->ev, g->stream);
+  if (e != cudaSuccess) return cuda_fail(g, what, "cudaEventRecord", e);
+  p->seq = ++g->issued;
+  snprintf(p->what, sizeof p->what, "%s", desc);
+  return CT_OK;
+}
+
+static ct_status nccl_all_reduce(void *impl, void *buf, size_t count, ct_dtype dt, ct_redop op) {
+  ngroup *g = impl;
+  static const char what[] = "all_reduce";
+  CT_TRY(check_ptr(g, what, "buf", buf));
+  CT_TRY(check_async(g, what));
+  char desc[96];
+  snprintf(desc, sizeof desc, "all_reduce (%s %s, %zu elements)", ct_dtype_name(dt),
+           ct_redop_name(op), count);
+  double t0 = ct_now();
+  ncclResult_t r = ncclAllReduce(buf, buf, count, nccl_type(dt), nccl_op(op), g->comm, g->stream);
+  return queued(g, what, "ncclAllReduce", r, t0, desc);
+}
+
+/* [a, a+an) and [b, b+bn) share a byte. */
+static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + bn && y < x + an;
+}
+
+static ct_status nccl_reduce_scatter(void *impl, const void *send, void *recv, size_t recv_count,
+                                     ct_dtype dt, ct_redop op) {
+  ngroup *g = impl;
+  static const char what[] = "reduce_scatter";
+  size_t es = ct_dtype_size(dt), block = recv_count * es;
+  const char *own = (const char *)send + (size_t)g->rank * block;
+  if ((const char *)recv != own && overlaps(send, block * (size_t)g->size, recv, block))
+    return fail(g, what, CT_ERR_USAGE, "recv overlaps send but is not the in-place form (recv "
+                "== send + rank * recv_count elements)");
+  CT_TRY(check_ptr(g, what, "send", send));
+  CT_TRY(check_ptr(g, what, "recv", recv));
+  CT_TRY(check_async(g, what));
+  char desc[96];
+  snprintf(desc, sizeof desc, "reduce_scatter (%s %s, %zu elements per rank)", ct_dtype_name(dt),
+           ct_redop_name(op), recv_count);
+  double t0 = ct_now();
+  ncclResult_t r = ncclReduceScatter(send, recv, recv_count, nccl_type(dt), nccl_op(op), g->comm,
+                                     g->stream);
+  return queued(g, what, "ncclReduceScatter", r, t0, desc);
+}
+
+static ct_status nccl_all_gather(void *impl, const void *send, void *recv, size_t send_count,
+                                 ct_dtype dt) {
+  ngroup *g = impl;
+  static const char what[] = "all_gather";
+  size_t es = ct_dtype_size(dt), block = send_count * es;
+  const char *own = (const char *)recv + (size_t)g->rank * block;
+  if ((const char *)send != own && overlaps(send, block, recv, block * (size_t)g->size))
+    return fail(g, what, CT_ERR_USAGE, "send overlaps recv but is not the in-place form (send "
+                "== recv + rank * send_count elements)");
+  CT_TRY(check_ptr(g, what, "send", send));
+  CT_TRY(check_ptr(g, what, "recv", recv));
+  CT_TRY(check_async(g, what));
+  char desc[96];
+  snprintf(desc, sizeof desc, "all_gather (%s, %zu elements per rank)", ct_dtype_name(dt),
+           send_count);
+  double t0 = ct_now();
+  ncclResult_t r = ncclAllGather(send, recv, send_count, nccl_type(dt), g->comm, g->stream);
+  return queued(g, what, "ncclAllGather", r, t0, desc);
+}
+
+static ct_status nccl_broadcast(void *impl, void *buf, size_t count, ct_dtype dt, int root) {
+  ngroup *g = impl;
+  static const char what[] = "broadcast";
+  CT_TRY(check_ptr(g, what, "buf", buf));
+  CT_TRY(check_async(g, what));
+  char desc[96];
+  snprintf(desc, sizeof desc, "broadcast (%s, %zu elements, root %d)", ct_dtype_name(dt), count,
+           root);
+  double t0 = ct_now();
+  ncclResult_t r = ncclBroadcast(buf, buf, count, nccl_type(dt), root, g->comm, g->stream);
+  return queued(g, what, "ncclBroadcast", r, t0, desc);
+}
+
+/* ---- the watchdog's wait ---- */
+
+/* Everything queued so far is complete, or the group is aborted after timeout_s. */
+static ct_status wait_all(ngroup *g, const char *what) {
+  CT_TRY(check_async(g, what));
+  if (g->done == g->issued) return CT_OK;
+  const pending *last = &g->ring[(g->issued - 1) % RING];
+  double t0 = ct_now();
+  for (int spins = 0;;) {
+    cudaError_t e = cudaEventQuery(last->ev);
+    if (e == cudaSuccess) {
+      g->done = g->issued;
+      return check_async(g, what);
+    }
+    if (e != cudaErrorNotReady) return cuda_fail(g, what, "cudaEventQuery", e);
+    ncclResult_t a = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(g->comm, &a);
+    if (r != ncclSuccess) return nccl_fail(g, what, "ncclCommGetAsyncError", r);
+    if (a != ncclSuccess && a != ncclInProgress) {
+      char msg[64];
+      snprintf(msg, sizeof msg, "asynchronous error while waiting for collective #%llu",
+               (unsigned long long)g->issued);
+      return nccl_fail(g, what, msg, a);
+    }
+    double waited = ct_now() - t0;
+    if (waited > g->timeout_s) {
+      /* The first unfinished collective still in the ring names the culprit. */
+      uint64_t lo = g->issued > RING ? g->issued - RING + 1 : 1, first = 0;
+      if (g->done + 1 > lo) lo = g->done + 1;
+      for (uint64_t s = lo; s <= g->issued && !first; s++)
+        if (cudaEventQuery(g->ring[(s - 1) % RING].ev) == cudaErrorNotReady) first = s;
+      if (!first) first = lo;
+      char culprit[160];
+      snprintf(culprit, sizeof culprit, "%s (collective #%llu of this group, %llu queued)",
+               g->ring[(first - 1) % RING].what, (unsigned long long)first,
+               (unsigned long long)g->issued);
+      const char *ab = abort_comm(g);
+      return fail(g, what, CT_ERR_RUNTIME, "%s did not complete within the timeout of %.1f s "
+                  "(waited %.1f s): a peer did not enter it or died%s", culprit, g->timeout_s,
+                  waited, ab);
+    }
+    backoff(&spins);
+  }
+}
+
+static ct_status nccl_sync(void *impl) { return wait_all(impl, "sync"); }
+
+static ct_status nccl_barrier(void *impl) {
+  ngroup *g = impl;
+  static const char what[] = "barrier";
+  CT_TRY(check_async(g, what));
+  double t0 = ct_now();
+  ncclResult_t r = ncclAllReduce(g->one, g->one, 1, ncclInt32, ncclSum, g->comm, g->stream);
+  CT_TRY(queued(g, what, "ncclAllReduce", r, t0, "barrier (all_reduce of one i32)"));
+  return wait_all(g, what);
+}
+
+/* ---- split ---- */
+
+static ct_status nccl_split_unused(void *parent_impl, int rank, int size, const char *prefix,
+                                   void **out) {
+  (void)parent_impl, (void)rank, (void)size;
+  *out = NULL;
+  return ct_set_error(CT_ERR_RUNTIME, "nccl split of '%s': internal error: comm.c must use "
+                      "ct_comm_nccl_ext.split_all", prefix);
+}
+
+static ct_status nccl_split_all(void *parent_impl, int color, int key, int rank, int size,
+                                const char *prefix, void **out) {
+  ngroup *p = parent_impl, *g = NULL;
+  static const char what[] = "split";
+  *out = NULL;
+  CT_TRY(check_async(p, what));
+  if (color >= 0) {
+    ct_status st = group_new(rank, size, prefix, p->timeout_s, &g);
+    /* Still take part, without a color, so the others fail on a size mismatch, not a hang. */
+    if (st != CT_OK) {
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s", ct_last_error());
+      ncclConfig_t cfg = nonblocking_config();
+      p->nocolor_out = NULL;
+      /* best effort: this rank's own error is the one to report */
+      if (ncclCommSplit(p->comm, NCCL_SPLIT_NOCOLOR, key, &p->nocolor_out, &cfg) == ncclInProgress)
+        (void)wait_ready(p, p->comm, what, "ncclCommSplit", ct_now());
+      return ct_set_error(st, "%s", msg);
+    }
+  }
+  /* NCCL may write the new communicator when the split completes, after ncclCommSplit returned:
+   * the target lives on the heap (the new group, or the parent's spare slot). */
+  ncclComm_t *target = g ? &g->comm : &p->nocolor_out;
+  *target = NULL;
+  ncclConfig_t cfg = nonblocking_config();
+  double t0 = ct_now();
+  ncclResult_t r = ncclCommSplit(p->comm, color >= 0 ? color : NCCL_SPLIT_NOCOLOR, key, target,
+                                 &cfg);
+  ct_status st = CT_OK;
+  if (r != ncclSuccess && r != ncclInProgress) {
+    st = nccl_fail(p, what, "ncclCommSplit", r);
+    goto bad;
+  }
+  /* The split runs as a job of the parent: the parent is ncclInProgress until it is done. */
+  if ((st = wait_ready(p, p->comm, what, "ncclCommSplit", t0)) != CT_OK) goto bad;
+  if (!g) return CT_OK;
+  ncclComm_t nc = __atomic_load_n(&g->comm, __ATOMIC_ACQUIRE);
+  if (!nc) {
+    st = fail(g, what, CT_ERR_RUNTIME, "ncclCommSplit completed without a communicator for "
+              "color %d", color);
+    goto bad;
+  }
+  if ((st = wait_ready(g, nc, what, "ncclCommSplit", t0)) != CT_OK) goto bad;
+  int nr = -1, nn = -1;
+  if ((r = ncclCommUserRank(g->comm, &nr)) != ncclSuccess ||
+      (r = ncclCommCount(g->comm, &nn)) != ncclSuccess) {
+    st = nccl_fail(g, what, "ncclCommUserRank / ncclCommCount", r);
+    goto bad;
+  }
+  if (nr != rank || nn != size) {
+    st = fail(g, what, CT_ERR_RUNTIME, "NCCL placed this rank at %d of %d, the store exchange at "
+              "%d of %d (color %d, key %d)", nr, nn, rank, size, color, key);
+    goto bad;
+  }
+  *out = g;
+  return CT_OK;
+bad:
+  if (g) {
+    abort_comm(g);
+    group_free(g);
+  }
+  return st;
+}
+
+/* ---- destroy ---- */
+
+static void nccl_destroy(void *impl) {
+  ngroup *g = impl;
+  if (!g) return;
+  if (g->comm) {
+    /* Finalize flushes what is queued and is polled like everything else, so a stuck peer costs
+     * at most timeout_s here; then destroy frees local resources only. */
+    double t0 = ct_now();
+    ncclResult_t r = ncclCommFinalize(g->comm);
+    ct_status st = CT_OK;
+    if (r == ncclSuccess || r == ncclInProgress)
+      st = wait_ready(g, g->comm, "destroy", "ncclCommFinalize", t0);
+    else
+      st = nccl_fail(g, "destroy", "ncclCommFinalize", r);
+    if (st != CT_OK) ct_log_warn("%s", ct_last_error()); /* the communicator was aborted */
+    if (g->comm) {
+      r = ncclCommDestroy(g->comm);
+      g->comm = NULL;
+      if (r != ncclSuccess)
+        ct_log_warn("nccl destroy on rank %d of %d (group '%s'): ncclCommDestroy: %s", g->rank,
+                    g->size, g->prefix, ncclGetErrorString(r));
+    }
+  }
+  group_free(g);
+}
+
+const ct_comm_backend_ops ct_comm_nccl_ops = {
+    "nccl",          nccl_split_unused, nccl_all_reduce, nccl_reduce_scatter,
+    nccl_all_gather, nccl_broadcast,    nccl_barrier,    nccl_destroy,
+};
+
+const ct_comm_backend_ext ct_comm_nccl_ext = {nccl_sync, nccl_split_all};
