@@ -33,10 +33,12 @@ import json,statistics
 rows=[json.loads(l) for l in open('$tmp/run/metrics.jsonl') if 'tokens_per_s' in l][3:]
 print(round(statistics.median(r['tokens_per_s'] for r in rows)))"
 }
-ours_fp32=$(ctrain_tps)
-ours_tf32=$(CT_CUDA_TF32=1 ctrain_tps)
+ours_fp32=$(ctrain_tps train.precision=fp32)
+ours_tf32=$(CT_CUDA_TF32=1 ctrain_tps train.precision=fp32)
+ours_bf16=$(ctrain_tps train.precision=bf16)
 printf "%-28s %12s\n" "ctrain fp32" "$ours_fp32" | tee -a "$out"
 printf "%-28s %12s\n" "ctrain fp32 (TF32 matmuls)" "$ours_tf32" | tee -a "$out"
+printf "%-28s %12s\n" "ctrain bf16" "$ours_bf16" | tee -a "$out"
 for mode in $MODES; do
   prec=${mode%%+*}
   extra=()
@@ -47,6 +49,7 @@ for mode in $MODES; do
   tps=$(python3 -c "import json,sys; print(round(json.loads(sys.argv[1])['tokens_per_s']))" "$line")
   ref=$ours_fp32
   [ "$prec" = tf32 ] && ref=$ours_tf32
+  [ "$prec" = bf16 ] && ref=$ours_bf16
   ratio=$(python3 -c "print(f'{$ref/$tps:.2f}')")
   printf "%-28s %12s   ctrain/pytorch = %s   %s\n" "pytorch $mode" "$tps" "$ratio" "$line" | tee -a "$out"
 done

@@ -47,15 +47,23 @@ ct_status ct_backend_select(const ct_train_cfg *t, int local_rank, ct_backend *b
     if (ct_cuda_init(local_rank, err, sizeof err) != 0)
       return ct_set_error(CT_ERR_RUNTIME, "cuda:%d: %s", local_rank, err);
     ct_cuda_device_info(local_rank, name, sizeof name, pci, sizeof pci, &major, &minor, &mem);
-    b->ops = ct_ops_cuda();
+    /* auto: bf16 mixed precision on compute capability >= 8.0 (fp32 master weights and
+     * AdamW, bf16 activations and working weights, fp32 accumulation / norms / softmax / loss) */
+    const bool bf16_ok = major >= 8;
+    if (!strcmp(t->precision, "fp16"))
+      return ct_set_error(CT_ERR_CONFIG, "train.precision = \"fp16\": fp16 with dynamic loss"
+                          " scaling is not implemented yet; use \"bf16\" or \"fp32\"");
+    if (!strcmp(t->precision, "bf16") && !bf16_ok)
+      return ct_set_error(CT_ERR_CONFIG, "train.precision = \"bf16\": cuda:%d (%s) is sm_%d%d;"
+                          " bf16 needs compute capability 8.0 or newer", local_rank, name, major, minor);
+    const bool bf16 = bf16_ok && (!strcmp(t->precision, "bf16") || !strcmp(t->precision, "auto"));
+    b->ops = bf16 ? ct_ops_cuda_bf16() : ct_ops_cuda();
     b->cuda = true;
+    snprintf(b->precision, sizeof b->precision, "%s", bf16 ? "bf16" : "fp32");
     snprintf(b->device, sizeof b->device, "cuda:%d (%s, pci %s, sm_%d%d)", local_rank, name, pci,
              major, minor);
-    /* this version of the CUDA table computes in fp32; bf16/fp16 mixed precision comes next */
-    if (strcmp(t->precision, "auto") && strcmp(t->precision, "fp32"))
-      ct_log_warn("train.precision = \"%s\": the CUDA backend computes in fp32 in this version",
-                  t->precision);
-    ct_log_info("device: %s, fp32%s", b->device, getenv("CT_CUDA_TF32") ? " (TF32 matmuls)" : "");
+    ct_log_info("device: %s, %s%s", b->device, bf16 ? "bf16 mixed precision" : "fp32",
+                !bf16 && getenv("CT_CUDA_TF32") ? " (TF32 matmuls)" : "");
     return CT_OK;
   }
 #endif

@@ -33,6 +33,7 @@ typedef struct run {
   ct_store *store;
   ct_comm *comm;             /* data-parallel group; NULL at world size 1 */
   ct_tokenizer *tok;
+  float *scratch;            /* a few device floats for host-value collectives over NCCL */
 } run;
 
 /* SIGTERM / SIGINT (stop) and SIGUSR1 (Slurm's pre-emption warning): finish the step, agree
@@ -42,20 +43,32 @@ static void on_stop_signal(int sig) {
   if (!stop_signal) stop_signal = sig;
 }
 
-/* Mean of a value over the data-parallel ranks (identity at world size 1). */
-static ct_status dp_mean(run *r, double *v) {
+/* Where collectives read and write: NCCL reduces device buffers in place; Gloo reduces host
+ * memory, so with the CUDA table and Gloo (CUDA build without NCCL peers) buffers are staged
+ * through the host. */
+static bool comm_on_device(const run *r) { return r->be.cuda && !strcmp(ct_comm_backend(r->comm), "nccl"); }
+
+/* All-reduce of a few host floats over the data-parallel ranks (identity at world size 1). */
+static ct_status dp_all_reduce_host(run *r, float *vals, int n, ct_redop op) {
   if (!r->comm) return CT_OK;
+  if (!comm_on_device(r)) return ct_comm_all_reduce(r->comm, vals, (size_t)n, CT_F32, op);
+  r->be.ops->to_device(r->scratch, vals, sizeof(float) * (size_t)n);
+  CT_TRY(ct_comm_all_reduce(r->comm, r->scratch, (size_t)n, CT_F32, op));
+  CT_TRY(ct_comm_sync(r->comm)); /* bounded wait before the host reads the result */
+  r->be.ops->to_host(vals, r->scratch, sizeof(float) * (size_t)n);
+  return CT_OK;
+}
+
+static ct_status dp_mean(run *r, double *v) {
   float f = (float)*v;
-  CT_TRY(ct_comm_all_reduce(r->comm, &f, 1, CT_F32, CT_AVG));
+  CT_TRY(dp_all_reduce_host(r, &f, 1, CT_AVG));
   *v = f;
   return CT_OK;
 }
 
-/* Gloo moves host memory: with the CUDA table, stage through a host copy (the NCCL backend
- * of the multi-GPU issue replaces this). */
 static ct_status with_host_copy(run *r, float *dev, size_t n, float **host) {
   *host = dev;
-  if (!r->be.cuda) return CT_OK;
+  if (!r->be.cuda || comm_on_device(r)) return CT_OK;
   *host = ct_malloc(n * sizeof(float), "host staging");
   if (!*host) return CT_ERR_NOMEM;
   r->be.ops->to_host(*host, dev, n * sizeof(float));
@@ -63,7 +76,7 @@ static ct_status with_host_copy(run *r, float *dev, size_t n, float **host) {
 }
 
 static void back_to_device(run *r, float *dev, float *host, size_t n) {
-  if (!r->be.cuda) return;
+  if (host == dev) return;
   r->be.ops->to_device(dev, host, n * sizeof(float));
   free(host);
 }
@@ -73,6 +86,7 @@ static ct_status reduce_grads(run *r, size_t bucket) {
   const size_t n = ct_model_numel(r->model);
   CT_TRY(with_host_copy(r, dev, n, &g));
   ct_status st = ct_ddp_reduce_grads(r->comm, g, n, bucket);
+  if (st == CT_OK) st = ct_comm_sync(r->comm); /* bounded wait: a dead peer is an error */
   back_to_device(r, dev, g, n);
   return st;
 }
@@ -83,16 +97,29 @@ static ct_status broadcast_params(run *r) {
   CT_TRY(with_host_copy(r, dev, n, &w));
   ct_status st = ct_comm_broadcast(r->comm, w, n, CT_F32, 0);
   back_to_device(r, dev, w, n);
+  if (st == CT_OK) st = ct_comm_sync(r->comm);
   return st;
 }
 
-static ct_status dist_setup(run *r) {
+/* Rank and world from the environment (launcher, Open MPI, Slurm, or a single process). */
+static ct_status dist_detect(run *r) {
   CT_TRY(ct_dist_env_detect(&r->env));
   ct_log_set_rank(r->env.rank, r->env.world_size);
+  return CT_OK;
+}
+
+/* Store and process group, once the device is chosen: NCCL between GPUs, Gloo between CPUs. */
+static ct_status dist_connect(run *r) {
   if (r->env.world_size == 1) return CT_OK;
   const double timeout = r->cfg->parallel.timeout_s, t0 = ct_now();
   CT_TRY(ct_dist_store_open(&r->env, timeout, &r->server, &r->store));
-  CT_TRY(ct_comm_init_gloo(r->store, r->env.rank, r->env.world_size, "dp", timeout, &r->comm));
+  if (r->be.cuda) {
+    r->scratch = r->be.ops->alloc(64 * sizeof(float));
+    if (!r->scratch) return ct_set_error(CT_ERR_NOMEM, "out of device memory");
+    CT_TRY(ct_comm_init_nccl(r->store, r->env.rank, r->env.world_size, "dp", timeout, &r->comm));
+  } else {
+    CT_TRY(ct_comm_init_gloo(r->store, r->env.rank, r->env.world_size, "dp", timeout, &r->comm));
+  }
   char where[512];
   ct_dist_env_describe(&r->env, where, sizeof where);
   ct_log_info("distributed: %s, %s data parallel over %s, rendezvous %.2f s", where,
@@ -181,11 +208,12 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   memset(res, 0, sizeof *res);
   res->final_val_loss = NAN;
 
-  CT_TRY_GOTO(dist_setup(&r), done);
+  CT_TRY_GOTO(dist_detect(&r), done);
   const int rank = r.env.rank, world = r.env.world_size;
   const bool writer = rank == 0; /* one writer for metrics, checkpoints and samples */
   if (writer) ct_config_print(cfg, stderr);
   CT_TRY_GOTO(ct_backend_select(t, r.env.local_rank, &r.be), done);
+  CT_TRY_GOTO(dist_connect(&r), done);
   CT_TRY_GOTO(load_tokenizer(&r), done);
   CT_TRY_GOTO(ct_loader_open(cfg->data.train, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, rank,
                              world, t->seed, CT_LOADER_RANDOM, &r.train), done);
@@ -283,7 +311,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     double sig = stop_signal; /* every rank must agree to stop at the same step */
     if (r.comm) {
       float f = (float)sig;
-      CT_TRY_GOTO(ct_comm_all_reduce(r.comm, &f, 1, CT_F32, CT_MAX), done);
+      CT_TRY_GOTO(dp_all_reduce_host(&r, &f, 1, CT_MAX), done);
       sig = f;
     }
     bool stopping = !last && ((t->stop_after > 0 && step + 1 - start_step == t->stop_after) || sig);
@@ -344,6 +372,7 @@ done:
   ct_loader_destroy(r.train);
   ct_loader_destroy(r.val);
   ct_tokenizer_destroy(r.tok);
+  if (r.scratch) r.be.ops->free(r.scratch);
   ct_backend_shutdown(&r.be);
   return st;
 }
