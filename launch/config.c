@@ -13,6 +13,7 @@
 
 #include "common/util.h"
 #include "launch/launch.h"
+#include "parallel/env.h"
 #include "trainer/device.h"
 
 void ct_launch_usage(FILE *f) {
@@ -40,6 +41,11 @@ void ct_launch_usage(FILE *f) {
       "  --run_id ID                      run id for CTRAIN_RUN_ID [random]\n"
       "  --cmd PROGRAM                    run PROGRAM ARGS... instead of ctrain train (tests, tools)\n"
       "  -h, --help                       this text\n"
+      "\n"
+      "Under srun (one launcher per node: srun --ntasks-per-node=1 ctrain-launch ...), what is not\n"
+      "given comes from Slurm: --nnodes (SLURM_STEP_NUM_NODES), --node_rank (SLURM_NODEID),\n"
+      "--master_addr (first host of SLURM_STEP_NODELIST), --run_id (slurm-SLURM_JOB_ID) and\n"
+      "--master_port (a free one on one node, 29500 + SLURM_JOB_ID % 1000 on several).\n"
       "\n"
       "Signals: SIGINT/SIGTERM/SIGHUP are forwarded, then SIGKILL after the grace period (exit\n"
       "128+signal); SIGUSR1 is forwarded (workers checkpoint and exit) and the launcher exits 0\n"
@@ -119,6 +125,68 @@ static ct_status find_ctrain(char *out, size_t cap) {
   return CT_OK;
 }
 
+/* Integer variable `name` in lo..hi; *found false when unset. */
+static ct_status env_num(const char *name, long lo, long hi, int *out, bool *found) {
+  const char *v = getenv(name);
+  *found = v && v[0];
+  if (!*found) return CT_OK;
+  char *end;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi)
+    return ct_set_error(CT_ERR_USAGE, "under srun: %s=\"%s\" is not an integer in %ld..%ld", name, v, lo, hi);
+  *out = (int)x;
+  return CT_OK;
+}
+
+/* Inside an srun step (SLURM_STEP_ID and SLURM_PROCID set: the batch script itself has
+ * SLURM_PROCID=0 but no step id), fills in the layout options the command line left out.
+ * One launcher per node is the only layout that makes sense, so more tasks than nodes is a
+ * usage error rather than N launchers that all think they are the same node. */
+static ct_status from_slurm(ct_launch_config *cfg, bool nnodes_given, bool rank_given, bool addr_given,
+                            bool port_given) {
+  const char *step = getenv("SLURM_STEP_ID"), *procid = getenv("SLURM_PROCID");
+  if (cfg->standalone || !step || !step[0] || !procid || !procid[0]) return CT_OK;
+  int nodes = 1, tasks = 1, node = 0;
+  bool found;
+  CT_TRY(env_num("SLURM_STEP_NUM_NODES", 1, 100000, &nodes, &found));
+  if (!found) CT_TRY(env_num("SLURM_NNODES", 1, 100000, &nodes, &found));
+  CT_TRY(env_num("SLURM_STEP_NUM_TASKS", 1, 10000000, &tasks, &found));
+  if (!found) CT_TRY(env_num("SLURM_NTASKS", 1, 10000000, &tasks, &found));
+  if (!found) tasks = nodes;
+  CT_TRY(env_num("SLURM_NODEID", 0, nodes - 1, &node, &found));
+  if ((!nnodes_given || !rank_given) && tasks != nodes)
+    return ct_set_error(CT_ERR_USAGE, "under srun with %d tasks on %d node%s: start one ctrain-launch per node "
+                        "(srun --ntasks-per-node=1 ctrain-launch ...), or one `ctrain train` per GPU "
+                        "(srun --ntasks-per-node=G ctrain train ...)", tasks, nodes, nodes == 1 ? "" : "s");
+  if (!nnodes_given) cfg->nnodes = nodes;
+  if (!rank_given) cfg->node_rank = node;
+  const char *job = getenv("SLURM_JOB_ID");
+  if (!job || !job[0]) job = getenv("SLURM_JOBID");
+  if (!cfg->run_id[0] && job && job[0]) snprintf(cfg->run_id, sizeof cfg->run_id, "slurm-%.100s", job);
+  if (cfg->nnodes == 1) {
+    /* one node: the workers are ours; a free port cannot collide with another job's */
+    if (!port_given) cfg->master_port = 0;
+    return CT_OK;
+  }
+  if (!port_given) /* every node must compute the same port without talking first */
+    cfg->master_port = CT_DIST_DEFAULT_PORT + (int)((job ? strtoul(job, NULL, 10) : 0) % 1000);
+  if (!addr_given) {
+    const char *list = getenv("SLURM_STEP_NODELIST");
+    if (!list || !list[0]) list = getenv("SLURM_JOB_NODELIST");
+    if (!list || !list[0])
+      return ct_set_error(CT_ERR_USAGE, "under srun on %d nodes but SLURM_STEP_NODELIST is unset: give --master_addr",
+                          cfg->nnodes);
+    char **names;
+    int n;
+    CT_TRY(ct_slurm_expand_nodelist(list, &names, &n));
+    snprintf(cfg->master_addr, sizeof cfg->master_addr, "%s", names[0]); /* node 0 is the list's first */
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+  }
+  return CT_OK;
+}
+
 static ct_status unknown_option(const char *arg, const char *name) {
   const char *best = NULL;
   int bestd = 4;
@@ -133,7 +201,7 @@ static ct_status unknown_option(const char *arg, const char *name) {
 ct_status ct_launch_parse(int argc, char **argv, ct_launch_config *cfg, bool *help) {
   *help = false;
   const char *nproc = "1", *filter = NULL, *cmd = NULL;
-  bool port_given = false, addr_given = false;
+  bool port_given = false, addr_given = false, nnodes_given = false, rank_given = false;
   int i = 1;
   for (; i < argc; i++) {
     const char *arg = argv[i];
@@ -162,8 +230,9 @@ ct_status ct_launch_parse(int argc, char **argv, ct_launch_config *cfg, bool *he
       if (strchr(val, ':'))
         return ct_set_error(CT_ERR_USAGE, "--nnodes %s: elastic node ranges are not supported yet; give a fixed count", val);
       CT_TRY(parse_int(name, val, 1, 100000, &cfg->nnodes));
+      nnodes_given = true;
     }
-    else if (!strcmp(name, "node_rank")) CT_TRY(parse_int(name, val, 0, 100000, &cfg->node_rank));
+    else if (!strcmp(name, "node_rank")) { CT_TRY(parse_int(name, val, 0, 100000, &cfg->node_rank)); rank_given = true; }
     else if (!strcmp(name, "master_addr")) {
       if (!val[0] || strlen(val) >= sizeof cfg->master_addr) return ct_set_error(CT_ERR_USAGE, "--master_addr: bad host \"%s\"", val);
       snprintf(cfg->master_addr, sizeof cfg->master_addr, "%s", val);
@@ -202,6 +271,7 @@ ct_status ct_launch_parse(int argc, char **argv, ct_launch_config *cfg, bool *he
   cfg->args = argv + i;
 
   CT_TRY(parse_nproc(nproc, &cfg->nproc_per_node));
+  CT_TRY(from_slurm(cfg, nnodes_given, rank_given, addr_given, port_given));
   if (cfg->standalone) {
     if (cfg->nnodes != 1 || cfg->node_rank != 0)
       return ct_set_error(CT_ERR_USAGE, "--standalone runs one node: drop --nnodes / --node_rank");
