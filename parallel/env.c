@@ -374,7 +374,9 @@ ct_status ct_dist_env_detect(ct_dist_env *e) {
   ct_status st;
   if (getenv("RANK") && getenv("WORLD_SIZE")) st = detect_launcher(e);
   else if (getenv("OMPI_COMM_WORLD_RANK") && getenv("OMPI_COMM_WORLD_SIZE")) st = detect_openmpi(e);
-  else if (getenv("SLURM_PROCID")) st = detect_slurm(e);
+  /* only inside an srun step: a batch script's own shell has SLURM_PROCID=0 and the job's
+   * SLURM_NTASKS too, and a `ctrain train` started there directly is one process */
+  else if (getenv("SLURM_PROCID") && getenv("SLURM_STEP_ID")) st = detect_slurm(e);
   else return CT_OK;
   if (st) e->source = "single";
   return st;

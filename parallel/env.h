@@ -5,7 +5,8 @@
  *               CTRAIN_STORE_TOKEN the launcher hosts the store at MASTER_ADDR:MASTER_PORT;
  *               without it (variables set by hand) rank 0 hosts it there.
  *   "openmpi":  OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE (mpirun).
- *   "slurm":    SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_NNODES / SLURM_NODEID (srun);
+ *   "slurm":    SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_NNODES / SLURM_NODEID, inside
+ *               an srun step (SLURM_STEP_ID set; a batch script itself is a single process);
  *               master = first host of SLURM_STEP_NODELIST or SLURM_JOB_NODELIST.
  *   "single":   none of these: world size 1.
  * Under mpirun and srun there is no launcher, so rank 0 hosts the store (rank0_hosts_store).

@@ -81,7 +81,7 @@ check "SIGTERM: no worker remains" bash -c "! pgrep -f '[t]rain.out_dir=$TMP/ter
 
 # a simulated Slurm step: two tasks started by hand with Slurm's variables
 for r in 0 1; do
-  SLURM_PROCID=$r SLURM_LOCALID=$r SLURM_NTASKS=2 SLURM_NNODES=1 SLURM_NODEID=0 SLURM_JOB_ID=$$ \
+  SLURM_PROCID=$r SLURM_LOCALID=$r SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_NNODES=1 SLURM_NODEID=0 SLURM_JOB_ID=$$ \
   SLURM_JOB_NODELIST=localhost MASTER_PORT=$(( 20000 + $$ % 20000 )) \
     "$CTRAIN" train "${args[@]}" "train.out_dir=$TMP/slurm" >"$TMP/slurm_$r.log" 2>&1 &
 done

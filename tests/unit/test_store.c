@@ -446,8 +446,15 @@ static void test_env(void) {
   setenv("WORLD_SIZE", "3", 1);
   CHECK(ct_dist_env_detect(&e2) == CT_OK && !strcmp(e2.source, "launcher") && e2.world_size == 3);
 
+  /* a batch script's own shell (no srun step): one process, whatever SLURM_NTASKS says */
+  clear_env();
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_NTASKS", "8", 1);
+  CHECK(ct_dist_env_detect(&e) == CT_OK && !strcmp(e.source, "single") && e.world_size == 1);
+
   /* srun */
   clear_env();
+  setenv("SLURM_STEP_ID", "0", 1);
   setenv("SLURM_PROCID", "5", 1);
   setenv("SLURM_NTASKS", "8", 1);
   setenv("SLURM_LOCALID", "1", 1);
@@ -465,6 +472,7 @@ static void test_env(void) {
   /* the step's list wins; uneven tasks per node */
   setenv("SLURM_STEP_NODELIST", "gpu[08],cpu1", 1);
   setenv("SLURM_TASKS_PER_NODE", "5,3", 1);
+  setenv("SLURM_STEP_ID", "0", 1);
   setenv("SLURM_PROCID", "6", 1);
   setenv("SLURM_LOCALID", "1", 1);
   CHECK(ct_dist_env_detect(&e) == CT_OK);
@@ -483,6 +491,7 @@ static int child_slurm(int rank, int port) {
   clear_env();
   char p[16];
   snprintf(p, sizeof p, "%d", port);
+  setenv("SLURM_STEP_ID", "0", 1);
   setenv("SLURM_PROCID", rank ? "1" : "0", 1);
   setenv("SLURM_LOCALID", rank ? "1" : "0", 1);
   setenv("SLURM_NTASKS", "2", 1);
