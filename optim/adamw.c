@@ -3,10 +3,17 @@
 #include "optim/optim.h"
 
 ct_status ct_adamw_create(ct_adamw *opt, const ct_model *model, const ct_train_cfg *t) {
+  return ct_adamw_create_shard(opt, model, t, 0, ct_model_numel(model));
+}
+
+ct_status ct_adamw_create_shard(ct_adamw *opt, const ct_model *model, const ct_train_cfg *t,
+                                size_t lo, size_t hi) {
   const ct_ops *ops = ct_model_ops(model);
   opt->numel = ct_model_numel(model);
-  opt->m = ops->alloc(opt->numel * sizeof(float));
-  opt->v = ops->alloc(opt->numel * sizeof(float));
+  opt->lo = lo;
+  opt->hi = hi;
+  opt->m = ops->alloc((hi - lo) * sizeof(float));
+  opt->v = ops->alloc((hi - lo) * sizeof(float));
   opt->step = 0;
   opt->lr = t->lr;
   opt->beta1 = t->beta1;
@@ -16,7 +23,7 @@ ct_status ct_adamw_create(ct_adamw *opt, const ct_model *model, const ct_train_c
   if (!opt->m || !opt->v) {
     ct_adamw_destroy(opt, ops);
     return ct_set_error(CT_ERR_NOMEM, "out of memory for AdamW state (%zu floats x 2) on %s",
-                        opt->numel, ops->name);
+                        hi - lo, ops->name);
   }
   return CT_OK;
 }
@@ -44,8 +51,11 @@ void ct_adamw_step(ct_adamw *opt, ct_model *model, double lr, float grad_scale) 
   opt->step++;
   for (int i = 0; i < ct_model_n_params(model); i++) {
     const ct_param *p = ct_model_param(model, i);
-    ops->adamw(w + p->offset, g + p->offset, opt->m + p->offset, opt->v + p->offset, p->numel,
-               (float)lr, (float)opt->beta1, (float)opt->beta2, (float)opt->eps,
+    const size_t a = p->offset > opt->lo ? p->offset : opt->lo;
+    const size_t b = p->offset + p->numel < opt->hi ? p->offset + p->numel : opt->hi;
+    if (a >= b) continue; /* outside this optimizer's slice */
+    ops->adamw(w + a, g + a, opt->m + (a - opt->lo), opt->v + (a - opt->lo), b - a, (float)lr,
+               (float)opt->beta1, (float)opt->beta2, (float)opt->eps,
                p->decay ? (float)opt->weight_decay : 0.0f, grad_scale, opt->step);
   }
 }

@@ -11,20 +11,27 @@
 #include "trainer/model.h"
 
 typedef struct ct_adamw {
-  float *m, *v;   /* (numel) first and second moments, backend memory */
-  size_t numel;
+  float *m, *v;   /* (hi - lo) first and second moments of the owned slice, backend memory */
+  size_t numel;   /* floats in the model's flat buffer */
+  size_t lo, hi;  /* the slice of the flat buffer this optimizer updates ([0, numel) unsharded;
+                   * ZeRO-1: one rank's contiguous shard) */
   int step;       /* completed optimizer steps */
   double lr, beta1, beta2, eps, weight_decay;
 } ct_adamw;
 
 ct_status ct_adamw_create(ct_adamw *opt, const ct_model *model, const ct_train_cfg *t);
+/* An optimizer for the slice [lo, hi) of the flat buffer only (ZeRO-1 shard). */
+ct_status ct_adamw_create_shard(ct_adamw *opt, const ct_model *model, const ct_train_cfg *t,
+                                size_t lo, size_t hi);
 void ct_adamw_destroy(ct_adamw *opt, const ct_ops *ops);
 
 /* Global L2 norm of all gradients (double accumulation). */
 double ct_grad_norm(ct_model *model);
 
-/* One update with learning rate `lr`; gradients are read as grad * grad_scale (the clip
- * factor min(1, clip / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_). */
+/* One update of the optimizer's slice with learning rate `lr`; gradients are read as
+ * grad * grad_scale (the clip factor min(1, clip / (norm + 1e-6)), as
+ * torch.nn.utils.clip_grad_norm_). Parameters crossing a slice edge are updated piecewise with
+ * their own weight-decay setting. */
 void ct_adamw_step(ct_adamw *opt, ct_model *model, double lr, float grad_scale);
 
 /* Clip factor for a global norm (1 when clip <= 0 or norm <= clip). */

@@ -34,6 +34,8 @@ typedef struct ct_model_cfg {
   bool tie_embeddings;
   bool attn_bias;       /* Qwen2: bias on the qkv projection (gpt2 always has biases) */
   double init_std;
+  int numel_multiple;   /* not a config key: the trainer pads the flat buffer to a multiple of
+                         * this (ZeRO shards it into equal slices); 0 = no padding */
 } ct_model_cfg;
 
 typedef struct ct_data_cfg {

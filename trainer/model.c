@@ -158,6 +158,9 @@ static ct_status build_table(ct_model *m) {
     LLAMA_POST(X)
   }
 #undef X
+  /* sharded optimizers split the buffer into equal contiguous slices: pad the tail */
+  const size_t k = (size_t)(c->numel_multiple > 0 ? c->numel_multiple : 1);
+  m->numel = (m->numel + k - 1) / k * k;
   return CT_OK;
 }
 

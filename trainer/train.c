@@ -101,6 +101,75 @@ static ct_status broadcast_params(run *r) {
   return st;
 }
 
+/* ---- ZeRO-1: each rank owns slice [lo, lo + S) of the flat buffer (S = numel / world, the
+ * buffer padded so slices are equal) and keeps AdamW moments for it only. A step: gradients
+ * reduce-scattered (averaged) so each rank holds its slice's mean gradient, the global norm from
+ * per-slice sums of squares, AdamW on the slice, updated slices all-gathered into every rank's
+ * parameters. Checkpoints gather the moments so rank 0 writes them whole, by parameter name:
+ * a ZeRO-1 checkpoint loads at any world size and under ddp. */
+static bool zero1(const run *r) { return r->comm && !strcmp(r->cfg->parallel.data, "zero1"); }
+
+static ct_status zero_reduce_scatter_grads(run *r) {
+  float *g, *dev = ct_model_grads(r->model);
+  const size_t n = ct_model_numel(r->model), S = n / (size_t)r->env.world_size;
+  CT_TRY(with_host_copy(r, dev, n, &g));
+  ct_status st = ct_comm_reduce_scatter(r->comm, g, g + r->opt.lo, S, CT_F32, CT_AVG);
+  if (st == CT_OK) st = ct_comm_sync(r->comm);
+  back_to_device(r, dev, g, n);
+  return st;
+}
+
+static ct_status zero_grad_norm(run *r, double *norm) {
+  const size_t S = r->opt.hi - r->opt.lo;
+  float sq = (float)r->be.ops->sumsq(ct_model_grads(r->model) + r->opt.lo, S);
+  CT_TRY(dp_all_reduce_host(r, &sq, 1, CT_SUM));
+  *norm = sqrt((double)sq);
+  return CT_OK;
+}
+
+/* In-place all-gather of each rank's slice of `buf` (n floats, backend memory). */
+static ct_status zero_all_gather(run *r, float *dev, size_t n) {
+  float *h;
+  const size_t S = n / (size_t)r->env.world_size;
+  CT_TRY(with_host_copy(r, dev, n, &h));
+  ct_status st = ct_comm_all_gather(r->comm, h + r->opt.lo, h, S, CT_F32);
+  if (st == CT_OK) st = ct_comm_sync(r->comm);
+  back_to_device(r, dev, h, n);
+  return st;
+}
+
+/* Whole moments for a checkpoint: on save, every rank contributes its slice (collective);
+ * on load, the full moments read from disk are cut to this rank's slice. */
+static ct_status zero_full_moments(run *r, ct_adamw *full, bool gather) {
+  const ct_ops *o = r->be.ops;
+  const size_t n = ct_model_numel(r->model), S = r->opt.hi - r->opt.lo;
+  *full = r->opt;
+  full->lo = 0;
+  full->hi = n;
+  full->m = o->alloc(n * sizeof(float));
+  full->v = o->alloc(n * sizeof(float));
+  if (!full->m || !full->v) return ct_set_error(CT_ERR_NOMEM, "out of memory gathering AdamW state");
+  if (!gather) return CT_OK;
+  o->copy2d(full->m + r->opt.lo, S * sizeof(float), r->opt.m, S * sizeof(float), S * sizeof(float), 1);
+  o->copy2d(full->v + r->opt.lo, S * sizeof(float), r->opt.v, S * sizeof(float), S * sizeof(float), 1);
+  CT_TRY(zero_all_gather(r, full->m, n));
+  return zero_all_gather(r, full->v, n);
+}
+
+static void zero_take_slice(run *r, ct_adamw *full) {
+  const ct_ops *o = r->be.ops;
+  const size_t S = r->opt.hi - r->opt.lo;
+  o->copy2d(r->opt.m, S * sizeof(float), full->m + r->opt.lo, S * sizeof(float), S * sizeof(float), 1);
+  o->copy2d(r->opt.v, S * sizeof(float), full->v + r->opt.lo, S * sizeof(float), S * sizeof(float), 1);
+  r->opt.step = full->step;
+}
+
+static void free_moments(run *r, ct_adamw *full) {
+  if (full->m) r->be.ops->free(full->m);
+  if (full->v) r->be.ops->free(full->v);
+  full->m = full->v = NULL;
+}
+
 /* Rank and world from the environment (launcher, Open MPI, Slurm, or a single process). */
 static ct_status dist_detect(run *r) {
   CT_TRY(ct_dist_env_detect(&r->env));
@@ -203,6 +272,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   const ct_train_cfg *t = &cfg->train;
   const int B = t->micro_batch, T = t->seq_len;
   run r = {.cfg = cfg};
+  ct_adamw full = {0}; /* whole moments while saving / loading a ZeRO-1 checkpoint */
   ct_status st = CT_OK;
   double t_start = ct_now();
   memset(res, 0, sizeof *res);
@@ -220,9 +290,17 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   if (cfg->data.val[0])
     CT_TRY_GOTO(ct_loader_open(cfg->data.val, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, rank,
                                world, t->seed, CT_LOADER_SEQUENTIAL, &r.val), done);
-  CT_TRY_GOTO(ct_model_create(&cfg->model, r.be.ops, B, T, &r.model), done);
+  const bool sharded = zero1(&r);
+  ct_model_cfg mcfg = cfg->model;
+  if (sharded) mcfg.numel_multiple = world * 16; /* equal, 64-byte aligned slices */
+  CT_TRY_GOTO(ct_model_create(&mcfg, r.be.ops, B, T, &r.model), done);
   ct_model_init_weights(r.model, t->seed);
-  CT_TRY_GOTO(ct_adamw_create(&r.opt, r.model, t), done);
+  const size_t numel = ct_model_numel(r.model), shard = numel / (size_t)world;
+  if (sharded)
+    CT_TRY_GOTO(ct_adamw_create_shard(&r.opt, r.model, t, (size_t)rank * shard,
+                                      (size_t)(rank + 1) * shard), done);
+  else
+    CT_TRY_GOTO(ct_adamw_create(&r.opt, r.model, t), done);
   ct_train_state ts = {.data_seed = t->seed, .world_size = world, .rank = rank, .loss_scale = 1.0,
                        .opt = &r.opt};
   char ckfile[4200];
@@ -230,7 +308,16 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     /* exact resume: weights, AdamW moments and step, data position; the schedule is a
      * function of the step, and every other source of randomness is counter-based */
     CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, r.model), done);
+    if (sharded) {
+      CT_TRY_GOTO(zero_full_moments(&r, &full, false), done);
+      ts.opt = &full;
+    }
     CT_TRY_GOTO(ct_checkpoint_load_state(ckfile, r.model, &ts), done);
+    if (sharded) {
+      zero_take_slice(&r, &full);
+      free_moments(&r, &full);
+      ts.opt = &r.opt;
+    }
     if (ts.data_seed != t->seed) {
       st = ct_set_error(CT_ERR_CONFIG, "%s: saved with train.seed = %llu, but the config says %llu"
                         " (resuming would change the data order)", ckfile,
@@ -285,11 +372,18 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       CT_TRY_GOTO(ct_model_backward(r.model), done);
       loss += l / t->grad_accum;
     }
-    if (r.comm) { /* average gradients (each rank's are means over its own tokens) and losses */
-      CT_TRY_GOTO(reduce_grads(&r, bucket), done);
+    double norm = 0;
+    if (sharded) { /* each rank averages and keeps its own slice of the gradient */
+      CT_TRY_GOTO(zero_reduce_scatter_grads(&r), done);
+      CT_TRY_GOTO(zero_grad_norm(&r, &norm), done);
       CT_TRY_GOTO(dp_mean(&r, &loss), done);
+    } else {
+      if (r.comm) { /* average gradients (each rank's are means over its own tokens), losses */
+        CT_TRY_GOTO(reduce_grads(&r, bucket), done);
+        CT_TRY_GOTO(dp_mean(&r, &loss), done);
+      }
+      norm = ct_grad_norm(r.model);
     }
-    double norm = ct_grad_norm(r.model);
     double lr = ct_lr_at(t, step);
     if (!isfinite(loss) || !isfinite(norm)) {
       st = ct_set_error(CT_ERR_RUNTIME, "step %d: loss %g, gradient norm %g: training diverged"
@@ -297,6 +391,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       goto done;
     }
     ct_adamw_step(&r.opt, r.model, lr, ct_clip_scale(norm, t->grad_clip));
+    if (sharded) CT_TRY_GOTO(zero_all_gather(&r, ct_model_params(r.model), numel), done);
     CT_TRY_GOTO(ct_backend_check(&r.be), done);
     double dt = ct_now() - t0;
     if (step > 0) { timed += dt; timed_steps++; }  /* the first step includes warm-up */
@@ -327,12 +422,23 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       char saved[4096];
       ts.step = step + 1;
       ts.data_position = ct_loader_position(r.train);
-      if (writer) {
-        CT_TRY_GOTO(ct_checkpoint_save(t->out_dir, step + 1, cfg, r.model, &ts, t->keep_last,
-                                       saved, sizeof saved), done);
-        ct_progress_end();
-        ct_log_info("step %d: saved %s", step + 1, saved);
+      if (sharded) {
+        CT_TRY_GOTO(zero_full_moments(&r, &full, true), done);
+        ts.opt = &full;
       }
+      if (writer) {
+        st = ct_checkpoint_save(t->out_dir, step + 1, cfg, r.model, &ts, t->keep_last, saved,
+                                sizeof saved);
+        if (st == CT_OK) {
+          ct_progress_end();
+          ct_log_info("step %d: saved %s", step + 1, saved);
+        }
+      }
+      if (sharded) {
+        free_moments(&r, &full);
+        ts.opt = &r.opt;
+      }
+      if (st != CT_OK) goto done;
       if (r.comm) CT_TRY_GOTO(ct_comm_barrier(r.comm), done); /* saved before anyone exits */
     }
     res->steps = step + 1;
@@ -367,7 +473,10 @@ done:
   free(r.inputs);
   free(r.targets);
   ct_metrics_close(r.metrics);
-  if (r.model) ct_adamw_destroy(&r.opt, r.be.ops);
+  if (r.model) {
+    ct_adamw_destroy(&r.opt, r.be.ops);
+    ct_adamw_destroy(&full, r.be.ops);
+  }
   ct_model_destroy(r.model);
   ct_loader_destroy(r.train);
   ct_loader_destroy(r.val);
