@@ -37,6 +37,25 @@ void ct_adamw_step(ct_adamw *opt, ct_model *model, double lr, float grad_scale);
 /* Clip factor for a global norm (1 when clip <= 0 or norm <= clip). */
 float ct_clip_scale(double norm, double clip);
 
+/* Dynamic loss scaling for fp16 (torch.cuda.amp.GradScaler semantics): the loss gradient is
+ * multiplied by `scale` so small fp16 gradients do not flush to zero; a step whose gradients
+ * hold inf/nan is skipped and the scale halves; after `growth_interval` good steps in a row it
+ * doubles. The scale and the good-step count are part of the checkpoint. */
+typedef struct ct_loss_scaler {
+  bool enabled;
+  double scale;         /* 2^16 initially; 1 when disabled */
+  int good_steps;
+  int growth_interval;  /* 2000 */
+  double backoff;       /* 0.5 */
+} ct_loss_scaler;
+#define CT_LOSS_SCALER_INIT {false, 1.0, 0, 2000, 0.5}
+
+/* Enables the scaler with its initial scale (65536). */
+void ct_loss_scaler_enable(ct_loss_scaler *s);
+/* Records a step's outcome; returns true when the step's gradients are finite and the update
+ * should be applied. Adjusts the scale as described above. */
+bool ct_loss_scaler_update(ct_loss_scaler *s, bool finite);
+
 /* Learning rate for 0-based step `step` of `max_steps` (train.schedule, warmup, min ratio). */
 double ct_lr_at(const ct_train_cfg *t, int step);
 

@@ -22,3 +22,23 @@ double ct_lr_at(const ct_train_cfg *t, int step) {
   /* cosine */
   return floor + 0.5 * (peak - floor) * (1.0 + cos(M_PI * p));
 }
+
+void ct_loss_scaler_enable(ct_loss_scaler *s) {
+  s->enabled = true;
+  s->scale = 65536.0;
+  s->good_steps = 0;
+}
+
+bool ct_loss_scaler_update(ct_loss_scaler *s, bool finite) {
+  if (!s->enabled) return finite;
+  if (!finite) {
+    s->scale *= s->backoff;
+    s->good_steps = 0;
+    return false;
+  }
+  if (++s->good_steps >= s->growth_interval) {
+    s->scale *= 2.0;
+    s->good_steps = 0;
+  }
+  return true;
+}

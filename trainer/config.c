@@ -70,6 +70,8 @@ static const key_def KEYS[] = {
   {"train", "seed", K_U64, F(train, seed), 0, NULL, "seed for init and data order"},
   {"train", "precision", K_ENUM, F(train, precision), S(train, precision), "auto|fp32|bf16|fp16",
    "compute precision"},
+  {"train", "loss_scale", K_ENUM, F(train, loss_scale), S(train, loss_scale), "auto|dynamic|off",
+   "dynamic loss scaling (auto: for fp16)"},
   {"train", "threads", K_INT, F(train, threads), 0, NULL, "CPU threads (0 = all)"},
   {"train", "log_every", K_INT, F(train, log_every), 0, NULL, "steps between log lines"},
   {"train", "sample_tokens", K_INT, F(train, sample_tokens), 0, NULL, "tokens sampled at the end"},
@@ -106,6 +108,7 @@ void ct_config_defaults(ct_config *c) {
   t->beta1 = 0.9; t->beta2 = 0.95; t->eps = 1e-8; t->grad_clip = 1.0;
   t->eval_every = 0; t->eval_steps = 10; t->checkpoint_every = 0; t->keep_last = 3;
   t->seed = 1337; snprintf(t->precision, sizeof t->precision, "auto");
+  snprintf(t->loss_scale, sizeof t->loss_scale, "auto");
   t->log_every = 10; t->sample_tokens = 0;
   snprintf(t->resume, sizeof t->resume, "never");
   snprintf(c->parallel.data, sizeof c->parallel.data, "ddp");

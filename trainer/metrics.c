@@ -46,6 +46,14 @@ void ct_metrics_step(ct_metrics *mt, int step, double loss, double lr, double gr
   fflush(mt->f);
 }
 
+void ct_metrics_scaler(ct_metrics *mt, int step, double loss_scale, bool skipped) {
+  if (!mt) return;
+  fprintf(mt->f, "{\"step\": %d", step);
+  num(mt->f, "loss_scale", loss_scale);
+  fprintf(mt->f, ", \"skipped\": %s}\n", skipped ? "true" : "false");
+  fflush(mt->f);
+}
+
 void ct_metrics_eval(ct_metrics *mt, int step, double val_loss) {
   if (!mt) return;
   fprintf(mt->f, "{\"step\": %d", step);

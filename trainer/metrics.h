@@ -13,6 +13,8 @@ typedef struct ct_metrics ct_metrics;
 ct_status ct_metrics_open(const char *out_dir, ct_metrics **out);
 void ct_metrics_step(ct_metrics *mt, int step, double loss, double lr, double grad_norm,
                      double tokens_per_s, double step_ms);
+/* fp16 runs: also the loss scale, and whether the step was skipped (inf/nan gradients). */
+void ct_metrics_scaler(ct_metrics *mt, int step, double loss_scale, bool skipped);
 void ct_metrics_eval(ct_metrics *mt, int step, double val_loss);
 void ct_metrics_close(ct_metrics *mt);
 

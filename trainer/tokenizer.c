@@ -20,6 +20,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -308,7 +309,8 @@ static bool strmap_put(strmap *m, const void *key, size_t len, uint64_t h, int32
     if (!e) return false;
     m->e = e, m->ecap = cap;
   }
-  if (m->klen + len > m->kcap) {
+  /* allocated even when the first key is empty: keys + 0 with keys == NULL is UB */
+  if (!m->keys || m->klen + len > m->kcap) {
     size_t cap = m->kcap ? m->kcap : 4096;
     while (cap < m->klen + len) cap *= 2;
     char *k = realloc(m->keys, cap);
@@ -596,8 +598,8 @@ static char *rewrite_pattern(const char *pat) {
     if (in_class && *s == ']') in_class = false;
     sb_put(&b, s++, 1);
   }
-  if (b.oom || !b.p) { free(b.p); return NULL; }
-  return b.p;
+  if (b.oom) { free(b.p); return NULL; }
+  return b.p ? b.p : calloc(1, 1); /* an empty pattern stays one (NULL means out of memory) */
 }
 
 /* ---------------------------------------------------------------- encoding */
@@ -1075,7 +1077,8 @@ static ct_status jbool(const loader *L, const cJSON *o, const char *where, const
 }
 
 static ct_status jid(const loader *L, const cJSON *v, const char *what, int32_t *out) {
-  if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble)
+  /* floor, not a cast to an integer: 1e300 or inf (cJSON's 1e400) would overflow the cast (UB) */
+  if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
     return bad(L, "%s must be a non-negative integer id", what);
   if (v->valuedouble < 0 || v->valuedouble >= MAX_ID)
     return bad(L, "%s: id %.0f is out of range (0 .. %d)", what, v->valuedouble, MAX_ID - 1);

@@ -354,7 +354,20 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
 
   const double tokens_per_step = (double)B * T * t->grad_accum * world;
   const size_t bucket = ct_ddp_bucket_floats(cfg->parallel.bucket_mb);
-  const float grad_scale = 1.0f / (float)(B * T * t->grad_accum);
+  /* fp16: the loss gradient is multiplied by the dynamic loss scale; the optimizer divides it
+   * back out together with the clip factor, so no extra pass over the gradients is needed */
+  ct_loss_scaler scaler = CT_LOSS_SCALER_INIT;
+  if (!strcmp(t->loss_scale, "dynamic") ||
+      (!strcmp(t->loss_scale, "auto") && !strcmp(r.be.precision, "fp16"))) {
+    ct_loss_scaler_enable(&scaler);
+    if (ts.step > 0) { /* resumed: continue the saved scale */
+      scaler.scale = ts.loss_scale;
+      scaler.good_steps = ts.scaler_good_steps;
+    }
+    ct_log_info("dynamic loss scaling: scale %g, growth every %d good steps", scaler.scale,
+                scaler.growth_interval);
+  }
+  const long poison_step = getenv("CT_TEST_POISON_STEP") ? atol(getenv("CT_TEST_POISON_STEP")) : -1;
   double timed = 0;
   int timed_steps = 0;
   double t_loop = ct_now();
@@ -368,6 +381,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     for (int micro = 0; micro < t->grad_accum; micro++) {
       float l = 0;
       CT_TRY_GOTO(ct_loader_next(r.train, B, r.inputs, r.targets), done);
+      const float grad_scale = (float)(scaler.scale / ((double)B * T * t->grad_accum));
       CT_TRY_GOTO(ct_model_forward(r.model, r.inputs, r.targets, B, T, grad_scale, &l), done);
       CT_TRY_GOTO(ct_model_backward(r.model), done);
       loss += l / t->grad_accum;
@@ -384,14 +398,34 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       }
       norm = ct_grad_norm(r.model);
     }
+    if (step + 1 == poison_step) norm = INFINITY; /* testing: an overflowed gradient */
     double lr = ct_lr_at(t, step);
-    if (!isfinite(loss) || !isfinite(norm)) {
+    const double used_scale = scaler.enabled ? scaler.scale : 1.0;
+    bool apply = true;
+    if (scaler.enabled) {
+      apply = ct_loss_scaler_update(&scaler, isfinite(norm));
+      ct_metrics_scaler(r.metrics, step + 1, used_scale, !apply);
+      if (!apply) {
+        ct_progress_end();
+        ct_log_warn("step %d: inf/nan gradients at loss scale %g: step skipped, scale now %g",
+                    step + 1, used_scale, scaler.scale);
+        if (scaler.scale < 1.0) {
+          st = ct_set_error(CT_ERR_RUNTIME, "step %d: the loss scale fell below 1: the gradients"
+                            " overflow even unscaled (lower train.lr or use bf16)", step + 1);
+          goto done;
+        }
+      }
+      norm /= used_scale; /* the norm of the true (unscaled) gradient */
+    }
+    if (apply && (!isfinite(loss) || !isfinite(norm))) {
       st = ct_set_error(CT_ERR_RUNTIME, "step %d: loss %g, gradient norm %g: training diverged"
                         " (lower train.lr or check the data)", step + 1, loss, norm);
       goto done;
     }
-    ct_adamw_step(&r.opt, r.model, lr, ct_clip_scale(norm, t->grad_clip));
-    if (sharded) CT_TRY_GOTO(zero_all_gather(&r, ct_model_params(r.model), numel), done);
+    if (apply) {
+      ct_adamw_step(&r.opt, r.model, lr, ct_clip_scale(norm, t->grad_clip) / (float)used_scale);
+      if (sharded) CT_TRY_GOTO(zero_all_gather(&r, ct_model_params(r.model), numel), done);
+    }
     CT_TRY_GOTO(ct_backend_check(&r.be), done);
     double dt = ct_now() - t0;
     if (step > 0) { timed += dt; timed_steps++; }  /* the first step includes warm-up */
@@ -422,6 +456,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       char saved[4096];
       ts.step = step + 1;
       ts.data_position = ct_loader_position(r.train);
+      ts.loss_scale = scaler.scale;
+      ts.scaler_good_steps = scaler.good_steps;
       if (sharded) {
         CT_TRY_GOTO(zero_full_moments(&r, &full, true), done);
         ts.opt = &full;
