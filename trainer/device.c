@@ -1,6 +1,7 @@
 #include "trainer/device.h"
 
 #include <H5public.h>
+#include <dlfcn.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,32 @@ void ct_backend_shutdown(ct_backend *b) {
   b->cuda = false;
 }
 
+#if CT_HAVE_CUDA
+/* Version of a CUDA-family library, read at run time through dlopen so `ctrain env` can report
+ * libraries the binary does not link (cuDNN) without depending on them. */
+static void lib_version(FILE *f, const char *label, const char *const *sonames, const char *sym,
+                        int kind) {
+  for (int i = 0; sonames[i]; i++) {
+    void *h = dlopen(sonames[i], RTLD_LAZY | RTLD_LOCAL);
+    if (!h) continue;
+    void *fn = dlsym(h, sym);
+    long v = -1;
+    if (fn && kind == 0) v = ((size_t (*)(void))fn)();                 /* cudnnGetVersion */
+    if (fn && kind == 1) { int x = 0; if (((int (*)(int *))fn)(&x) == 0) v = x; } /* ncclGetVersion */
+    if (fn && kind == 2) { /* cublasGetProperty(MAJOR=0, MINOR=1, PATCH=2) */
+      int ma = 0, mi = 0, pa = 0;
+      int (*get)(int, int *) = (int (*)(int, int *))fn;
+      if (!get(0, &ma) && !get(1, &mi) && !get(2, &pa)) v = ma * 10000L + mi * 100 + pa;
+    }
+    dlclose(h);
+    if (v < 0) continue;
+    fprintf(f, "  %-8s %ld.%ld.%ld (%s)\n", label, v / 10000, v / 100 % 100, v % 100, sonames[i]);
+    return;
+  }
+  fprintf(f, "  %-8s not found\n", label);
+}
+#endif
+
 void ct_env_print(FILE *f) {
   const char *vis = getenv("CUDA_VISIBLE_DEVICES");
   const char *order = getenv("CUDA_DEVICE_ORDER");
@@ -120,6 +147,15 @@ void ct_env_print(FILE *f) {
   fprintf(f, "devices: none (CPU-only build)\n");
 #endif
   fprintf(f, "cpu: %d OpenMP threads; precision auto -> fp32\n", omp_get_max_threads());
+#if CT_HAVE_CUDA
+  fprintf(f, "CUDA libraries:\n");
+  lib_version(f, "cuBLAS", (const char *const[]){"libcublas.so.13", "libcublas.so.12", "libcublas.so", NULL},
+              "cublasGetProperty", 2);
+  lib_version(f, "NCCL", (const char *const[]){"libnccl.so.2", "libnccl.so", NULL}, "ncclGetVersion", 1);
+  lib_version(f, "cuDNN", (const char *const[]){"libcudnn.so.9", "libcudnn.so", NULL}, "cudnnGetVersion", 0);
+#endif
   fprintf(f, "libraries: HDF5 %u.%u.%u, OpenBLAS\n", maj, min, rel);
-  fprintf(f, "attention backends: cpu: eager%s\n", CT_HAVE_CUDA ? "; cuda: eager (cuBLAS batched)" : "");
+  fprintf(f, "attention backends: cpu: eager%s\n",
+          CT_HAVE_CUDA ? "; cuda fp32: eager (cuBLAS batched); cuda bf16: flash (own FA2-style"
+                         " kernel, head dims 64/128; others fall back to eager)" : "");
 }
