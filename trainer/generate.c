@@ -142,14 +142,14 @@ static void stream_token(int seq, int32_t id, void *user) {
 static const char *USAGE =
     "usage: ctrain generate --model PATH [--prompt TEXT]... [--prompt-file FILE]...\n"
     "                       [--max_new_tokens N] [--temperature T] [--top_k K] [--top_p P]\n"
-    "                       [--seed S] [--greedy]\n"
+    "                       [--seed S] [--greedy] [--precision auto|fp32|bf16]\n"
     "  PATH: a checkpoint step directory, <out_dir>/ckpt/latest, <out_dir>, or a Hugging Face\n"
     "        model directory (config.json + safetensors). Several prompts run as one batch;\n"
     "        a single prompt streams its tokens as they are produced. Generation stops at\n"
     "        end-of-text, at --max_new_tokens, or when the context is full.\n";
 
 ct_status ct_cmd_generate(int argc, char **argv) {
-  const char *model_path = NULL;
+  const char *model_path = NULL, *precision = NULL;
   char **prompts = calloc((size_t)argc + 1, sizeof(char *));
   bool *owned = calloc((size_t)argc + 1, sizeof(bool));
   int n_prompts = 0;
@@ -163,7 +163,8 @@ ct_status ct_cmd_generate(int argc, char **argv) {
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     bool takes = !strcmp(a, "--model") || !strcmp(a, "--prompt") || !strcmp(a, "--prompt-file") ||
                  !strcmp(a, "--max_new_tokens") || !strcmp(a, "--temperature") ||
-                 !strcmp(a, "--top_k") || !strcmp(a, "--top_p") || !strcmp(a, "--seed");
+                 !strcmp(a, "--top_k") || !strcmp(a, "--top_p") || !strcmp(a, "--seed") ||
+                 !strcmp(a, "--precision");
     if (takes && !v) { st = ct_set_error(CT_ERR_USAGE, "generate: %s needs a value\n%s", a, USAGE); break; }
     if (takes) i++;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(USAGE, stdout); goto done; }
@@ -181,6 +182,11 @@ ct_status ct_cmd_generate(int argc, char **argv) {
     else if (!strcmp(a, "--top_k")) s.top_k = atoi(v);
     else if (!strcmp(a, "--top_p")) s.top_p = (float)atof(v);
     else if (!strcmp(a, "--seed")) s.seed = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--precision")) {
+      if (strcmp(v, "auto") && strcmp(v, "fp32") && strcmp(v, "bf16") && strcmp(v, "fp16"))
+        st = ct_set_error(CT_ERR_USAGE, "generate: --precision %s: expected auto, fp32, bf16 or fp16", v);
+      precision = v;
+    }
     else st = ct_set_error(CT_ERR_USAGE, "generate: unknown argument %s\n%s", a, USAGE);
   }
   if (st == CT_OK && !model_path) st = ct_set_error(CT_ERR_USAGE, "generate: --model is required\n%s", USAGE);
@@ -202,6 +208,7 @@ ct_status ct_cmd_generate(int argc, char **argv) {
   if (!ids || !outs || !lens || !n_out) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
   if (hf) CT_TRY_GOTO(ct_hf_read_config(model_path, &cfg), cleanup);
   else CT_TRY_GOTO(ct_checkpoint_read_config(model_path, &cfg, file, sizeof file), cleanup);
+  if (precision) snprintf(cfg.train.precision, sizeof cfg.train.precision, "%s", precision);
   st = ct_tokenizer_load(cfg.data.tokenizer, &tok);
   if (st != CT_OK) { ct_add_context(st, "%s: data.tokenizer: ", model_path); goto cleanup; }
   CT_TRY_GOTO(ct_backend_select(&cfg.train, 0, &be), cleanup);
