@@ -25,8 +25,11 @@ void ct_launch_usage(FILE *f) {
       "\n"
       "  --nproc_per_node N|gpu|cpu|auto  workers on this node (gpu/auto: visible CUDA devices,\n"
       "                                   1 without one; cpu: available cores) [1]\n"
-      "  --nnodes N                       nodes in the run [1]\n"
-      "  --node_rank K                    this node, 0..nnodes-1 (node 0 hosts the store) [0]\n"
+      "  --nnodes N|MIN:MAX               nodes in the run; MIN:MAX is elastic (see below) [1]\n"
+      "  --node_rank K                    this node, 0..nnodes-1 (node 0 hosts the store); left out\n"
+      "                                   on several nodes: the launcher on --master_addr hosts the\n"
+      "                                   store and is node 0, the others get 1, 2, ... in the order\n"
+      "                                   they join (and keep them across restarts)\n"
       "  --master_addr HOST               node 0's address [127.0.0.1]\n"
       "  --master_port PORT               the store's port on node 0 [29500]\n"
       "  --standalone                     one node, a free port on 127.0.0.1: nothing to set\n"
@@ -35,6 +38,14 @@ void ct_launch_usage(FILE *f) {
       "  --monitor_interval S             seconds between health checks [0.5]\n"
       "  --grace_period S                 SIGTERM -> SIGKILL window when stopping workers [60]\n"
       "  --rdzv_timeout S                 how long nodes wait for each other [600]\n"
+      "  --rdzv_last_call S               elastic: after MIN nodes joined, wait this long for MAX [30]\n"
+      "  --heartbeat_timeout S            a node whose launcher is silent this long is lost [30]\n"
+      "  --socket_ifname IF               the workers' NCCL_SOCKET_IFNAME and CTRAIN_SOCKET_IFNAME\n"
+      "                                   (Gloo) [multi-node: NCCL_SOCKET_IFNAME from the environment,\n"
+      "                                   else the interface that reaches --master_addr; Gloo: the\n"
+      "                                   address that reaches --master_addr]\n"
+      "  --keep_global_batch[=0|1]        elastic: scale train.grad_accum so the global batch stays\n"
+      "                                   that of MAX nodes when it divides evenly [1]\n"
       "  --log_dir DIR                    also write each rank's output to DIR/rank_N.log\n"
       "  --tee[=0|1]                      worker output on the console as \"[rankN]: ...\" lines [1]\n"
       "  --local_ranks_filter 0,1         only these local ranks' output on the console\n"
@@ -50,17 +61,35 @@ void ct_launch_usage(FILE *f) {
       "Signals: SIGINT/SIGTERM/SIGHUP are forwarded, then SIGKILL after the grace period (exit\n"
       "128+signal); SIGUSR1 is forwarded (workers checkpoint and exit) and the launcher exits 0\n"
       "when they do. Multi-node: the store token is CTRAIN_STORE_TOKEN from the environment when\n"
-      "set (use the same on every node), else derived from --run_id and the master address.\n",
+      "set (use the same on every node), else derived from --run_id and the master address.\n"
+      "\n"
+      "Node health: every launcher heartbeats to node 0's store; a node silent for\n"
+      "--heartbeat_timeout is lost: the others stop their workers and fail naming it, or, with\n"
+      "restarts left (fixed --nnodes) or at least MIN nodes left (elastic), start again. Losing\n"
+      "node 0 (the store) ends the run everywhere.\n"
+      "Elastic --nnodes MIN:MAX: the group starts once MIN nodes joined (up to --rdzv_last_call\n"
+      "more for MAX); a lost node makes the rest restart with the smaller world from ckpt/latest;\n"
+      "a node that arrives while the group runs is admitted at the next restart. Membership\n"
+      "changes do not count against --max_restarts.\n",
       f);
 }
 
 static const char *const OPTIONS[] = {
     "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "standalone",
-    "max_restarts", "monitor_interval", "grace_period", "rdzv_timeout", "log_dir", "tee",
+    "max_restarts", "monitor_interval", "grace_period", "rdzv_timeout", "rdzv_last_call",
+    "heartbeat_timeout", "socket_ifname", "keep_global_batch", "log_dir", "tee",
     "local_ranks_filter", "run_id", "cmd", "help", NULL};
 
 static bool is_flag(const char *name) {
-  return !strcmp(name, "standalone") || !strcmp(name, "help") || !strcmp(name, "tee");
+  return !strcmp(name, "standalone") || !strcmp(name, "help") || !strcmp(name, "tee") ||
+         !strcmp(name, "keep_global_batch");
+}
+
+static ct_status parse_bool(const char *opt, const char *v, bool *out) {
+  if (!v || !strcmp(v, "1") || !strcmp(v, "true")) *out = true;
+  else if (!strcmp(v, "0") || !strcmp(v, "false")) *out = false;
+  else return ct_set_error(CT_ERR_USAGE, "--%s: \"%s\" is not 0 or 1", opt, v);
+  return CT_OK;
 }
 
 static ct_status parse_int(const char *opt, const char *v, long lo, long hi, int *out) {
@@ -70,6 +99,26 @@ static ct_status parse_int(const char *opt, const char *v, long lo, long hi, int
   if (errno || end == v || *end || x < lo || x > hi)
     return ct_set_error(CT_ERR_USAGE, "--%s: \"%s\" is not an integer in %ld..%ld", opt, v, lo, hi);
   *out = (int)x;
+  return CT_OK;
+}
+
+/* --nnodes N or MIN:MAX (torchrun's syntax). */
+static ct_status parse_nnodes(const char *v, int *min, int *max) {
+  const char *colon = strchr(v, ':');
+  if (!colon) {
+    CT_TRY(parse_int("nnodes", v, 1, 100000, max));
+    *min = *max;
+    return CT_OK;
+  }
+  char a[32];
+  size_t al = (size_t)(colon - v);
+  if (al == 0 || al >= sizeof a)
+    return ct_set_error(CT_ERR_USAGE, "--nnodes: \"%s\" is not N or MIN:MAX", v);
+  memcpy(a, v, al);
+  a[al] = '\0';
+  if (parse_int("nnodes", a, 1, 100000, min) != CT_OK || parse_int("nnodes", colon + 1, 1, 100000, max) != CT_OK)
+    return ct_set_error(CT_ERR_USAGE, "--nnodes: \"%s\" is not N or MIN:MAX (counts in 1..100000)", v);
+  if (*min > *max) return ct_set_error(CT_ERR_USAGE, "--nnodes %s: MIN is larger than MAX", v);
   return CT_OK;
 }
 
@@ -159,7 +208,7 @@ static ct_status from_slurm(ct_launch_config *cfg, bool nnodes_given, bool rank_
     return ct_set_error(CT_ERR_USAGE, "under srun with %d tasks on %d node%s: start one ctrain-launch per node "
                         "(srun --ntasks-per-node=1 ctrain-launch ...), or one `ctrain train` per GPU "
                         "(srun --ntasks-per-node=G ctrain train ...)", tasks, nodes, nodes == 1 ? "" : "s");
-  if (!nnodes_given) cfg->nnodes = nodes;
+  if (!nnodes_given) cfg->nnodes = cfg->min_nodes = nodes;
   if (!rank_given) cfg->node_rank = node;
   const char *job = getenv("SLURM_JOB_ID");
   if (!job || !job[0]) job = getenv("SLURM_JOBID");
@@ -227,9 +276,7 @@ ct_status ct_launch_parse(int argc, char **argv, ct_launch_config *cfg, bool *he
     if (!strcmp(name, "help")) { *help = true; break; }
     else if (!strcmp(name, "nproc_per_node")) nproc = val;
     else if (!strcmp(name, "nnodes")) {
-      if (strchr(val, ':'))
-        return ct_set_error(CT_ERR_USAGE, "--nnodes %s: elastic node ranges are not supported yet; give a fixed count", val);
-      CT_TRY(parse_int(name, val, 1, 100000, &cfg->nnodes));
+      CT_TRY(parse_nnodes(val, &cfg->min_nodes, &cfg->nnodes));
       nnodes_given = true;
     }
     else if (!strcmp(name, "node_rank")) { CT_TRY(parse_int(name, val, 0, 100000, &cfg->node_rank)); rank_given = true; }
@@ -247,15 +294,19 @@ ct_status ct_launch_parse(int argc, char **argv, ct_launch_config *cfg, bool *he
     else if (!strcmp(name, "monitor_interval")) CT_TRY(parse_seconds(name, val, 0.001, &cfg->monitor_interval));
     else if (!strcmp(name, "grace_period")) CT_TRY(parse_seconds(name, val, 0, &cfg->grace_period));
     else if (!strcmp(name, "rdzv_timeout")) CT_TRY(parse_seconds(name, val, 0.1, &cfg->rdzv_timeout));
+    else if (!strcmp(name, "rdzv_last_call")) CT_TRY(parse_seconds(name, val, 0, &cfg->rdzv_last_call));
+    else if (!strcmp(name, "heartbeat_timeout")) CT_TRY(parse_seconds(name, val, 0.5, &cfg->heartbeat_timeout));
+    else if (!strcmp(name, "keep_global_batch")) CT_TRY(parse_bool(name, val, &cfg->keep_global_batch));
+    else if (!strcmp(name, "socket_ifname")) {
+      if (!val[0] || strlen(val) >= sizeof cfg->socket_ifname || strpbrk(val, " =/"))
+        return ct_set_error(CT_ERR_USAGE, "--socket_ifname: bad interface name \"%s\"", val);
+      snprintf(cfg->socket_ifname, sizeof cfg->socket_ifname, "%s", val);
+    }
     else if (!strcmp(name, "log_dir")) {
       if (!val[0] || strlen(val) >= sizeof cfg->log_dir - 32) return ct_set_error(CT_ERR_USAGE, "--log_dir: bad path \"%s\"", val);
       snprintf(cfg->log_dir, sizeof cfg->log_dir, "%s", val);
     }
-    else if (!strcmp(name, "tee")) {
-      if (!val || !strcmp(val, "1") || !strcmp(val, "true")) cfg->tee = true;
-      else if (!strcmp(val, "0") || !strcmp(val, "false")) cfg->tee = false;
-      else return ct_set_error(CT_ERR_USAGE, "--tee: \"%s\" is not 0 or 1", val);
-    }
+    else if (!strcmp(name, "tee")) CT_TRY(parse_bool(name, val, &cfg->tee));
     else if (!strcmp(name, "local_ranks_filter")) filter = val;
     else if (!strcmp(name, "run_id")) {
       if (!val[0] || strlen(val) >= sizeof cfg->run_id) return ct_set_error(CT_ERR_USAGE, "--run_id: bad id \"%s\"", val);
@@ -273,7 +324,7 @@ ct_status ct_launch_parse(int argc, char **argv, ct_launch_config *cfg, bool *he
   CT_TRY(parse_nproc(nproc, &cfg->nproc_per_node));
   CT_TRY(from_slurm(cfg, nnodes_given, rank_given, addr_given, port_given));
   if (cfg->standalone) {
-    if (cfg->nnodes != 1 || cfg->node_rank != 0)
+    if (cfg->nnodes != 1 || cfg->node_rank > 0)
       return ct_set_error(CT_ERR_USAGE, "--standalone runs one node: drop --nnodes / --node_rank");
     if (addr_given || port_given)
       return ct_set_error(CT_ERR_USAGE, "--standalone picks its own address and port: drop --master_addr / --master_port");
@@ -282,6 +333,7 @@ ct_status ct_launch_parse(int argc, char **argv, ct_launch_config *cfg, bool *he
   }
   if (cfg->node_rank >= cfg->nnodes)
     return ct_set_error(CT_ERR_USAGE, "--node_rank %d must be below --nnodes %d", cfg->node_rank, cfg->nnodes);
+  if (cfg->nnodes == 1) cfg->node_rank = 0; /* one node: nothing to assign */
   if (cfg->master_port == 0 && cfg->nnodes > 1)
     return ct_set_error(CT_ERR_USAGE, "--master_port 0 (a free port) works only on one node: the other nodes must know the port");
   if (filter) {

@@ -4,7 +4,8 @@
  *      INIT -> HEALTHY -> SUCCEEDED | UNHEALTHY -> (restart: INIT) | FAILED, or STOPPED on a
  *      signal; a restart budget)
  *   -> workers (worker.c: spawn in their own process group, pipe their output, tear down)
- *   -> rendezvous (parallel/store.h: node 0's launcher hosts the store in its poll() loop).
+ *   -> rendezvous (parallel/store.h: node 0's launcher hosts the store in its poll() loop;
+ *      node ranks, heartbeats and elastic membership go through it, see agent.c).
  * Only main() prints usage errors and exits; the agent reports worker failures itself (that is
  * its job) and returns the exit code to use.
  */
@@ -22,7 +23,10 @@
 
 typedef struct ct_launch_config {
   int nproc_per_node;        /* resolved from --nproc_per_node N|gpu|cpu|auto */
-  int nnodes, node_rank;
+  int nnodes;                /* nodes in the run; elastic runs (--nnodes MIN:MAX): MAX */
+  int min_nodes;             /* elastic: the group starts (and goes on) with at least this many;
+                                == nnodes for a fixed count */
+  int node_rank;             /* -1: assigned by the store (first come, first served) */
   char master_addr[256];     /* store host (node 0) */
   int master_port;           /* store port; 0 = pick a free one (--standalone) */
   bool standalone;
@@ -30,6 +34,10 @@ typedef struct ct_launch_config {
   double monitor_interval;   /* seconds between monitor ticks */
   double grace_period;       /* SIGTERM -> SIGKILL, seconds */
   double rdzv_timeout;       /* how long nodes wait for each other, seconds */
+  double rdzv_last_call;     /* elastic: once MIN nodes joined, how long to wait for MAX */
+  double heartbeat_timeout;  /* a node silent this long is lost, seconds */
+  char socket_ifname[64];    /* --socket_ifname: NCCL_ and CTRAIN_SOCKET_IFNAME for workers */
+  bool keep_global_batch;    /* elastic: scale train.grad_accum with the world size */
   char log_dir[PATH_MAX];    /* "" = no per-rank log files */
   bool tee;                  /* worker output on the console, "[rankN]: " prefixed */
   bool *show_local;          /* --local_ranks_filter: which local ranks reach the console (NULL = all) */
@@ -41,9 +49,10 @@ typedef struct ct_launch_config {
 } ct_launch_config;
 
 #define CT_LAUNCH_CONFIG_INIT                                                                   \
-  {.nproc_per_node = 1, .nnodes = 1, .node_rank = 0, .master_addr = "127.0.0.1",               \
+  {.nproc_per_node = 1, .nnodes = 1, .min_nodes = 1, .node_rank = -1, .master_addr = "127.0.0.1", \
    .master_port = 29500, .max_restarts = 0, .monitor_interval = 0.5, .grace_period = 60.0,      \
-   .rdzv_timeout = 600.0, .tee = true}
+   .rdzv_timeout = 600.0, .rdzv_last_call = 30.0, .heartbeat_timeout = 30.0,                    \
+   .keep_global_batch = true, .tee = true}
 
 /* Parses argv (argv[0] is the program). *help is set for --help (usage already printed to
  * stdout). CT_ERR_USAGE with one line naming the option on bad input. The config points into

@@ -823,9 +823,15 @@ struct ct_store {
   char token[128];
   char addr[300]; /* "host:port" */
   char prefix[256];
+  double io_s; /* ct_store_set_io_timeout; 0 = the defaults below */
   pthread_mutex_t mu;
   buf out, in;
 };
+
+/* How long a quick request (set, add, check, delete, the send of any request) may take, and
+ * how long past the server's own deadline a get/wait waits for its answer. */
+static double quick_s(const ct_store *s) { return s->io_s > 0 ? s->io_s : 60.0; }
+static double margin_s(const ct_store *s) { return s->io_s > 0 && s->io_s < CLIENT_MARGIN_S ? s->io_s : CLIENT_MARGIN_S; }
 
 static ct_status lost(ct_store *s, const char *what) {
   s->broken = true;
@@ -852,6 +858,7 @@ static ct_status send_all(ct_store *s, const uint8_t *p, size_t n, double deadli
 /* Reads exactly n bytes into dst before the deadline. *eof_clean is set when the peer closed
  * before the first byte (used to tell "refused" from a broken stream at hello time). */
 static ct_status recv_all(ct_store *s, uint8_t *dst, size_t n, double deadline, const char *waiting_for) {
+  const double started = ct_now();
   while (n) {
     ssize_t r = recv(s->fd, dst, n, MSG_DONTWAIT);
     if (r > 0) { dst += r; n -= (size_t)r; continue; }
@@ -862,7 +869,7 @@ static ct_status recv_all(ct_store *s, uint8_t *dst, size_t n, double deadline, 
     if (left <= 0) {
       s->broken = true;
       return ct_set_error(CT_ERR_RUNTIME, "store at %s did not answer %s within %.1f s (server hung "
-                          "or unreachable)", s->addr, waiting_for, CLIENT_MARGIN_S);
+                          "or unreachable)", s->addr, waiting_for, ct_now() - started);
     }
     struct pollfd pf = {.fd = s->fd, .events = POLLIN};
     poll(&pf, 1, left > 1e6 ? 1000000000 : (int)(left * 1000) + 1);
@@ -873,7 +880,7 @@ static ct_status recv_all(ct_store *s, uint8_t *dst, size_t n, double deadline, 
 /* Sends the frame in s->out and reads one reply payload into s->in (s->in.p[0] is the op). */
 static ct_status roundtrip(ct_store *s, double reply_deadline, const char *what) {
   if (s->broken) return ct_set_error(CT_ERR_RUNTIME, "store at %s: connection unusable after an earlier error", s->addr);
-  ct_status st = send_all(s, s->out.p, s->out.len, ct_now() + 60.0);
+  ct_status st = send_all(s, s->out.p, s->out.len, ct_now() + quick_s(s));
   s->out.len = 0;
   if (st) return st;
   uint8_t h[4];
@@ -993,6 +1000,12 @@ ct_status ct_store_clone(ct_store *s, double timeout_s, ct_store **out) {
 
 const char *ct_store_address(const ct_store *s) { return s->addr; }
 
+void ct_store_set_io_timeout(ct_store *s, double seconds) {
+  pthread_mutex_lock(&s->mu);
+  s->io_s = seconds > 0 ? seconds : 0;
+  pthread_mutex_unlock(&s->mu);
+}
+
 void ct_store_close(ct_store *s) {
   if (!s) return;
   if (s->fd >= 0) close(s->fd);
@@ -1029,7 +1042,7 @@ ct_status ct_store_set_prefix(ct_store *s, const char *prefix) {
 static ct_status unexpected(ct_store *s, const char *call) { return lost(s, call); }
 
 /* Quick round trip for requests the server answers at once. */
-#define QUICK_DEADLINE() (ct_now() + 60.0)
+#define QUICK_DEADLINE() (ct_now() + quick_s(s))
 
 ct_status ct_store_set(ct_store *s, const char *key, const void *val, size_t len) {
   CT_TRY(check_key(s, key));
@@ -1057,7 +1070,7 @@ ct_status ct_store_get(ct_store *s, const char *key, double timeout_s, void **va
   bool ok = buf_u8(&s->out, 'G') && buf_u32(&s->out, timeout_ms_of(timeout_s)) &&
             buf_key(s, key) && frame_end(&s->out, at);
   double start = ct_now();
-  ct_status st = ok ? roundtrip(s, start + timeout_s + CLIENT_MARGIN_S, "a get")
+  ct_status st = ok ? roundtrip(s, start + timeout_s + margin_s(s), "a get")
                     : ct_set_error(CT_ERR_NOMEM, "store: out of memory");
   s->out.len = 0;
   if (st == CT_OK) {
@@ -1099,7 +1112,7 @@ ct_status ct_store_wait(ct_store *s, const char *const *keys, int n, double time
   for (int i = 0; ok && i < n; i++) ok = buf_key(s, keys[i]);
   ok = ok && frame_end(&s->out, at);
   double start = ct_now();
-  ct_status st = ok ? roundtrip(s, start + timeout_s + CLIENT_MARGIN_S, "a wait")
+  ct_status st = ok ? roundtrip(s, start + timeout_s + margin_s(s), "a wait")
                     : ct_set_error(CT_ERR_NOMEM, "store: out of memory");
   s->out.len = 0;
   if (st == CT_OK && s->in.p[0] == 'T') {

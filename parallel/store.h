@@ -132,6 +132,13 @@ ct_status ct_store_barrier(ct_store *s, const char *name, int rank, int world, d
  * it. Error messages name keys without the prefix. */
 ct_status ct_store_set_prefix(ct_store *s, const char *prefix);
 
+/* Bounds how long this handle waits on a server that stopped answering (a cut link sends no
+ * FIN, so only a clock notices): quick requests (set, add, check, delete) fail after `seconds`,
+ * and a get/wait fails `seconds` (at most the usual 10 s margin) past its own timeout.
+ * <= 0 restores the defaults (60 s; 10 s). The launcher's heartbeat connection uses its
+ * --heartbeat_timeout, so a node cut off from node 0 notices within that time. */
+void ct_store_set_io_timeout(ct_store *s, double seconds);
+
 /* "HOST:PORT" of the server this client talks to (valid while the handle lives). */
 const char *ct_store_address(const ct_store *s);
 
