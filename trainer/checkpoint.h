@@ -26,7 +26,8 @@
 
 typedef struct ct_train_state {
   int step;                   /* completed optimizer steps */
-  uint64_t data_position;     /* the train loader's position (ct_loader_position) */
+  uint64_t data_position;     /* windows drawn by all ranks together (per-rank position x world),
+                               * so a resume at another world size continues the shared stream */
   uint64_t data_seed;
   int world_size, rank;
   double loss_scale;          /* fp16 dynamic loss scale (1 when unused) */

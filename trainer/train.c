@@ -324,7 +324,12 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
                         (unsigned long long)ts.data_seed, (unsigned long long)t->seed);
       goto done;
     }
-    ct_loader_set_position(r.train, ts.data_position);
+    /* data_position counts windows drawn by all ranks together: rank r of W draws windows
+     * k*W + r, so at another world size the stream continues where the whole group stopped */
+    ct_loader_set_position(r.train, ts.data_position / (uint64_t)world);
+    if (ts.world_size != world)
+      ct_log_info("world size %d -> %d: data continues at window %llu of the shared stream",
+                  ts.world_size, world, (unsigned long long)ts.data_position);
     ct_log_info("resumed from %s at step %d", ckfile, ts.step);
   } else if (t->init_from[0]) {
     ct_config src;
@@ -455,7 +460,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     if ((t->checkpoint_every > 0 && (step + 1) % t->checkpoint_every == 0) || last || stopping) {
       char saved[4096];
       ts.step = step + 1;
-      ts.data_position = ct_loader_position(r.train);
+      ts.data_position = ct_loader_position(r.train) * (uint64_t)world;
+      ts.world_size = world;
       ts.loss_scale = scaler.scale;
       ts.scaler_good_steps = scaler.good_steps;
       if (sharded) {
