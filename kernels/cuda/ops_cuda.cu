@@ -1,20 +1,22 @@
-// kernels/cuda/ops_cuda.cu — the CUDA backend of the op table (kernels/ops.h): two tables.
+// kernels/cuda/ops_cuda.cu — the CUDA backend of the op table (kernels/ops.h): three tables.
 //
 // Contract (ops.h has the full text; kernels/cpu/ops_cpu.c is the reference this matches):
-//   - "cuda" (fp32): every activation and weight pointer is fp32 device memory. "cuda-bf16":
-//     they are __nv_bfloat16 (working weights made by cast_params, round to nearest even).
-//     Parameter gradients, norm statistics, losses and optimizer state are fp32 in both. The
-//     launchers are templated on the activation type (`act_t`); bf16 loads convert to fp32, all
-//     arithmetic is fp32 (statistics, softmax, loss, elementwise), stores round once to bf16.
-//     bf16 matmuls: cuBLAS with bf16 A/B and fp32 compute; dW into fp32 (beta 1); bias grads are
-//     fp32 column sums; the forward with a bias uses cuBLASLt's BIAS epilogue when it loads.
+//   - "cuda" (fp32): every activation and weight pointer is fp32 device memory. "cuda-bf16" and
+//     "cuda-fp16": they are __nv_bfloat16 / __half (working weights made by cast_params, round to
+//     nearest even; fp16 overflows to inf). Parameter gradients, norm statistics, losses and
+//     optimizer state are fp32 in all three. The launchers are templated on the activation type
+//     (`act_t`); 16-bit loads convert to fp32, all arithmetic is fp32 (statistics, softmax, loss,
+//     elementwise), stores round once to the 16-bit type. 16-bit matmuls: cuBLAS with 16-bit A/B
+//     and fp32 compute; dW into fp32 (beta 1); bias grads are fp32 column sums; the forward with
+//     a bias uses cuBLASLt's BIAS epilogue when it loads. Nothing clamps or saturates: an fp16
+//     overflow is inf and, like a NaN, flows on into the fp32 gradients (loss scaling needs it).
 //   - Row-major, N = B*T rows; linear weights are (OC, IC) (nn.Linear); qkv rows are
 //     [H q heads | KV k heads | KV v heads] of hd each, query head h uses kv head h / (H/KV).
 //   - Backward ACCUMULATES (+=) into every gradient; a NULL gradient pointer is skipped.
 //     rope_bwd rotates dqkv back in place; xent_fwd_bwd overwrites logits with its gradient.
 //   - Attention state, fp32 table: the probabilities (B, H, T, T), zero above the diagonal (as
-//     the CPU). bf16 table: see the two bf16 attention sections (batched: P in bf16; flash:
-//     log-sum-exp and a copy of the output).
+//     the CPU). 16-bit tables: see the two 16-bit attention sections (batched: P in the 16-bit
+//     type; flash: log-sum-exp and a copy of the output).
 //   - Deterministic: no floating-point atomics. Column sums (dweight, dbias) go through fixed
 //     row chunks and a second pass that adds the chunks in order; embedding backward gives each
 //     distinct token to one block that adds its rows in row order (bit-identical to the CPU);
@@ -27,6 +29,7 @@
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -43,22 +46,26 @@
 namespace {
 
 typedef __nv_bfloat16 bf16;
+typedef __half f16;
 
 // Attention variants (CT_CUDA_ATTN / ct_cuda_set_variant). fp32 table: batched or perhead;
-// bf16 table: batched or flash (flash for head dims 64 and 128, batched otherwise).
+// bf16 and fp16 tables: batched or flash (flash for head dims 64 and 128 on compute capability
+// 8.0+, batched otherwise).
 enum { ATTN_DEFAULT = -1, ATTN_BATCHED = 0, ATTN_PERHEAD = 1, ATTN_FLASH = 2 };
-// What ATTN_DEFAULT means for the bf16 table: flash, promoted after it beat batched on the same
-// inputs in one run (H200, tests/gpu/test_ops_cuda --perf: GPT-2 B16 T1024 H12 hd64 forward
-// 185 vs 785 us, backward 610 vs 1148 us) with errors at or under batched's.
-#define BF16_ATTN_DEFAULT ATTN_FLASH
+// What ATTN_DEFAULT means for the 16-bit tables: flash, promoted after it beat batched on the same
+// inputs in one run (H200, bf16, tests/gpu/test_ops_cuda --perf: GPT-2 B16 T1024 H12 hd64 forward
+// 185 vs 785 us, backward 610 vs 1148 us) with errors at or under batched's. The fp16 table runs
+// the same kernels with the f16 form of mma.sync.
+#define HALF_ATTN_DEFAULT ATTN_FLASH
 
 // ---------------------------------------------------------------------------------------------
 // runtime state and error handling
 
 struct cuda_state {
   int ready, device, num_sms, sync_debug;
+  int cc;                  // compute capability, major * 10 + minor (flash needs 80+)
   int attn_variant;        // ATTN_*: CT_CUDA_ATTN or ct_cuda_set_variant("attention", ...)
-  int matmul_lt;           // bf16 matmul_fwd with a bias through cuBLASLt's BIAS epilogue
+  int matmul_lt;           // 16-bit matmul_fwd with a bias through cuBLASLt's BIAS epilogue
   size_t attn_scratch_cap; // attention backward's dP chunk, bytes (CT_CUDA_ATTN_SCRATCH_MB)
   cudaStream_t stream;
   cublasHandle_t blas;
@@ -150,20 +157,41 @@ template <> __device__ __forceinline__ float ld<bf16>(const bf16 *p) { return __
 template <> __device__ __forceinline__ void st<bf16>(bf16 *p, float v) {
   *p = __float2bfloat16_rn(v);
 }
+// fp16: round to nearest even; beyond the largest finite value (65504) it rounds to +-inf, as
+// IEEE says (no saturation), so an overflow is visible downstream (loss scaling relies on it).
+template <> __device__ __forceinline__ float ld<f16>(const f16 *p) { return __half2float(*p); }
+template <> __device__ __forceinline__ void st<f16>(f16 *p, float v) { *p = __float2half_rn(v); }
 
 template <typename T> cudaDataType_t blas_type();
 template <> cudaDataType_t blas_type<float>() { return CUDA_R_32F; }
 template <> cudaDataType_t blas_type<bf16>() { return CUDA_R_16BF; }
-// fp32 products use g.compute (fp32 or TF32); bf16 products always accumulate in fp32.
+template <> cudaDataType_t blas_type<f16>() { return CUDA_R_16F; }
+// fp32 products use g.compute (fp32 or TF32); bf16 and fp16 products always accumulate in fp32.
 template <typename T> cublasComputeType_t compute_type() { return g.compute; }
 template <> cublasComputeType_t compute_type<bf16>() { return CUBLAS_COMPUTE_32F; }
+template <> cublasComputeType_t compute_type<f16>() { return CUBLAS_COMPUTE_32F; }
+template <typename T> constexpr bool is16() {
+  return std::is_same<T, bf16>::value || std::is_same<T, f16>::value;
+}
 
 inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-// Two floats as a bf16x2 word (round to nearest even), `lo` in the low half.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+// Two floats as a word of two 16-bit values (round to nearest even), `lo` in the low half.
+template <typename E> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<bf16>(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<f16>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t *>(&v);
+}
+// Two 16-bit values at p (4-byte aligned) as floats.
+__device__ __forceinline__ float2 unpack2(const bf16 *p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+}
+__device__ __forceinline__ float2 unpack2(const f16 *p) {
+  return __half22float2(*reinterpret_cast<const __half2 *>(p));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -353,24 +381,26 @@ template <typename T> __global__ void add_vec_kernel(T *out, const T *a, const T
   }
 }
 
-// fp32 <-> bf16 (round to nearest even); 8 elements per step when aligned.
-__global__ void cast_f32_bf16_kernel(bf16 *dst, const float *src, size_t n) {
+// fp32 <-> bf16 / fp16 (round to nearest even; fp16 overflows to inf); 8 elements per step
+// when aligned.
+template <typename E> __global__ void cast_f32_16_kernel(E *dst, const float *src, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
-    dst[i] = __float2bfloat16_rn(src[i]);
+    st(dst + i, src[i]);
 }
-__global__ void cast_f32_bf16_vec_kernel(bf16 *dst, const float *src, size_t nv) {
+template <typename E> __global__ void cast_f32_16_vec_kernel(E *dst, const float *src, size_t nv) {
   VEC_LOOP(nv) {
     float4 a = reinterpret_cast<const float4 *>(src)[2 * i];
     float4 b = reinterpret_cast<const float4 *>(src)[2 * i + 1];
-    reinterpret_cast<int4 *>(dst)[i] = make_int4((int)pack_bf16(a.x, a.y), (int)pack_bf16(a.z, a.w),
-                                                 (int)pack_bf16(b.x, b.y), (int)pack_bf16(b.z, b.w));
+    reinterpret_cast<int4 *>(dst)[i] =
+        make_int4((int)pack2<E>(a.x, a.y), (int)pack2<E>(a.z, a.w), (int)pack2<E>(b.x, b.y),
+                  (int)pack2<E>(b.z, b.w));
   }
 }
-__global__ void cast_bf16_f32_kernel(float *dst, const bf16 *src, size_t n) {
+template <typename E> __global__ void cast_16_f32_kernel(float *dst, const E *src, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
-    dst[i] = __bfloat162float(src[i]);
+    dst[i] = ld(src + i);
 }
 
 template <typename T> __global__ void swiglu_fwd_kernel(T *out, const T *inp, long N, int F) {
@@ -770,11 +800,17 @@ __global__ void attention_cached_kernel(T *out, const T *qkv, const T *kc, const
 
 #define XENT_THREADS 512
 
+// Non-finite logits (an fp16 overflow upstream) are not hidden: a NaN keeps s NaN through the
+// merges (a part with m = -inf has s = 0, or NaN if it saw one), a +inf makes the loss and the
+// row's gradient non-finite; a -inf logit adds exp(-inf) = 0 like any very negative one.
 __device__ __forceinline__ void ms_merge(float &m, float &s, float m2, float s2) {
-  if (m2 == -INFINITY) return;
+  if (m2 == -INFINITY) {
+    s += s2; // 0, or NaN
+    return;
+  }
   if (m == -INFINITY) {
     m = m2;
-    s = s2;
+    s = s2 + s; // s2, or NaN
     return;
   }
   float M = fmaxf(m, m2);
@@ -803,7 +839,7 @@ __global__ void xent_kernel(float *losses, T *logits, const int32_t *targets, in
     if (v > m) {
       s = s * expf(m - v) + 1.0f; // expf(-inf) = 0 on the first element
       m = v;
-    } else {
+    } else if (v != -INFINITY) { // -inf - -inf would be NaN; a NaN v lands here and sticks
       s += expf(v - m);
     }
   }
@@ -821,6 +857,9 @@ __global__ void xent_kernel(float *losses, T *logits, const int32_t *targets, in
   for (int i = 1; i < XENT_THREADS / 32; i++) ms_merge(m, s, shm[i], shs[i]);
   if (tid == 0) losses[n] = logf(s) - (xt - m);
   if (grad_scale == 0.0f) return;
+  // |gradient| <= grad_scale: p * grad_scale in [0, grad_scale], minus grad_scale at the target.
+  // The trainer passes loss_scale / (B*T), 2^16 / 1024 = 64 at the initial fp16 scale: far below
+  // fp16's 65504, and p * 64 keeps probabilities down to ~1e-6 (fp16 subnormals 6e-8) nonzero.
   const float k = grad_scale / s;
   for (int i = tid; i < Vp; i += blockDim.x) {
     float v = 0.0f;
@@ -836,7 +875,7 @@ __global__ void xent_kernel(float *losses, T *logits, const int32_t *targets, in
 // matmul through cuBLAS (column-major): a row-major (R, C) matrix is a column-major (C, R) one.
 
 // C = alpha op(A) op(B) + beta C, batched with strides when batch > 1. A and B are T, C is TC
-// (bf16 A/B with an fp32 C: parameter gradients, attention scores); fp32 accumulation for bf16.
+// (16-bit A/B with an fp32 C: parameter gradients, attention scores); fp32 accumulation for both.
 template <typename T, typename TC = T>
 bool gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
           const T *A, int lda, long long sA, const T *B, int ldb, long long sB, float beta, TC *C,
@@ -892,14 +931,17 @@ bool gemm_batched(void **ptrs, cublasOperation_t ta, cublasOperation_t tb, int m
 }
 
 // ---------------------------------------------------------------------------------------------
-// cuBLASLt, loaded at run time (the build links cuBLAS only): the bf16 matmul_fwd with a bias
-// goes through its BIAS epilogue, one pass, instead of a bias broadcast and a beta = 1 gemm.
+// cuBLASLt, loaded at run time (the build links cuBLAS only): the bf16 / fp16 matmul_fwd with a
+// bias goes through its BIAS epilogue, one pass, instead of a bias broadcast and a beta = 1 gemm
+// (A, B, C, D and the bias in the table's 16-bit type, compute and scale type fp32; the bias is
+// added in fp32 before the one rounding, and an fp16 overflow is inf as on the plain path).
 // Anything missing (library, symbol, heuristic) falls back to that plain path.
 
 #define LT_PLANS 64
 #define LT_WORKSPACE (32u << 20)
 struct lt_plan {
-  int N, IC, OC, align; // the key
+  int N, IC, OC, align; // the key, with dt
+  cudaDataType_t dt;    // CUDA_R_16BF or CUDA_R_16F
   int ok;               // a heuristic answered: use it
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t a, b, c;
@@ -985,18 +1027,18 @@ int align_of(const void *p) {
 
 // The plan for out(N,OC) = inp(N,IC) w(OC,IC)^T + bias: column-major D (OC, N) = op_T(w) (OC, IC)
 // times inp (IC, N), the bias (OC) added to every column. NULL or !ok: use the plain path.
-lt_plan *lt_get_plan(int N, int IC, int OC, int align) {
+lt_plan *lt_get_plan(int N, int IC, int OC, int align, cudaDataType_t dt) {
   for (int i = 0; i < lt.nplans; i++) {
     lt_plan *p = &lt.plans[i];
-    if (p->N == N && p->IC == IC && p->OC == OC && p->align == align) return p;
+    if (p->N == N && p->IC == IC && p->OC == OC && p->align == align && p->dt == dt) return p;
   }
   if (lt.nplans == LT_PLANS) return NULL;
   lt_plan *p = &lt.plans[lt.nplans++];
   memset(p, 0, sizeof *p);
-  p->N = N, p->IC = IC, p->OC = OC, p->align = align;
+  p->N = N, p->IC = IC, p->OC = OC, p->align = align, p->dt = dt;
   const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
   const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-  const cudaDataType_t bias_type = CUDA_R_16BF;
+  const cudaDataType_t bias_type = dt;
   if (lt.desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
     p->desc = NULL;
     return p;
@@ -1006,9 +1048,8 @@ lt_plan *lt_get_plan(int N, int IC, int OC, int align) {
       lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
       lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type))
     return p;
-  if (lt.layout_create(&p->a, CUDA_R_16BF, IC, OC, IC) ||
-      lt.layout_create(&p->b, CUDA_R_16BF, IC, N, IC) ||
-      lt.layout_create(&p->c, CUDA_R_16BF, OC, N, OC))
+  if (lt.layout_create(&p->a, dt, IC, OC, IC) || lt.layout_create(&p->b, dt, IC, N, IC) ||
+      lt.layout_create(&p->c, dt, OC, N, OC))
     return p;
   cublasLtMatmulPreference_t pref = NULL;
   if (lt.pref_create(&pref) != CUBLAS_STATUS_SUCCESS) return p;
@@ -1034,14 +1075,14 @@ lt_plan *lt_get_plan(int N, int IC, int OC, int align) {
 
 // Returns false when the plain path must do it (nothing queued); true when queued or failed
 // (the failure recorded).
-bool lt_matmul_bias(bf16 *out, const bf16 *inp, const bf16 *w, const bf16 *bias, int N, int IC,
-                    int OC) {
+template <typename E>
+bool lt_matmul_bias(E *out, const E *inp, const E *w, const E *bias, int N, int IC, int OC) {
   if (IC % 8 || OC % 8 || !aligned16(bias) || !lt_load()) return false;
   int al = align_of(out);
   if (align_of(inp) < al) al = align_of(inp);
   if (align_of(w) < al) al = align_of(w);
   if (al < 16) return false;
-  lt_plan *p = lt_get_plan(N, IC, OC, al);
+  lt_plan *p = lt_get_plan(N, IC, OC, al, blas_type<E>());
   if (!p || !p->ok) return false;
   const void *bp = bias;
   if (!CKB(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp))) return true;
@@ -1202,9 +1243,10 @@ void cu_matmul_fwd(void *out, const void *inp, const void *w, const void *bias, 
                    int OC) {
   OP("matmul_fwd");
   if (N <= 0 || OC <= 0) return;
-  if constexpr (std::is_same<act_t, bf16>::value) {
-    if (bias && g.matmul_lt && lt_matmul_bias((bf16 *)out, (const bf16 *)inp, (const bf16 *)w,
-                                              (const bf16 *)bias, N, IC, OC))
+  if constexpr (is16<act_t>()) {
+    if (bias && g.matmul_lt &&
+        lt_matmul_bias<act_t>((act_t *)out, (const act_t *)inp, (const act_t *)w,
+                              (const act_t *)bias, N, IC, OC))
       return;
   }
   float beta = 0.0f;
@@ -1229,7 +1271,8 @@ void cu_matmul_bwd(void *dinp, float *dw, float *dbias, const void *dout, const 
   if (dinp && !gemm<act_t>(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, (const act_t *)w, IC, 0, dO,
                            OC, 0, 1.0f, (act_t *)dinp, IC, 0, 1))
     return;
-  // dw is fp32 like every parameter gradient (bf16 A/B, fp32 C for the bf16 table).
+  // dw is fp32 like every parameter gradient (16-bit A/B, fp32 C for the bf16 / fp16 tables):
+  // an inf or NaN in dout or inp reaches it as it is (nothing is clamped).
   if (dw && !gemm<act_t, float>(CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, N, 1.0f, (const act_t *)inp, IC,
                                 0, dO, OC, 0, 1.0f, dw, IC, 0, 1))
     return;
@@ -1561,23 +1604,24 @@ void cu_scale(float *x, float s, size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// bf16 attention, batched-GEMM variant. state = P as bf16 (B, H, T, T), zero above the diagonal,
-// packed two to a float. Scores S = scale K Q^T come out of a bf16 gemm in fp32 (scratch, in
-// chunks of kv groups under CT_CUDA_ATTN_SCRATCH_MB), the causal softmax runs in fp32 and stores
-// P in bf16; O = P V is a bf16 gemm with fp32 accumulation. Backward: dV += P^T dO and
-// dP = dO V^T (fp32, scratch); dS = P (dP - rowsum(P dP)) scale in fp32, stored bf16 for
-// dQ += dS K and dK += dS^T Q.
+// 16-bit attention (bf16 and fp16 tables, element type E), batched-GEMM variant. state = P as E
+// (B, H, T, T), zero above the diagonal, packed two to a float. Scores S = scale K Q^T come out
+// of an E gemm in fp32 (scratch, in chunks of kv groups under CT_CUDA_ATTN_SCRATCH_MB), the
+// causal softmax runs in fp32 and stores P in E; O = P V is an E gemm with fp32 accumulation.
+// Backward: dV += P^T dO and dP = dO V^T (fp32, scratch); dS = P (dP - rowsum(P dP)) scale in
+// fp32, stored E for dQ += dS K and dK += dS^T Q. fp16: P is in [0, 1]; dS may overflow to inf
+// under a large loss scale, which then reaches the gradients (the trainer skips that step).
 
 // S rows r = (b*nh + hl)*T + t (fp32, rewritten as scratch) -> P rows ((b*H + h0 + hl)*T + t).
-__global__ void softmax_causal_bf16_kernel(bf16 *P, float *S, int B, int T, int H, int h0,
-                                           int nh) {
+template <typename E>
+__global__ void softmax_causal_16_kernel(E *P, float *S, int B, int T, int H, int h0, int nh) {
   const long row = blockIdx.x * (long)NORM_WARPS + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= (long)B * nh * T) return;
   const long b = row / ((long)nh * T), rem = row % ((long)nh * T);
   const int hl = (int)(rem / T), t = (int)(rem % T);
   float *s = S + row * T;
-  bf16 *p = P + ((b * H + h0 + hl) * T + t) * (long)T;
+  E *p = P + ((b * H + h0 + hl) * T + t) * (long)T;
   float mx = -INFINITY;
   for (int j = lane; j <= t; j += 32) mx = fmaxf(mx, s[j]);
   mx = warp_max(mx);
@@ -1588,30 +1632,29 @@ __global__ void softmax_causal_bf16_kernel(bf16 *P, float *S, int B, int T, int 
     sum += e;
   }
   const float inv = 1.0f / warp_sum(sum);
-  for (int j = lane; j < T; j += 32) p[j] = __float2bfloat16_rn(j <= t ? s[j] * inv : 0.0f);
+  for (int j = lane; j < T; j += 32) st(p + j, j <= t ? s[j] * inv : 0.0f);
 }
 
-// dP rows r = (b*nh + hl)*T + t (fp32) -> dS (bf16, same rows), P from the state.
-__global__ void softmax_causal_bwd_bf16_kernel(bf16 *dS, const float *dP, const bf16 *P, int B,
-                                               int T, int H, int h0, int nh, float scale) {
+// dP rows r = (b*nh + hl)*T + t (fp32) -> dS (E, same rows), P from the state.
+template <typename E>
+__global__ void softmax_causal_bwd_16_kernel(E *dS, const float *dP, const E *P, int B, int T,
+                                             int H, int h0, int nh, float scale) {
   const long row = blockIdx.x * (long)NORM_WARPS + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= (long)B * nh * T) return;
   const long b = row / ((long)nh * T), rem = row % ((long)nh * T);
   const int hl = (int)(rem / T), t = (int)(rem % T);
-  const bf16 *p = P + ((b * H + h0 + hl) * T + t) * (long)T;
+  const E *p = P + ((b * H + h0 + hl) * T + t) * (long)T;
   const float *d = dP + row * T;
-  bf16 *o = dS + row * T;
+  E *o = dS + row * T;
   float sd = 0.0f;
-  for (int j = lane; j <= t; j += 32) sd += __bfloat162float(p[j]) * d[j];
+  for (int j = lane; j <= t; j += 32) sd += ld(p + j) * d[j];
   sd = warp_sum(sd);
   for (int j = lane; j < T; j += 32)
-    o[j] = __float2bfloat16_rn(j <= t ? __bfloat162float(p[j]) * (d[j] - sd) * scale : 0.0f);
+    st(o + j, j <= t ? ld(p + j) * (d[j] - sd) * scale : 0.0f);
 }
 
-size_t attn_bf16_batched_state_floats(int B, int T, int H) {
-  return ((size_t)B * H * T * T + 1) / 2;
-}
+size_t attn_16_batched_state_floats(int B, int T, int H) { return ((size_t)B * H * T * T + 1) / 2; }
 
 // kv groups per chunk so that `per_kv` bytes each stay under the scratch cap (at least one).
 int attn_chunk(size_t per_kv, int KV) {
@@ -1619,8 +1662,9 @@ int attn_chunk(size_t per_kv, int KV) {
   return fit < 1 ? 1 : fit > (size_t)KV ? KV : (int)fit;
 }
 
-void attention_fwd_bf16_batched(void *out, float *state, const void *qkv, int B, int T, int H,
-                                int KV, int hd) {
+template <typename E>
+void attention_fwd_16_batched(void *out, float *state, const void *qkv, int B, int T, int H, int KV,
+                              int hd) {
   const long W3 = (long)(H + 2 * KV) * hd, HD = (long)H * hd, TT = (long)T * T;
   const int grp = H / KV;
   const float scale = 1.0f / sqrtf((float)hd);
@@ -1631,128 +1675,173 @@ void attention_fwd_bf16_batched(void *out, float *state, const void *qkv, int B,
   if (!sc) return;
   float *S = (float *)sc;
   void **ptrs = (void **)(sc + (s_bytes + 255) / 256 * 256);
-  const bf16 *q = (const bf16 *)qkv, *k = q + HD, *v = q + HD + (long)KV * hd;
-  bf16 *P = (bf16 *)state, *o = (bf16 *)out;
+  const E *q = (const E *)qkv, *k = q + HD, *v = q + HD + (long)KV * hd;
+  E *P = (E *)state, *o = (E *)out;
   for (int kv0 = 0; kv0 < KV; kv0 += nkc) {
     const int nk = KV - kv0 < nkc ? KV - kv0 : nkc, nh = nk * grp, h0 = kv0 * grp;
     // S(b,hl) = scale K(b, kv0 + hl/grp) Q(b, h0+hl)^T, fp32
-    if (!gemm_batched<bf16, float>(ptrs, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, scale,
-                                   pd(k + (long)kv0 * hd, T * W3, hd, grp), (int)W3,
-                                   pd(q + (long)h0 * hd, T * W3, hd), (int)W3, 0.0f,
-                                   pd(S, nh * TT, TT), T, B * nh, nh))
+    if (!gemm_batched<E, float>(ptrs, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, scale,
+                                pd(k + (long)kv0 * hd, T * W3, hd, grp), (int)W3,
+                                pd(q + (long)h0 * hd, T * W3, hd), (int)W3, 0.0f,
+                                pd(S, nh * TT, TT), T, B * nh, nh))
       return;
     const long rows = (long)B * nh * T;
-    softmax_causal_bf16_kernel<<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS),
-                                 NORM_WARPS * 32, 0, g.stream>>>(P, S, B, T, H, h0, nh);
-    if (!CK_LAUNCH(softmax_causal_bf16_kernel)) return;
+    softmax_causal_16_kernel<E>
+        <<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * 32, 0, g.stream>>>(
+            P, S, B, T, H, h0, nh);
+    if (!CK_LAUNCH(softmax_causal_16_kernel)) return;
     // O(b,h) = P(b,h) V(b,kv)
-    if (!gemm_batched<bf16, bf16>(ptrs, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, 1.0f,
-                                  pd(v + (long)kv0 * hd, T * W3, hd, grp), (int)W3,
-                                  pd(P + (long)h0 * TT, H * TT, TT), T, 0.0f,
-                                  pd(o + (long)h0 * hd, T * HD, hd), (int)HD, B * nh, nh))
+    if (!gemm_batched<E, E>(ptrs, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, 1.0f,
+                            pd(v + (long)kv0 * hd, T * W3, hd, grp), (int)W3,
+                            pd(P + (long)h0 * TT, H * TT, TT), T, 0.0f,
+                            pd(o + (long)h0 * hd, T * HD, hd), (int)HD, B * nh, nh))
       return;
   }
 }
 
-void attention_bwd_bf16_batched(void *dqkv, const void *dout, const void *qkv, const float *state,
-                                int B, int T, int H, int KV, int hd) {
+template <typename E>
+void attention_bwd_16_batched(void *dqkv, const void *dout, const void *qkv, const float *state,
+                              int B, int T, int H, int KV, int hd) {
   const long W3 = (long)(H + 2 * KV) * hd, HD = (long)H * hd, TT = (long)T * T;
   const int grp = H / KV;
   const float scale = 1.0f / sqrtf((float)hd);
-  const size_t per_kv = (sizeof(float) + sizeof(bf16)) * (size_t)B * grp * TT;
+  const size_t per_kv = (sizeof(float) + sizeof(E)) * (size_t)B * grp * TT;
   const int nkc = attn_chunk(per_kv, KV);
   const size_t dp_bytes = sizeof(float) * (size_t)B * grp * TT * nkc;
-  const size_t ds_bytes = sizeof(bf16) * (size_t)B * grp * TT * nkc;
+  const size_t ds_bytes = sizeof(E) * (size_t)B * grp * TT * nkc;
   const size_t ptr_count = (size_t)B * nkc * grp;
   char *sc = (char *)scratch(dp_bytes + ds_bytes + sizeof(void *) * 3 * ptr_count + 512);
   if (!sc) return;
   float *dP = (float *)sc;
-  bf16 *dS = (bf16 *)(sc + (dp_bytes + 255) / 256 * 256);
+  E *dS = (E *)(sc + (dp_bytes + 255) / 256 * 256);
   void **ptrs = (void **)(sc + (dp_bytes + 255) / 256 * 256 + (ds_bytes + 255) / 256 * 256);
-  const bf16 *q = (const bf16 *)qkv, *k = q + HD, *v = q + HD + (long)KV * hd;
-  const bf16 *dO = (const bf16 *)dout, *P = (const bf16 *)state;
-  bf16 *dq = (bf16 *)dqkv, *dk = dq + HD, *dv = dq + HD + (long)KV * hd;
+  const E *q = (const E *)qkv, *k = q + HD, *v = q + HD + (long)KV * hd;
+  const E *dO = (const E *)dout, *P = (const E *)state;
+  E *dq = (E *)dqkv, *dk = dq + HD, *dv = dq + HD + (long)KV * hd;
   for (int kv0 = 0; kv0 < KV; kv0 += nkc) {
     const int nk = KV - kv0 < nkc ? KV - kv0 : nkc, nh = nk * grp, h0 = kv0 * grp;
     // dV(b,kv) += P(b,h)^T dO(b,h) for h = kv*grp + j, one j at a time (outputs coincide)
     for (int j = 0; j < grp; j++)
-      if (!gemm_batched<bf16, bf16>(ptrs, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, 1.0f,
-                                    pd(dO + (long)(h0 + j) * hd, T * HD, (long)grp * hd), (int)HD,
-                                    pd(P + (long)(h0 + j) * TT, H * TT, (long)grp * TT), T, 1.0f,
-                                    pd(dv + (long)kv0 * hd, T * W3, hd), (int)W3, B * nk, nk))
+      if (!gemm_batched<E, E>(ptrs, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, 1.0f,
+                              pd(dO + (long)(h0 + j) * hd, T * HD, (long)grp * hd), (int)HD,
+                              pd(P + (long)(h0 + j) * TT, H * TT, (long)grp * TT), T, 1.0f,
+                              pd(dv + (long)kv0 * hd, T * W3, hd), (int)W3, B * nk, nk))
         return;
     // dP(b,hl) = dO(b,h) V(b,kv)^T, fp32
-    if (!gemm_batched<bf16, float>(ptrs, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, 1.0f,
-                                   pd(v + (long)kv0 * hd, T * W3, hd, grp), (int)W3,
-                                   pd(dO + (long)h0 * hd, T * HD, hd), (int)HD, 0.0f,
-                                   pd(dP, nh * TT, TT), T, B * nh, nh))
+    if (!gemm_batched<E, float>(ptrs, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, 1.0f,
+                                pd(v + (long)kv0 * hd, T * W3, hd, grp), (int)W3,
+                                pd(dO + (long)h0 * hd, T * HD, hd), (int)HD, 0.0f,
+                                pd(dP, nh * TT, TT), T, B * nh, nh))
       return;
     const long rows = (long)B * nh * T;
-    softmax_causal_bwd_bf16_kernel<<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS),
-                                     NORM_WARPS * 32, 0, g.stream>>>(dS, dP, P, B, T, H, h0, nh,
-                                                                     scale);
-    if (!CK_LAUNCH(softmax_causal_bwd_bf16_kernel)) return;
+    softmax_causal_bwd_16_kernel<E>
+        <<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * 32, 0, g.stream>>>(
+            dS, dP, P, B, T, H, h0, nh, scale);
+    if (!CK_LAUNCH(softmax_causal_bwd_16_kernel)) return;
     // dQ(b,h) += dS(b,hl) K(b,kv)
-    if (!gemm_batched<bf16, bf16>(ptrs, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, 1.0f,
-                                  pd(k + (long)kv0 * hd, T * W3, hd, grp), (int)W3,
-                                  pd(dS, nh * TT, TT), T, 1.0f, pd(dq + (long)h0 * hd, T * W3, hd),
-                                  (int)W3, B * nh, nh))
+    if (!gemm_batched<E, E>(ptrs, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, 1.0f,
+                            pd(k + (long)kv0 * hd, T * W3, hd, grp), (int)W3, pd(dS, nh * TT, TT),
+                            T, 1.0f, pd(dq + (long)h0 * hd, T * W3, hd), (int)W3, B * nh, nh))
       return;
     // dK(b,kv) += dS(b,hl)^T Q(b,h), one j at a time
     for (int j = 0; j < grp; j++)
-      if (!gemm_batched<bf16, bf16>(ptrs, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, 1.0f,
-                                    pd(q + (long)(h0 + j) * hd, T * W3, (long)grp * hd), (int)W3,
-                                    pd(dS + (long)j * TT, nh * TT, (long)grp * TT), T, 1.0f,
-                                    pd(dk + (long)kv0 * hd, T * W3, hd), (int)W3, B * nk, nk))
+      if (!gemm_batched<E, E>(ptrs, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, 1.0f,
+                              pd(q + (long)(h0 + j) * hd, T * W3, (long)grp * hd), (int)W3,
+                              pd(dS + (long)j * TT, nh * TT, (long)grp * TT), T, 1.0f,
+                              pd(dk + (long)kv0 * hd, T * W3, hd), (int)W3, B * nk, nk))
         return;
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// bf16 attention, flash variant (FlashAttention-2 style, mma.sync m16n8k16 bf16 -> fp32), head
-// dims 64 and 128. Blocks of 4 warps; a warp owns 16 rows of a 64-row tile; K/V (or Q/dO) tiles
-// of 64 rows stream through shared memory with cp.async, two stages. Softmax statistics in fp32
-// (exp2 domain). state = [lse (B,H,T) in log2 units, padded to 8 floats][O copy (N, H*hd), bf16]:
-// backward needs D = rowsum(dO * O) and the signature passes no O.
+// 16-bit attention, flash variant (FlashAttention-2 style, mma.sync m16n8k16 with bf16 or fp16
+// inputs -> fp32, element type E), head dims 64 and 128. Blocks of 4 warps; a warp owns 16 rows
+// of a 64-row tile; K/V (or Q/dO) tiles of 64 rows stream through shared memory with cp.async,
+// two stages. Softmax statistics in fp32 (exp2 domain). state = [lse (B,H,T) in log2 units,
+// padded to 8 floats][O copy (N, H*hd), E]: backward needs D = rowsum(dO * O) and the signature
+// passes no O. P (in [0, 1]) and dS go through E as mma inputs; in fp16 an overflowing dS becomes
+// inf (round to nearest, no saturation) and reaches dQ/dK, as in the batched variant.
 // Backward, deterministic (no atomics): one kernel owns dK/dV of a 64-key tile and loops over the
 // group's query heads and the query tiles at or after it; another owns dQ of a 64-query tile.
 // Grids put the longest blocks (most tiles under the causal mask) first.
+// mma.sync m16n8k16 and cp.async need sm_80: on older architectures (a build for sm_75, where
+// fp16 is the 16-bit type) the helpers compile to a trap and the host never picks flash there.
 
 #define FL_THREADS 128
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define FL_SM80 0
+#else
+#define FL_SM80 1
+#endif
 
-__device__ __forceinline__ uint32_t lds32(const bf16 *p) {
+template <typename E> __device__ __forceinline__ uint32_t lds32(const E *p) {
   return *reinterpret_cast<const uint32_t *>(p);
 }
-// c += a b, a 16x16 (row), b 16x8 (col), bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
+// c += a b, a 16x16 (row), b 16x8 (col), E in, fp32 accumulate.
+template <typename E>
+__device__ __forceinline__ void mma16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                      uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16<bf16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1) {
+#if FL_SM80
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
                "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
 }
-// Four 8x8 bf16 matrices, transposed, from shared memory (row addresses from lanes 8i..8i+7).
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16 *p) {
+template <>
+__device__ __forceinline__ void mma16<f16>(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                           uint32_t b1) {
+#if FL_SM80
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+// Four 8x8 16-bit matrices, transposed, from shared memory (row addresses from lanes 8i..8i+7).
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p) {
+#if FL_SM80
   const unsigned s = (unsigned)__cvta_generic_to_shared(p);
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(s));
+#else
+  r[0] = r[1] = r[2] = r[3] = 0;
+  __trap();
+#endif
 }
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
+#if FL_SM80
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
                "r"(pred ? 16 : 0));
+#else
+  __trap();
+#endif
 }
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_commit() {
+#if FL_SM80
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
 template <int N> __device__ __forceinline__ void cp_wait() {
+#if FL_SM80
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
 }
 
 // A fragment (16x16 at rows r0.., cols k0..) of a row-major shared tile with leading dim LD.
-template <int LD>
-__device__ __forceinline__ void lds_a(uint32_t (&a)[4], const bf16 *s, int r0, int k0, int g,
+template <int LD, typename E>
+__device__ __forceinline__ void lds_a(uint32_t (&a)[4], const E *s, int r0, int k0, int g,
                                       int tg) {
-  const bf16 *p = s + (r0 + g) * LD + k0 + tg * 2;
+  const E *p = s + (r0 + g) * LD + k0 + tg * 2;
   a[0] = lds32(p);
   a[1] = lds32(p + 8 * LD);
   a[2] = lds32(p + 8);
@@ -1760,16 +1849,15 @@ __device__ __forceinline__ void lds_a(uint32_t (&a)[4], const bf16 *s, int r0, i
 }
 // ldmatrix.trans address for the B fragments (k = rows k0.., n = cols n0..n0+15) of a row-major
 // [k][n] shared tile: r[0], r[1] are b0, b1 of n-tile n0, r[2], r[3] those of n0 + 8.
-template <int LD>
-__device__ __forceinline__ const bf16 *ldsm_t_addr(const bf16 *s, int k0, int n0, int lane) {
+template <int LD, typename E>
+__device__ __forceinline__ const E *ldsm_t_addr(const E *s, int k0, int n0, int lane) {
   return s + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + n0 + (lane >> 4) * 8;
 }
 
 // Rows row0 .. row0+63 of a head slice (row t at base + t*stride, hd = HD contiguous) into a
 // [64][HD+8] shared tile; rows >= T are zero-filled.
-template <int HD>
-__device__ __forceinline__ void fl_load_tile(bf16 *s, const bf16 *base, long stride, int row0,
-                                             int T) {
+template <int HD, typename E>
+__device__ __forceinline__ void fl_load_tile(E *s, const E *base, long stride, int row0, int T) {
   constexpr int CPR = HD / 8, LD = HD + 8;
   for (int i = threadIdx.x; i < 64 * CPR; i += FL_THREADS) {
     const int r = i / CPR, c = (i % CPR) * 8;
@@ -1779,33 +1867,33 @@ __device__ __forceinline__ void fl_load_tile(bf16 *s, const bf16 *base, long str
 }
 
 // P (16 rows x 16*NT2 keys) from C fragments (n-tiles of 8) to A fragments (k-chunks of 16).
-template <int NT>
+template <int NT, typename E>
 __device__ __forceinline__ void c_to_a(uint32_t (&a)[NT / 2][4], const float (&c)[NT][4]) {
 #pragma unroll
   for (int nt = 0; nt < NT; nt++) {
-    a[nt / 2][(nt & 1) * 2 + 0] = pack_bf16(c[nt][0], c[nt][1]);
-    a[nt / 2][(nt & 1) * 2 + 1] = pack_bf16(c[nt][2], c[nt][3]);
+    a[nt / 2][(nt & 1) * 2 + 0] = pack2<E>(c[nt][0], c[nt][1]);
+    a[nt / 2][(nt & 1) * 2 + 1] = pack2<E>(c[nt][2], c[nt][3]);
   }
 }
 
-template <int HD> constexpr size_t fl_fwd_smem() { return sizeof(bf16) * 5 * 64 * (HD + 8); }
+// Shared memory in 16-bit elements (bf16 and fp16 alike).
+template <int HD> constexpr size_t fl_fwd_smem() { return 2 * 5 * 64 * (HD + 8); }
 template <int HD> constexpr size_t fl_bwd_smem() {
-  return sizeof(bf16) * 6 * 64 * (HD + 8) + sizeof(float) * 4 * 64;
+  return 2 * 6 * 64 * (HD + 8) + sizeof(float) * 4 * 64;
 }
 
-template <int HD>
+template <int HD, typename E>
 __global__ void __launch_bounds__(FL_THREADS)
-    flash_fwd_kernel(bf16 *out, float *lse, bf16 *ocopy, const bf16 *qkv, int T, int H, int KV,
-                     float sl2) {
+    flash_fwd_kernel(E *out, float *lse, E *ocopy, const E *qkv, int T, int H, int KV, float sl2) {
   constexpr int LD = HD + 8, KC = HD / 16, DT = HD / 8;
   extern __shared__ int4 fl_smem[];
-  bf16 *Qs = reinterpret_cast<bf16 *>(fl_smem), *Ks = Qs + 64 * LD, *Vs = Ks + 2 * 64 * LD;
+  E *Qs = reinterpret_cast<E *>(fl_smem), *Ks = Qs + 64 * LD, *Vs = Ks + 2 * 64 * LD;
   const int nqb = (T + 63) / 64, qb = nqb - 1 - (int)blockIdx.x;
   const int b = (int)blockIdx.y / H, h = (int)blockIdx.y % H, kv = h / (H / KV);
   const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
-  const bf16 *qsrc = qkv + (long)b * T * W3 + (long)h * HD;
-  const bf16 *ksrc = qkv + (long)b * T * W3 + (long)(H + kv) * HD;
-  const bf16 *vsrc = qkv + (long)b * T * W3 + (long)(H + KV + kv) * HD;
+  const E *qsrc = qkv + (long)b * T * W3 + (long)h * HD;
+  const E *ksrc = qkv + (long)b * T * W3 + (long)(H + kv) * HD;
+  const E *vsrc = qkv + (long)b * T * W3 + (long)(H + KV + kv) * HD;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
   const int q0 = qb * 64, r0 = q0 + warp * 16 + g, r1 = r0 + 8;
   fl_load_tile<HD>(Qs, qsrc, W3, q0, T);
@@ -1833,7 +1921,7 @@ __global__ void __launch_bounds__(FL_THREADS)
 #pragma unroll
       for (int kc = 0; kc < KC; kc++) lds_a<LD>(qa[kc], Qs, warp * 16, kc * 16, g, tg);
     }
-    const bf16 *K = Ks + stg * 64 * LD, *V = Vs + stg * 64 * LD;
+    const E *K = Ks + stg * 64 * LD, *V = Vs + stg * 64 * LD;
     float s[8][4];
 #pragma unroll
     for (int nt = 0; nt < 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
@@ -1841,8 +1929,8 @@ __global__ void __launch_bounds__(FL_THREADS)
     for (int kc = 0; kc < KC; kc++) {
 #pragma unroll
       for (int nt = 0; nt < 8; nt++) {
-        const bf16 *p = K + (nt * 8 + g) * LD + kc * 16 + tg * 2;
-        mma_bf16(s[nt], qa[kc], lds32(p), lds32(p + 8));
+        const E *p = K + (nt * 8 + g) * LD + kc * 16 + tg * 2;
+        mma16<E>(s[nt], qa[kc], lds32(p), lds32(p + 8));
       }
     }
     if (j == qb) { // the diagonal tile: keys after the query are masked
@@ -1887,15 +1975,15 @@ __global__ void __launch_bounds__(FL_THREADS)
       l1 += s[nt][2] + s[nt][3];
     }
     uint32_t pa[4][4];
-    c_to_a<8>(pa, s);
+    c_to_a<8, E>(pa, s);
 #pragma unroll
     for (int kc = 0; kc < 4; kc++) {
 #pragma unroll
       for (int dp = 0; dp < HD / 16; dp++) {
         uint32_t bv[4];
         ldsm_x4_t(bv, ldsm_t_addr<LD>(V, kc * 16, dp * 16, lane));
-        mma_bf16(o[2 * dp], pa[kc], bv[0], bv[1]);
-        mma_bf16(o[2 * dp + 1], pa[kc], bv[2], bv[3]);
+        mma16<E>(o[2 * dp], pa[kc], bv[0], bv[1]);
+        mma16<E>(o[2 * dp + 1], pa[kc], bv[2], bv[3]);
       }
     }
     __syncthreads(); // the stage just read is the next prefetch's target
@@ -1909,7 +1997,7 @@ __global__ void __launch_bounds__(FL_THREADS)
     const long off = ((long)b * T + r0) * HDt + (long)h * HD;
 #pragma unroll
     for (int i = 0; i < DT; i++) {
-      const uint32_t v = pack_bf16(o[i][0] * inv0, o[i][1] * inv0);
+      const uint32_t v = pack2<E>(o[i][0] * inv0, o[i][1] * inv0);
       *reinterpret_cast<uint32_t *>(out + off + i * 8 + tg * 2) = v;
       *reinterpret_cast<uint32_t *>(ocopy + off + i * 8 + tg * 2) = v;
     }
@@ -1919,7 +2007,7 @@ __global__ void __launch_bounds__(FL_THREADS)
     const long off = ((long)b * T + r1) * HDt + (long)h * HD;
 #pragma unroll
     for (int i = 0; i < DT; i++) {
-      const uint32_t v = pack_bf16(o[i][2] * inv1, o[i][3] * inv1);
+      const uint32_t v = pack2<E>(o[i][2] * inv1, o[i][3] * inv1);
       *reinterpret_cast<uint32_t *>(out + off + i * 8 + tg * 2) = v;
       *reinterpret_cast<uint32_t *>(ocopy + off + i * 8 + tg * 2) = v;
     }
@@ -1928,8 +2016,9 @@ __global__ void __launch_bounds__(FL_THREADS)
 }
 
 // D[(b*H + h)*T + t] = sum_d dO * O over the head's hd values; one warp per (b*T + t, h).
-__global__ void flash_bwd_pre_kernel(float *D, const bf16 *dout, const bf16 *ocopy, int B, int T,
-                                     int H, int hd) {
+template <typename E>
+__global__ void flash_bwd_pre_kernel(float *D, const E *dout, const E *ocopy, int B, int T, int H,
+                                     int hd) {
   const long row = blockIdx.x * (long)NORM_WARPS + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= (long)B * T * H) return;
@@ -1938,36 +2027,34 @@ __global__ void flash_bwd_pre_kernel(float *D, const bf16 *dout, const bf16 *oco
   const long off = bt * H * hd + (long)h * hd;
   float s = 0.0f;
   for (int i = lane * 2; i < hd; i += 64) {
-    const __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162 *>(dout + off + i);
-    const __nv_bfloat162 y = *reinterpret_cast<const __nv_bfloat162 *>(ocopy + off + i);
-    s += __bfloat162float(x.x) * __bfloat162float(y.x) + __bfloat162float(x.y) * __bfloat162float(y.y);
+    float2 x = unpack2(dout + off + i), y = unpack2(ocopy + off + i);
+    s += x.x * y.x + x.y * y.y;
   }
   s = warp_sum(s);
   if (lane == 0) D[((bt / T) * H + h) * T + bt % T] = s;
 }
 
-// dst (bf16x2 at p) += (x, y) * k
-__device__ __forceinline__ void add_bf16x2(bf16 *p, float x, float y, float k) {
-  __nv_bfloat162 v = *reinterpret_cast<__nv_bfloat162 *>(p);
-  *reinterpret_cast<uint32_t *>(p) =
-      pack_bf16(__bfloat162float(v.x) + x * k, __bfloat162float(v.y) + y * k);
+// dst (two E at p) += (x, y) * k, rounded once
+template <typename E> __device__ __forceinline__ void add2(E *p, float x, float y, float k) {
+  const float2 v = unpack2(p);
+  *reinterpret_cast<uint32_t *>(p) = pack2<E>(v.x + x * k, v.y + y * k);
 }
 
-template <int HD>
+template <int HD, typename E>
 __global__ void __launch_bounds__(FL_THREADS)
-    flash_bwd_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse,
+    flash_bwd_dq_kernel(E *dqkv, const E *dout, const E *qkv, const float *lse,
                         const float *D, int T, int H, int KV, float sl2, float scale) {
   constexpr int LD = HD + 8, KC = HD / 16, DT = HD / 8;
   extern __shared__ int4 fl_smem[];
-  bf16 *Qs = reinterpret_cast<bf16 *>(fl_smem), *dOs = Qs + 64 * LD, *Ks = dOs + 64 * LD,
+  E *Qs = reinterpret_cast<E *>(fl_smem), *dOs = Qs + 64 * LD, *Ks = dOs + 64 * LD,
        *Vs = Ks + 2 * 64 * LD;
   const int nqb = (T + 63) / 64, qb = nqb - 1 - (int)blockIdx.x;
   const int b = (int)blockIdx.y / H, h = (int)blockIdx.y % H, kv = h / (H / KV);
   const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
-  const bf16 *qsrc = qkv + (long)b * T * W3 + (long)h * HD;
-  const bf16 *dosrc = dout + (long)b * T * HDt + (long)h * HD;
-  const bf16 *ksrc = qkv + (long)b * T * W3 + (long)(H + kv) * HD;
-  const bf16 *vsrc = qkv + (long)b * T * W3 + (long)(H + KV + kv) * HD;
+  const E *qsrc = qkv + (long)b * T * W3 + (long)h * HD;
+  const E *dosrc = dout + (long)b * T * HDt + (long)h * HD;
+  const E *ksrc = qkv + (long)b * T * W3 + (long)(H + kv) * HD;
+  const E *vsrc = qkv + (long)b * T * W3 + (long)(H + KV + kv) * HD;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
   const int q0 = qb * 64, r0 = q0 + warp * 16 + g, r1 = r0 + 8;
   fl_load_tile<HD>(Qs, qsrc, W3, q0, T);
@@ -1993,7 +2080,7 @@ __global__ void __launch_bounds__(FL_THREADS)
       cp_wait<0>();
     }
     __syncthreads();
-    const bf16 *K = Ks + stg * 64 * LD, *V = Vs + stg * 64 * LD;
+    const E *K = Ks + stg * 64 * LD, *V = Vs + stg * 64 * LD;
     float s[8][4], dp[8][4];
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
@@ -2006,10 +2093,10 @@ __global__ void __launch_bounds__(FL_THREADS)
       lds_a<LD>(e, dOs, warp * 16, kc * 16, g, tg);
 #pragma unroll
       for (int nt = 0; nt < 8; nt++) {
-        const bf16 *pk = K + (nt * 8 + g) * LD + kc * 16 + tg * 2;
-        const bf16 *pv = V + (nt * 8 + g) * LD + kc * 16 + tg * 2;
-        mma_bf16(s[nt], a, lds32(pk), lds32(pk + 8));
-        mma_bf16(dp[nt], e, lds32(pv), lds32(pv + 8));
+        const E *pk = K + (nt * 8 + g) * LD + kc * 16 + tg * 2;
+        const E *pv = V + (nt * 8 + g) * LD + kc * 16 + tg * 2;
+        mma16<E>(s[nt], a, lds32(pk), lds32(pk + 8));
+        mma16<E>(dp[nt], e, lds32(pv), lds32(pv + 8));
       }
     }
     const bool diag = j == qb;
@@ -2027,45 +2114,45 @@ __global__ void __launch_bounds__(FL_THREADS)
       s[nt][3] = p * (dp[nt][3] - D1);
     }
     uint32_t da[4][4];
-    c_to_a<8>(da, s);
+    c_to_a<8, E>(da, s);
 #pragma unroll
     for (int kc = 0; kc < 4; kc++) {
 #pragma unroll
       for (int dd = 0; dd < HD / 16; dd++) {
         uint32_t bk[4];
         ldsm_x4_t(bk, ldsm_t_addr<LD>(K, kc * 16, dd * 16, lane));
-        mma_bf16(dq[2 * dd], da[kc], bk[0], bk[1]);
-        mma_bf16(dq[2 * dd + 1], da[kc], bk[2], bk[3]);
+        mma16<E>(dq[2 * dd], da[kc], bk[0], bk[1]);
+        mma16<E>(dq[2 * dd + 1], da[kc], bk[2], bk[3]);
       }
     }
     __syncthreads();
   }
   if (r0 < T) {
-    bf16 *d = dqkv + ((long)b * T + r0) * W3 + (long)h * HD;
+    E *d = dqkv + ((long)b * T + r0) * W3 + (long)h * HD;
 #pragma unroll
-    for (int i = 0; i < DT; i++) add_bf16x2(d + i * 8 + tg * 2, dq[i][0], dq[i][1], scale);
+    for (int i = 0; i < DT; i++) add2<E>(d + i * 8 + tg * 2, dq[i][0], dq[i][1], scale);
   }
   if (r1 < T) {
-    bf16 *d = dqkv + ((long)b * T + r1) * W3 + (long)h * HD;
+    E *d = dqkv + ((long)b * T + r1) * W3 + (long)h * HD;
 #pragma unroll
-    for (int i = 0; i < DT; i++) add_bf16x2(d + i * 8 + tg * 2, dq[i][2], dq[i][3], scale);
+    for (int i = 0; i < DT; i++) add2<E>(d + i * 8 + tg * 2, dq[i][2], dq[i][3], scale);
   }
 }
 
-template <int HD>
+template <int HD, typename E>
 __global__ void __launch_bounds__(FL_THREADS)
-    flash_bwd_dkdv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse,
+    flash_bwd_dkdv_kernel(E *dqkv, const E *dout, const E *qkv, const float *lse,
                           const float *D, int T, int H, int KV, float sl2, float scale) {
   constexpr int LD = HD + 8, KC = HD / 16, DT = HD / 8;
   extern __shared__ int4 fl_smem[];
-  bf16 *Ks = reinterpret_cast<bf16 *>(fl_smem), *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD,
+  E *Ks = reinterpret_cast<E *>(fl_smem), *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD,
        *dOs = Qs + 2 * 64 * LD;
   float *Ls = reinterpret_cast<float *>(dOs + 2 * 64 * LD), *Ds = Ls + 2 * 64;
   const int nqb = (T + 63) / 64, kb = (int)blockIdx.x;
   const int b = (int)blockIdx.y / KV, kv = (int)blockIdx.y % KV, grp = H / KV;
   const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
-  const bf16 *base = qkv + (long)b * T * W3;
-  const bf16 *dbase = dout + (long)b * T * HDt;
+  const E *base = qkv + (long)b * T * W3;
+  const E *dbase = dout + (long)b * T * HDt;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
   const int k0 = kb * 64 + warp * 16 + g, k1 = k0 + 8;
   const int nq = nqb - kb, total = grp * nq; // (head, query tile) steps
@@ -2101,7 +2188,7 @@ __global__ void __launch_bounds__(FL_THREADS)
     __syncthreads();
     const int i = kb + it % nq;
     const bool diag = i == kb;
-    const bf16 *Q = Qs + stg * 64 * LD, *dO = dOs + stg * 64 * LD;
+    const E *Q = Qs + stg * 64 * LD, *dO = dOs + stg * 64 * LD;
     const float *L = Ls + stg * 64, *Dd = Ds + stg * 64;
 #pragma unroll
     for (int half = 0; half < 2; half++) { // 32 queries at a time (register pressure)
@@ -2119,10 +2206,10 @@ __global__ void __launch_bounds__(FL_THREADS)
         lds_a<LD>(e, Vs, warp * 16, kc * 16, g, tg);
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
-          const bf16 *pq = Q + (qo + nt * 8 + g) * LD + kc * 16 + tg * 2;
-          const bf16 *pd_ = dO + (qo + nt * 8 + g) * LD + kc * 16 + tg * 2;
-          mma_bf16(st[nt], a, lds32(pq), lds32(pq + 8));
-          mma_bf16(dpt[nt], e, lds32(pd_), lds32(pd_ + 8));
+          const E *pq = Q + (qo + nt * 8 + g) * LD + kc * 16 + tg * 2;
+          const E *pd_ = dO + (qo + nt * 8 + g) * LD + kc * 16 + tg * 2;
+          mma16<E>(st[nt], a, lds32(pq), lds32(pq + 8));
+          mma16<E>(dpt[nt], e, lds32(pd_), lds32(pd_ + 8));
         }
       }
       // P^T, dS^T
@@ -2139,8 +2226,8 @@ __global__ void __launch_bounds__(FL_THREADS)
         dpt[nt][3] = st[nt][3] * (dpt[nt][3] - Dd[ql + 1]);
       }
       uint32_t pa[2][4], sa[2][4];
-      c_to_a<4>(pa, st);
-      c_to_a<4>(sa, dpt);
+      c_to_a<4, E>(pa, st);
+      c_to_a<4, E>(sa, dpt);
       // dV += P^T dO, dK += dS^T Q (k = the 32 queries)
 #pragma unroll
       for (int kc = 0; kc < 2; kc++) {
@@ -2149,10 +2236,10 @@ __global__ void __launch_bounds__(FL_THREADS)
           uint32_t bo[4], bq[4];
           ldsm_x4_t(bo, ldsm_t_addr<LD>(dO, qo + kc * 16, dd * 16, lane));
           ldsm_x4_t(bq, ldsm_t_addr<LD>(Q, qo + kc * 16, dd * 16, lane));
-          mma_bf16(dv[2 * dd], pa[kc], bo[0], bo[1]);
-          mma_bf16(dv[2 * dd + 1], pa[kc], bo[2], bo[3]);
-          mma_bf16(dk[2 * dd], sa[kc], bq[0], bq[1]);
-          mma_bf16(dk[2 * dd + 1], sa[kc], bq[2], bq[3]);
+          mma16<E>(dv[2 * dd], pa[kc], bo[0], bo[1]);
+          mma16<E>(dv[2 * dd + 1], pa[kc], bo[2], bo[3]);
+          mma16<E>(dk[2 * dd], sa[kc], bq[0], bq[1]);
+          mma16<E>(dk[2 * dd + 1], sa[kc], bq[2], bq[3]);
         }
       }
     }
@@ -2160,30 +2247,32 @@ __global__ void __launch_bounds__(FL_THREADS)
   }
   const long koff = (long)(H + kv) * HD, voff = (long)(H + KV + kv) * HD;
   if (k0 < T) {
-    bf16 *d = dqkv + ((long)b * T + k0) * W3;
+    E *d = dqkv + ((long)b * T + k0) * W3;
 #pragma unroll
     for (int i = 0; i < DT; i++) {
-      add_bf16x2(d + koff + i * 8 + tg * 2, dk[i][0], dk[i][1], scale);
-      add_bf16x2(d + voff + i * 8 + tg * 2, dv[i][0], dv[i][1], 1.0f);
+      add2<E>(d + koff + i * 8 + tg * 2, dk[i][0], dk[i][1], scale);
+      add2<E>(d + voff + i * 8 + tg * 2, dv[i][0], dv[i][1], 1.0f);
     }
   }
   if (k1 < T) {
-    bf16 *d = dqkv + ((long)b * T + k1) * W3;
+    E *d = dqkv + ((long)b * T + k1) * W3;
 #pragma unroll
     for (int i = 0; i < DT; i++) {
-      add_bf16x2(d + koff + i * 8 + tg * 2, dk[i][2], dk[i][3], scale);
-      add_bf16x2(d + voff + i * 8 + tg * 2, dv[i][2], dv[i][3], 1.0f);
+      add2<E>(d + koff + i * 8 + tg * 2, dk[i][2], dk[i][3], scale);
+      add2<E>(d + voff + i * 8 + tg * 2, dv[i][2], dv[i][3], 1.0f);
     }
   }
 }
 
-bool flash_ok(int hd) { return hd == 64 || hd == 128; }
+// Head dims 64 and 128, on devices with mma.sync m16n8k16 / cp.async (compute capability 8.0+;
+// before ct_cuda_init, g.cc = 0, sizes follow the newer devices as they did before cc was kept).
+bool flash_ok(int hd) { return (hd == 64 || hd == 128) && (g.cc == 0 || g.cc >= 80); }
 size_t flash_lse_floats(int B, int T, int H) { return ((size_t)B * H * T + 7) / 8 * 8; }
 size_t flash_state_floats(int B, int T, int H, int hd) {
   return flash_lse_floats(B, T, H) + ((size_t)B * T * H * hd + 1) / 2;
 }
-bool attn_bf16_flash(int hd) {
-  const int v = g.attn_variant == ATTN_DEFAULT ? BF16_ATTN_DEFAULT : g.attn_variant;
+bool attn_16_flash(int hd) {
+  const int v = g.attn_variant == ATTN_DEFAULT ? HALF_ATTN_DEFAULT : g.attn_variant;
   return v == ATTN_FLASH && flash_ok(hd);
 }
 
@@ -2203,75 +2292,77 @@ bool fl_aligned(const void *a, const void *b, const void *c) {
   return false;
 }
 
-template <int HD>
-void flash_fwd_launch(bf16 *out, float *state, const bf16 *qkv, int B, int T, int H, int KV) {
+template <int HD, typename E>
+void flash_fwd_launch(E *out, float *state, const E *qkv, int B, int T, int H, int KV) {
   static int attr;
   const size_t smem = fl_fwd_smem<HD>();
-  if (!fl_smem_attr(flash_fwd_kernel<HD>, smem, &attr)) return;
+  if (!fl_smem_attr(flash_fwd_kernel<HD, E>, smem, &attr)) return;
   float *lse = state;
-  bf16 *oc = (bf16 *)(state + flash_lse_floats(B, T, H));
+  E *oc = (E *)(state + flash_lse_floats(B, T, H));
   const dim3 grid((unsigned)((T + 63) / 64), (unsigned)(B * H));
   const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
-  flash_fwd_kernel<HD><<<grid, FL_THREADS, smem, g.stream>>>(out, lse, oc, qkv, T, H, KV, sl2);
+  flash_fwd_kernel<HD, E><<<grid, FL_THREADS, smem, g.stream>>>(out, lse, oc, qkv, T, H, KV, sl2);
   CK_LAUNCH(flash_fwd_kernel);
 }
 
-template <int HD>
-void flash_bwd_launch(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *state, int B,
-                      int T, int H, int KV) {
+template <int HD, typename E>
+void flash_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, int B, int T,
+                      int H, int KV) {
   static int attr_dq, attr_dkdv;
   const size_t smem = fl_bwd_smem<HD>();
-  if (!fl_smem_attr(flash_bwd_dq_kernel<HD>, smem, &attr_dq)) return;
-  if (!fl_smem_attr(flash_bwd_dkdv_kernel<HD>, smem, &attr_dkdv)) return;
+  if (!fl_smem_attr(flash_bwd_dq_kernel<HD, E>, smem, &attr_dq)) return;
+  if (!fl_smem_attr(flash_bwd_dkdv_kernel<HD, E>, smem, &attr_dkdv)) return;
   const float *lse = state;
-  const bf16 *oc = (const bf16 *)(state + flash_lse_floats(B, T, H));
+  const E *oc = (const E *)(state + flash_lse_floats(B, T, H));
   float *D = (float *)scratch(sizeof(float) * (size_t)B * H * T);
   if (!D) return;
   const long rows = (long)B * T * H;
-  flash_bwd_pre_kernel<<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * 32, 0,
+  flash_bwd_pre_kernel<E><<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * 32, 0,
                          g.stream>>>(D, dout, oc, B, T, H, HD);
   if (!CK_LAUNCH(flash_bwd_pre_kernel)) return;
   const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
   const unsigned nqb = (unsigned)((T + 63) / 64);
-  flash_bwd_dkdv_kernel<HD><<<dim3(nqb, (unsigned)(B * KV)), FL_THREADS, smem, g.stream>>>(
+  flash_bwd_dkdv_kernel<HD, E><<<dim3(nqb, (unsigned)(B * KV)), FL_THREADS, smem, g.stream>>>(
       dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
   if (!CK_LAUNCH(flash_bwd_dkdv_kernel)) return;
-  flash_bwd_dq_kernel<HD><<<dim3(nqb, (unsigned)(B * H)), FL_THREADS, smem, g.stream>>>(
+  flash_bwd_dq_kernel<HD, E><<<dim3(nqb, (unsigned)(B * H)), FL_THREADS, smem, g.stream>>>(
       dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
   CK_LAUNCH(flash_bwd_dq_kernel);
 }
 
-size_t cu_attention_state_floats_bf16(int B, int T, int H, int /*KV*/, int hd) {
-  return attn_bf16_flash(hd) ? flash_state_floats(B, T, H, hd)
-                             : attn_bf16_batched_state_floats(B, T, H);
+size_t cu_attention_state_floats_16(int B, int T, int H, int /*KV*/, int hd) {
+  return attn_16_flash(hd) ? flash_state_floats(B, T, H, hd)
+                           : attn_16_batched_state_floats(B, T, H);
 }
 
-void cu_attention_fwd_bf16(void *out, float *state, const void *qkv, int B, int T, int H, int KV,
-                           int hd) {
+template <typename E>
+void cu_attention_fwd_16(void *out, float *state, const void *qkv, int B, int T, int H, int KV,
+                         int hd) {
   OP("attention_fwd");
   if (B <= 0 || T <= 0 || H <= 0) return;
-  if (!attn_bf16_flash(hd)) {
-    attention_fwd_bf16_batched(out, state, qkv, B, T, H, KV, hd);
+  if (!attn_16_flash(hd)) {
+    attention_fwd_16_batched<E>(out, state, qkv, B, T, H, KV, hd);
     return;
   }
   if (!fl_aligned(out, state, qkv)) return;
-  if (hd == 64) flash_fwd_launch<64>((bf16 *)out, state, (const bf16 *)qkv, B, T, H, KV);
-  else flash_fwd_launch<128>((bf16 *)out, state, (const bf16 *)qkv, B, T, H, KV);
+  if (hd == 64) flash_fwd_launch<64, E>((E *)out, state, (const E *)qkv, B, T, H, KV);
+  else flash_fwd_launch<128, E>((E *)out, state, (const E *)qkv, B, T, H, KV);
 }
 
-void cu_attention_bwd_bf16(void *dqkv, const void *dout, const void *qkv, const float *state,
-                           int B, int T, int H, int KV, int hd) {
+template <typename E>
+void cu_attention_bwd_16(void *dqkv, const void *dout, const void *qkv, const float *state, int B,
+                         int T, int H, int KV, int hd) {
   OP("attention_bwd");
   if (B <= 0 || T <= 0 || H <= 0) return;
-  if (!attn_bf16_flash(hd)) {
-    attention_bwd_bf16_batched(dqkv, dout, qkv, state, B, T, H, KV, hd);
+  if (!attn_16_flash(hd)) {
+    attention_bwd_16_batched<E>(dqkv, dout, qkv, state, B, T, H, KV, hd);
     return;
   }
   if (!fl_aligned(dqkv, dout, qkv) || !fl_aligned(state, state, state)) return;
   if (hd == 64)
-    flash_bwd_launch<64>((bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, state, B, T, H, KV);
+    flash_bwd_launch<64, E>((E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV);
   else
-    flash_bwd_launch<128>((bf16 *)dqkv, (const bf16 *)dout, (const bf16 *)qkv, state, B, T, H, KV);
+    flash_bwd_launch<128, E>((E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2283,16 +2374,16 @@ void cu_cast_params_f32(void *dst, const float *src, size_t n) {
     CK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, g.stream));
 }
 
-void cu_cast_params_bf16(void *dst, const float *src, size_t n) {
+template <typename E> void cu_cast_params_16(void *dst, const float *src, size_t n) {
   OP("cast_params");
   if (!n) return;
   if (n % 8 == 0 && aligned16(dst) && aligned16(src)) {
-    cast_f32_bf16_vec_kernel<<<grid_for(n / 8, 256), 256, 0, g.stream>>>((bf16 *)dst, src, n / 8);
-    CK_LAUNCH(cast_f32_bf16_vec_kernel);
+    cast_f32_16_vec_kernel<E><<<grid_for(n / 8, 256), 256, 0, g.stream>>>((E *)dst, src, n / 8);
+    CK_LAUNCH(cast_f32_16_vec_kernel);
     return;
   }
-  cast_f32_bf16_kernel<<<grid_for(n, 256), 256, 0, g.stream>>>((bf16 *)dst, src, n);
-  CK_LAUNCH(cast_f32_bf16_kernel);
+  cast_f32_16_kernel<E><<<grid_for(n, 256), 256, 0, g.stream>>>((E *)dst, src, n);
+  CK_LAUNCH(cast_f32_16_kernel);
 }
 
 void cu_to_host_f32_f32(float *dst, const void *src, size_t n) {
@@ -2303,7 +2394,7 @@ void cu_to_host_f32_f32(float *dst, const void *src, size_t n) {
 }
 
 // Converted on the device into fp32 scratch, in chunks of 16M elements, then copied.
-void cu_to_host_f32_bf16(float *dst, const void *src, size_t n) {
+template <typename E> void cu_to_host_f32_16(float *dst, const void *src, size_t n) {
   OP("to_host_f32");
   if (!n) return;
   const size_t chunk = (size_t)1 << 24;
@@ -2311,8 +2402,8 @@ void cu_to_host_f32_bf16(float *dst, const void *src, size_t n) {
   if (!tmp) return;
   for (size_t off = 0; off < n; off += chunk) {
     const size_t m = n - off < chunk ? n - off : chunk;
-    cast_bf16_f32_kernel<<<grid_for(m, 256), 256, 0, g.stream>>>(tmp, (const bf16 *)src + off, m);
-    if (!CK_LAUNCH(cast_bf16_f32_kernel)) return;
+    cast_16_f32_kernel<E><<<grid_for(m, 256), 256, 0, g.stream>>>(tmp, (const E *)src + off, m);
+    if (!CK_LAUNCH(cast_16_f32_kernel)) return;
     if (!CK(cudaMemcpyAsync(dst + off, tmp, m * sizeof(float), cudaMemcpyDeviceToHost, g.stream)))
       return;
     if (!CK(cudaStreamSynchronize(g.stream))) return; // tmp is reused by the next chunk
@@ -2323,19 +2414,19 @@ void cu_to_host_f32_bf16(float *dst, const void *src, size_t n) {
 // the table
 
 template <typename A> ct_ops make_table() {
-  const bool b16 = std::is_same<A, bf16>::value;
+  const bool b16 = is16<A>(), h16 = std::is_same<A, f16>::value;
   ct_ops t;
   memset(&t, 0, sizeof t);
-  t.name = b16 ? "cuda-bf16" : "cuda";
-  t.dtype = b16 ? "bf16" : "fp32";
+  t.name = h16 ? "cuda-fp16" : b16 ? "cuda-bf16" : "cuda";
+  t.dtype = h16 ? "fp16" : b16 ? "bf16" : "fp32";
   t.act_bytes = (int)sizeof(A);
   t.alloc = cu_alloc;
   t.free = cu_free;
   t.zero = cu_zero;
   t.to_device = cu_to_device;
   t.to_host = cu_to_host;
-  t.cast_params = b16 ? cu_cast_params_bf16 : cu_cast_params_f32;
-  t.to_host_f32 = b16 ? cu_to_host_f32_bf16 : cu_to_host_f32_f32;
+  t.cast_params = cu_cast_params_f32;
+  t.to_host_f32 = cu_to_host_f32_f32;
   t.copy2d = cu_copy2d;
   t.embed_fwd = cu_embed_fwd<A>;
   t.embed_bwd = cu_embed_bwd<A>;
@@ -2347,9 +2438,16 @@ template <typename A> ct_ops make_table() {
   t.matmul_bwd = cu_matmul_bwd<A>;
   t.rope_fwd = cu_rope_fwd<A>;
   t.rope_bwd = cu_rope_bwd<A>;
-  t.attention_state_floats = b16 ? cu_attention_state_floats_bf16 : cu_attention_state_floats;
-  t.attention_fwd = b16 ? cu_attention_fwd_bf16 : cu_attention_fwd;
-  t.attention_bwd = b16 ? cu_attention_bwd_bf16 : cu_attention_bwd;
+  t.attention_state_floats = cu_attention_state_floats;
+  t.attention_fwd = cu_attention_fwd;
+  t.attention_bwd = cu_attention_bwd;
+  if constexpr (is16<A>()) { // only the 16-bit types instantiate these
+    t.cast_params = cu_cast_params_16<A>;
+    t.to_host_f32 = cu_to_host_f32_16<A>;
+    t.attention_state_floats = cu_attention_state_floats_16;
+    t.attention_fwd = cu_attention_fwd_16<A>;
+    t.attention_bwd = cu_attention_bwd_16<A>;
+  }
   t.attention_cached = cu_attention_cached<A>;
   t.gelu_fwd = cu_gelu_fwd<A>;
   t.gelu_bwd = cu_gelu_bwd<A>;
@@ -2364,6 +2462,7 @@ template <typename A> ct_ops make_table() {
 }
 const ct_ops cuda_ops = make_table<float>();
 const ct_ops cuda_bf16_ops = make_table<bf16>();
+const ct_ops cuda_fp16_ops = make_table<f16>();
 
 int set_variant(const char *op, const char *v) {
   if (!op || !v) return -1;
@@ -2412,6 +2511,8 @@ extern "C" const ct_ops *ct_ops_cuda(void) { return &cuda_ops; }
 
 extern "C" const ct_ops *ct_ops_cuda_bf16(void) { return &cuda_bf16_ops; }
 
+extern "C" const ct_ops *ct_ops_cuda_fp16(void) { return &cuda_fp16_ops; }
+
 extern "C" int ct_cuda_set_variant(const char *op, const char *variant) {
   return set_variant(op, variant);
 }
@@ -2443,6 +2544,13 @@ extern "C" int ct_cuda_init(int device, char *err, size_t errcap) {
   e = cudaDeviceGetAttribute(&g.num_sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess)
     INIT_FAIL("cudaDeviceGetAttribute(MultiProcessorCount): %s", cudaGetErrorString(e));
+  int ccmaj = 0, ccmin = 0;
+  e = cudaDeviceGetAttribute(&ccmaj, cudaDevAttrComputeCapabilityMajor, device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&ccmin, cudaDevAttrComputeCapabilityMinor, device);
+  if (e != cudaSuccess)
+    INIT_FAIL("cudaDeviceGetAttribute(ComputeCapability): %s", cudaGetErrorString(e));
+  g.cc = ccmaj * 10 + ccmin;
   if ((e = cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking)) != cudaSuccess)
     INIT_FAIL("cudaStreamCreateWithFlags: %s", cudaGetErrorString(e));
   if ((e = cudaMallocHost((void **)&g.host_result, sizeof(double))) != cudaSuccess)

@@ -5,6 +5,7 @@
  *                         and cuBLAS handle. Calling it again with the same device is a no-op.
  *   ct_ops_cuda()         the fp32 op table; every op is queued on the backend's one stream.
  *   ct_ops_cuda_bf16()    the bf16 mixed-precision table: same stream, handle and scratch.
+ *   ct_ops_cuda_fp16()    the fp16 mixed-precision table (the same ops on __half), likewise.
  *   ct_cuda_check()       once per step: synchronizes and reports the first error any op hit.
  *   ct_cuda_shutdown()    frees the backend's scratch, handle and stream (not user buffers).
  *
@@ -21,6 +22,14 @@
  * cross-entropy and the elementwise ops compute in fp32 from bf16 loads and round once on store.
  * bf16 attention state: the batched variant keeps P as bf16 (B,H,T,T) (half of B*H*T*T floats);
  * the flash variant keeps the log-sum-exp (B,H,T) and a bf16 copy of the output (N, H*hd).
+ * The fp16 table ("cuda-fp16", dtype "fp16") is the bf16 table with __half in place of
+ * __nv_bfloat16 everywhere (cuBLAS / cuBLASLt CUDA_R_16F with fp32 compute, flash attention through
+ * the f16 form of mma.sync, the same state layouts), for GPUs before compute capability 8.0 and
+ * for users who ask. cast_params rounds to nearest even with IEEE overflow: |x| >= 65520 becomes
+ * +-inf, as does any fp16 result of an op that overflows. Nothing is clamped or saturated, so an
+ * inf / NaN in any fp16 intermediate reaches the fp32 parameter gradients, where the trainer's
+ * dynamic loss scaling finds it and skips the step. With the loss scaled into grad_scale, xent's
+ * gradient is bounded by grad_scale (64 for a 2^16 scale over 1024 tokens).
  * `to_host` synchronizes; `to_device` returns after the copy is done (the host buffer may be
  * reused). `to_host_f32` converts on the device in chunks and synchronizes.
  *
@@ -28,11 +37,13 @@
  * ~1e-3 relative error); default off, for exactness against the CPU reference.
  * CT_CUDA_SYNC=1 synchronizes after every op, so an asynchronous fault names its op (debug).
  * CT_CUDA_ATTN selects the attention variant: fp32 table "batched" (default, all heads in one
- * batched gemm call) or "perhead" (a per-head loop, the first variant); bf16 table "flash"
- * (default: our FlashAttention-2-style kernels, head dims 64 and 128; other head dims use
- * batched) or "batched" (bf16 batched gemms, P materialized). CT_CUDA_ATTN_SCRATCH_MB (default 256) caps the scratch the batched variants use
- * for scores / dP: heads are processed in chunks that fit. CT_CUDA_LT=0 turns off cuBLASLt
- * (loaded at run time) for the bf16 matmul_fwd with a bias (its BIAS epilogue; default on).
+ * batched gemm call) or "perhead" (a per-head loop, the first variant); bf16 and fp16 tables
+ * "flash" (default: our FlashAttention-2-style kernels, head dims 64 and 128 on compute
+ * capability 8.0+; other head dims and older GPUs use batched) or "batched" (16-bit batched
+ * gemms, P materialized). CT_CUDA_ATTN_SCRATCH_MB (default 256) caps the scratch the batched
+ * variants use for scores / dP: heads are processed in chunks that fit. CT_CUDA_LT=0 turns off
+ * cuBLASLt (loaded at run time) for the bf16 / fp16 matmul_fwd with a bias (its BIAS epilogue;
+ * default on).
  */
 #ifndef CT_OPS_CUDA_H
 #define CT_OPS_CUDA_H
@@ -54,6 +65,9 @@ const ct_ops *ct_ops_cuda(void);
 
 /* The bf16 table (see Pointers above). Valid after ct_cuda_init. */
 const ct_ops *ct_ops_cuda_bf16(void);
+
+/* The fp16 table (see Pointers above): dtype "fp16", act_bytes 2. Valid after ct_cuda_init. */
+const ct_ops *ct_ops_cuda_fp16(void);
 
 /* Switches a variant at run time, as the environment does at init (tests and benchmarks compare
  * variants in one process): op "attention" with "default", "batched", "perhead", "flash"; op

@@ -2,7 +2,8 @@
  *
  * Table-driven (ggml's test-backend-ops): a case names an op family, a shape and a tolerance.
  * For each case the inputs are drawn from a seeded generator, the CPU table (ct_ops_cpu) runs on
- * host copies and the CUDA table (ct_ops_cuda) on device copies moved with the table's own
+ * host copies and a CUDA table (ct_ops_cuda, ct_ops_cuda_bf16, ct_ops_cuda_fp16; inputs of a
+ * 16-bit table are rounded to its type first, for both sides) on device copies moved with its own
  * to_device / to_host, and every buffer the op writes is compared by normalized error
  * (max|diff| / max|ref|, ct_check_close) with NaN/Inf checks. Around every device buffer sit
  * GUARD sentinel elements on each side that must come back unchanged (out-of-bounds writes);
@@ -14,6 +15,7 @@
  *                            on the cases marked perf (realistic shapes); no CPU reference
  *   test_ops_cuda --small    correctness on the small cases only (for compute-sanitizer runs)
  *   test_ops_cuda --op NAME  only the ops whose name contains NAME (with any mode)
+ *   test_ops_cuda --dtype D  only the fp32, bf16 or fp16 table (default all three)
  *   test_ops_cuda --cpu      runs the harness with the CPU table in place of CUDA (checks the
  *                            harness itself on a machine without a GPU)
  *
@@ -38,7 +40,8 @@ int ct_cuda_device_count(void); /* kernels/cuda/device_query.cu */
 #define RT_ELEM 1e-5          /* elementwise ops */
 #define RT_RED 1e-4           /* reductions, matmul, attention */
 #define RT_BF16 1e-2          /* any case with bf16 buffers (outputs rounded to 8 bits) */
-#define SENTINEL16 0xffadu    /* bf16 NaN pattern for the guards of bf16 buffers */
+#define RT_FP16 3e-3          /* any case with fp16 buffers (11 bits: 8x finer than bf16) */
+#define SENTINEL16 0xffadu    /* a NaN in bf16 and in fp16: the guards of 16-bit buffers */
 
 /* ---- cases ------------------------------------------------------------------------------ */
 
@@ -53,7 +56,7 @@ typedef struct bspec {
   float scale, offset; /* I_RAND: offset + scale * U(-sqrt3, sqrt3); I_POS: offset + scale * U(0,1) */
   int range;           /* I_TOK / I_TGT: integers in [0, range); I_TGT also -1 (ignored) */
   int act;             /* working dtype (the table's act_bytes), else fp32 / int32 */
-  int opaque;          /* backend-defined (attention state of a bf16 table): n is the device's
+  int opaque;          /* backend-defined (attention state of a 16-bit table): n is the device's
                           size, ncpu the CPU's; never compared, guards still checked */
   size_t ncpu;
 } bspec;
@@ -84,7 +87,8 @@ typedef struct tcase {
 
 static double g_scalar;
 static const ct_ops *dev; /* the table under test */
-static int g_bf16;        /* dev works in bf16 */
+static int g_act16;       /* dev works in a 16-bit type (bf16 or fp16) */
+static int g_fp16;        /* ... and it is fp16 */
 static int W3(const tcase *c) { return (c->H + 2 * c->KV) * c->hd; }
 static int NT(const tcase *c) { return c->B * c->T; }
 
@@ -279,10 +283,10 @@ static void ca_rope_bwd(const ct_ops *o, void **p, const tcase *c) {
 static size_t att_state(const tcase *c) {
   return ct_ops_cpu()->attention_state_floats(c->B, c->T, c->H, c->KV, c->hd);
 }
-/* fp32 tables keep the CPU's state (probabilities) and are compared on it; a bf16 table's state
- * is its own (sized by its table) and is filled, for backward, by its own forward. */
+/* fp32 tables keep the CPU's state (probabilities) and are compared on it; a 16-bit table's
+ * state is its own (sized by its table) and is filled, for backward, by its own forward. */
 static bspec state_spec(bspec s, const tcase *c) {
-  if (!g_bf16) return s;
+  if (!g_act16) return s;
   s.ncpu = s.n;
   s.n = dev->attention_state_floats(c->B, c->T, c->H, c->KV, c->hd);
   s.opaque = 1;
@@ -306,7 +310,7 @@ static int su_att_bwd(const tcase *c, bspec *b) {
   return 4;
 }
 static void dp_att_bwd(const ct_ops *o, void **p, const tcase *c) {
-  if (!g_bf16) return;
+  if (!g_act16) return;
   void *tmp = o->alloc((size_t)NT(c) * c->H * c->hd * o->act_bytes);
   if (!tmp) return;
   o->attention_fwd(tmp, F(3), p[2], c->B, c->T, c->H, c->KV, c->hd);
@@ -566,6 +570,8 @@ static const tcase cases[] = {
     {&fam_xent, "N7 V37 Vp40 gs=1/7", .N = 7, .V = 37, .Vp = 40, .x = 1.0f / 7, .rtol = RT_RED},
     {&fam_xent, "N9 V1000 Vp1000 gs=0", .N = 9, .V = 1000, .Vp = 1000, .x = 0.0f, .rtol = RT_RED},
     {&fam_xent, "N1024 V50257 Vp50304", .N = 1024, .V = 50257, .Vp = 50304, .x = 1.0f / 1024, .rtol = RT_RED, .perf = 1},
+    /* fp16 loss scaling: grad_scale = 2^16 / (B*T = 1024) = 64, |dlogit| <= 64 (no overflow) */
+    {&fam_xent, "N64 V50257 Vp50304 gs=64 (2^16/1024)", .N = 64, .V = 50257, .Vp = 50304, .x = 64.0f, .rtol = RT_RED},
     {&fam_adamw, "n1001 step1 gs0.5", .n = 1001, .step = 1, .x = 0.5f, .rtol = RT_ELEM},
     {&fam_adamw, "n1001 step7", .n = 1001, .step = 7, .x = 1.0f, .rtol = RT_ELEM},
     {&fam_adamw, "n 16M step3", .n = 16 << 20, .step = 3, .x = 1.0f, .rtol = RT_ELEM, .perf = 1},
@@ -594,7 +600,7 @@ static int dev_check(const char *what) {
   return -1;
 }
 
-/* bf16 <-> fp32 on the host, round to nearest even (NaN -> a quiet NaN) */
+/* bf16 / fp16 <-> fp32 on the host, round to nearest even (NaN -> a quiet NaN) */
 static uint16_t f2bf(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
@@ -608,6 +614,44 @@ static float bf2f(uint16_t h) {
   memcpy(&f, &u, 4);
   return f;
 }
+/* fp16: |x| >= 65520 (half an ulp past 65504) rounds to inf as IEEE says; subnormals below 2^-14
+ * are kept (units of 2^-24), ties to even throughout. */
+static uint16_t f2h(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7e00;
+  if (a >= 0x477ff000u) return sign | 0x7c00u;
+  if (a >= 0x38800000u) { /* normal: drop 13 mantissa bits, rebias 127 -> 15 */
+    const uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
+    return sign | (uint16_t)((r >> 13) - (112u << 10));
+  }
+  if (a < 0x33000000u) return sign; /* below 2^-25: rounds to zero */
+  const uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126u - (a >> 23); /* 14 .. 24 */
+  uint32_t q = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u))) q++;
+  return sign | (uint16_t)q; /* q = 0x400 is the smallest normal, correctly encoded */
+}
+static float h2f(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  uint32_t u;
+  if (e == 0x1f) u = sign | 0x7f800000u | (m << 13);
+  else if (e) u = sign | ((e + 112u) << 23) | (m << 13);
+  else if (!m) u = sign;
+  else { /* subnormal: m * 2^-24, exact in fp32 */
+    float f = (float)m * 5.9604644775390625e-8f;
+    memcpy(&u, &f, 4);
+    u |= sign;
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+/* the table under test's 16-bit type */
+static uint16_t to16(float f) { return g_fp16 ? f2h(f) : f2bf(f); }
+static float from16(uint16_t h) { return g_fp16 ? h2f(h) : bf2f(h); }
 
 /* Counter-based, so buffers fill in parallel and the values depend only on (seed, index). */
 static void fill(void *dst, const bspec *b, size_t n, uint64_t seed) {
@@ -702,14 +746,15 @@ static void run_case(size_t ci, int perf) {
     init[i] = malloc(4 * m);
     if (!init[i]) { fprintf(stderr, "out of host memory\n"); exit(1); }
     fill(init[i], &b[i], m, 0x5eed0000ull + ci * 131 + i);
-    if (b[i].act && dev->act_bytes == 2) { /* both sides see the bf16 values */
+    if (b[i].act && dev->act_bytes == 2) { /* both sides see the 16-bit values */
       float *f = init[i];
 #pragma omp parallel for if (m > 65536)
-      for (size_t k = 0; k < m; k++) f[k] = bf2f(f2bf(f[k]));
+      for (size_t k = 0; k < m; k++) f[k] = from16(to16(f[k]));
     }
   }
   if (c->fam->prep) c->fam->prep(c, init);
-  const double rtol = g_bf16 && uses_act && c->rtol > 0 ? fmax(c->rtol, RT_BF16) : c->rtol;
+  const double rtol = g_act16 && uses_act && c->rtol > 0
+                         ? fmax(c->rtol, g_fp16 ? RT_FP16 : RT_BF16) : c->rtol;
 
   double cpu_scalar = 0;
   if (!perf) { /* the reference */
@@ -738,7 +783,7 @@ static void run_case(size_t ci, int perf) {
       const float *f = init[i];
       for (size_t k = 0; k < GUARD; k++) w[k] = w[GUARD + b[i].n + k] = SENTINEL16;
 #pragma omp parallel for if (b[i].n > 65536)
-      for (size_t k = 0; k < b[i].n; k++) w[GUARD + k] = f2bf(f[k]);
+      for (size_t k = 0; k < b[i].n; k++) w[GUARD + k] = to16(f[k]);
     }
     gbase[i] = dev->alloc(es * tot);
     CHECK_MSG(gbase[i] != NULL, "%s %s: alloc of %zu bytes failed", label, c->shape, es * tot);
@@ -779,7 +824,7 @@ static void run_case(size_t ci, int perf) {
         gf = malloc(4 * b[i].n);
         const uint16_t *h = (const uint16_t *)(got[i] + es * GUARD);
 #pragma omp parallel for if (b[i].n > 65536)
-        for (size_t k = 0; k < b[i].n; k++) gf[k] = bf2f(h[k]);
+        for (size_t k = 0; k < b[i].n; k++) gf[k] = from16(h[k]);
         g = gf;
       }
       char nm[300];
@@ -834,12 +879,33 @@ static void test_alloc(void) {
 /* cast_params (fp32 -> working dtype, round to nearest even) and to_host_f32 (back), bit-exact,
  * with guards; n odd (scalar path) and a multiple of 8 at an aligned start (vector path). Inputs
  * include rounding ties, values that round up into the next binade or to infinity, signed zeros,
- * infinities and subnormals. */
+ * infinities and subnormals (fp16: its own ties, 65504 and the overflow threshold 65520, its
+ * subnormal range and what rounds into or out of it). */
 static void test_cast(void) {
-  static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3f7fffffu,
-                                     0x7f7fffffu, 0x80000000u, 0x00000000u, 0x7f800000u,
-                                     0xff800000u, 0x00000001u, 0x00018000u, 0xbf838000u};
-  const size_t ns = sizeof special / sizeof special[0], e = (size_t)dev->act_bytes;
+  static const uint32_t special_bf[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3f7fffffu,
+                                        0x7f7fffffu, 0x80000000u, 0x00000000u, 0x7f800000u,
+                                        0xff800000u, 0x00000001u, 0x00018000u, 0xbf838000u};
+  static const uint32_t special_h[] = {
+      0x3f801000u, /* 1 + 2^-11: tie -> 1 */
+      0x3f803000u, /* 1 + 3*2^-11: tie -> 1 + 2^-9 */
+      0x3f800fffu, 0x3f7fffffu,
+      0x477fe000u, /* 65504, the largest finite */
+      0x477fefffu, /* just under 65520 -> 65504 */
+      0x477ff000u, /* 65520 -> inf */
+      0xc77ff000u, /* -65520 -> -inf */
+      0x7f7fffffu, 0x80000000u, 0x00000000u, 0x7f800000u, 0xff800000u,
+      0x38800000u, /* 2^-14, the smallest normal */
+      0x387fc000u, /* the largest subnormal */
+      0x387fe000u, /* tie between it and 2^-14 -> 2^-14 (even) */
+      0x33800000u, /* 2^-24, the smallest subnormal */
+      0x33000000u, /* 2^-25: tie -> 0 */
+      0x33000001u, /* just over 2^-25 -> 2^-24 */
+      0x33c00000u, /* 1.5 * 2^-24: tie -> 2 * 2^-24 */
+      0xb3c00000u, 0x00000001u, 0x3a800800u};
+  const uint32_t *special = g_fp16 ? special_h : special_bf;
+  const size_t ns = g_fp16 ? sizeof special_h / sizeof special_h[0]
+                           : sizeof special_bf / sizeof special_bf[0];
+  const size_t e = (size_t)dev->act_bytes;
   const size_t sizes[2] = {1001, (size_t)1 << 20};
   for (int si = 0; si < 2; si++) {
     const size_t n = sizes[si], tot = n + 2 * GUARD;
@@ -847,12 +913,13 @@ static void test_cast(void) {
     unsigned char *dst = malloc(e * tot), *want = malloc(e * tot);
     bspec bs = IN("src", n);
     fill(src, &bs, n, 0xca57u + si);
-    for (size_t k = 0; k < n; k++) src[k] *= (k % 3 == 0) ? 1e-30f : (k % 3 == 1) ? 1.0f : 1e30f;
+    for (size_t k = 0; k < n; k++) /* fp16: also its subnormals and past its range */
+      src[k] *= (k % 3 == 0) ? (g_fp16 ? 1e-6f : 1e-30f) : (k % 3 == 1) ? 1.0f : (g_fp16 ? 4e4f : 1e30f);
     for (size_t k = 0; k < ns && k < n; k++) memcpy(src + 7 * k, &special[k], 4);
     memset(want, 0x5a, e * tot);
     for (size_t k = 0; k < n; k++) {
       if (e == 2) {
-        uint16_t h = f2bf(src[k]);
+        uint16_t h = to16(src[k]);
         memcpy(want + e * (GUARD + k), &h, 2);
       } else {
         memcpy(want + e * (GUARD + k), src + k, 4);
@@ -875,7 +942,7 @@ static void test_cast(void) {
       else bad++;
     }
     for (size_t k = 0; k < n; k++) {
-      float w = e == 2 ? bf2f(f2bf(src[k])) : src[k];
+      float w = e == 2 ? from16(to16(src[k])) : src[k];
       badb += memcmp(&w, back + k, 4) != 0;
     }
     CHECK_MSG(bad == 0 && badg == 0, "%s cast_params n=%zu: %zu bytes differ from round-to-nearest-even, "
@@ -906,13 +973,178 @@ static void test_sticky_error(void) {
   CHECK_MSG(rc == -1, "the error state must stay set");
 }
 
-/* Variants compared on the same cases within one run (bf16 table): attention batched vs flash,
- * bias matmul through cuBLASLt vs cublasGemmEx. */
+/* Non-finite values must flow, never be clamped or hidden: with fp16 the trainer finds an
+ * overflow by a non-finite gradient norm and skips the step. Per table:
+ *   - an inf in matmul_bwd's inp reaches dW (the whole column it touches, and nothing else);
+ *   - an inf in dout reaches dW's row, dbias and dinp's row;
+ *   - xent (CUDA tables): a NaN or +inf logit makes that row's loss and gradient non-finite, the
+ *     others not, and |gradient| <= grad_scale;
+ *   - fp16: a matmul_fwd product past 65504 comes out as +inf (not 65504), through cuBLASLt's
+ *     bias epilogue and through cublasGemmEx, and that output as the next inp makes dW non-finite. */
+static void *up_act(const float *h, size_t n) { /* host fp32 -> device working dtype */
+  const size_t e = (size_t)dev->act_bytes;
+  void *d = dev->alloc(e * n);
+  if (!d) return NULL;
+  if (e == 4) {
+    dev->to_device(d, h, 4 * n);
+  } else {
+    uint16_t *t = malloc(2 * n);
+    for (size_t k = 0; k < n; k++) t[k] = to16(h[k]);
+    dev->to_device(d, t, 2 * n);
+    free(t);
+  }
+  return d;
+}
+static void *up_f32(const float *h, size_t n) {
+  void *d = dev->alloc(4 * n);
+  if (d && h) dev->to_device(d, h, 4 * n);
+  return d;
+}
+/* non-finite count of x[i*stride] for i in [0, n) */
+static size_t nonfinite(const float *x, size_t n, size_t stride) {
+  size_t c = 0;
+  for (size_t i = 0; i < n; i++) c += !isfinite(x[i * stride]);
+  return c;
+}
+static void fill_nz(float *x, size_t n, uint64_t seed) { /* +-[0.25, 1.25): never zero */
+  for (size_t i = 0; i < n; i++) {
+    uint64_t r = ct_mix64(seed ^ ct_mix64(i));
+    x[i] = (0.25f + (float)(r >> 40) * (1.0f / 16777216.0f)) * ((r & 1) ? -1.0f : 1.0f);
+  }
+}
+
+static void test_nonfinite(void) {
+  enum { N = 64, IC = 40, OC = 24, n0 = 5, i0 = 7, o0 = 3 };
+  const char *nm = dev->name;
+  float *inp = malloc(sizeof(float) * N * IC), *dout = malloc(sizeof(float) * N * OC);
+  float *w = malloc(sizeof(float) * OC * IC), *dw = malloc(sizeof(float) * OC * IC);
+  float *dinp = malloc(sizeof(float) * N * IC), *db = malloc(sizeof(float) * OC);
+  fill_nz(inp, N * IC, 0x1f1);
+  fill_nz(dout, N * OC, 0x1f2);
+  fill_nz(w, OC * IC, 0x1f3);
+  for (int pass = 0; pass < 2; pass++) { /* 0: inf in inp; 1: inf in dout */
+    if (pass == 0) inp[n0 * IC + i0] = INFINITY;
+    else { inp[n0 * IC + i0] = 0.5f; dout[n0 * OC + o0] = INFINITY; }
+    void *d_inp = up_act(inp, N * IC), *d_dout = up_act(dout, N * OC), *d_w = up_act(w, OC * IC);
+    void *d_dinp = dev->alloc((size_t)dev->act_bytes * N * IC); /* zero-filled */
+    float *d_dw = up_f32(NULL, OC * IC), *d_db = up_f32(NULL, OC);
+    if (!d_inp || !d_dout || !d_w || !d_dinp || !d_dw || !d_db) { CHECK(0); return; }
+    dev->matmul_bwd(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, IC, OC);
+    dev->to_host(dw, d_dw, sizeof(float) * OC * IC);
+    dev->to_host(db, d_db, sizeof(float) * OC);
+    dev->to_host_f32(dinp, d_dinp, (size_t)N * IC);
+    CHECK(dev_check("nonfinite matmul_bwd") == 0);
+    const size_t all_dw = nonfinite(dw, OC * IC, 1), all_db = nonfinite(db, OC, 1);
+    const size_t all_dinp = nonfinite(dinp, N * IC, 1);
+    if (pass == 0) {
+      const size_t col = nonfinite(dw + i0, OC, IC);
+      CHECK_MSG(col == OC && all_dw == OC && all_db == 0 && all_dinp == 0,
+                "%s: inf in matmul inp: dW column %zu/%d non-finite, %zu in all of dW (want %d), "
+                "dbias %zu, dinp %zu (want 0)", nm, col, OC, all_dw, OC, all_db, all_dinp);
+      printf("  %-22s %-32s dW column all non-finite (%zu/%d), rest finite\n", "nonfinite",
+             "inf in matmul_bwd inp", col, OC);
+    } else {
+      const size_t row = nonfinite(dw + (size_t)o0 * IC, IC, 1);
+      const size_t drow = nonfinite(dinp + (size_t)n0 * IC, IC, 1);
+      CHECK_MSG(row == IC && all_dw == IC && !isfinite(db[o0]) && all_db == 1 && drow == IC &&
+                    all_dinp == IC,
+                "%s: inf in matmul dout: dW row %zu/%d (all %zu), dbias[o0] %g (all %zu), dinp row "
+                "%zu/%d (all %zu): each should be exactly the touched row / element",
+                nm, row, IC, all_dw, db[o0], all_db, drow, IC, all_dinp);
+      printf("  %-22s %-32s dW row, dbias, dinp row non-finite (%zu, %zu, %zu)\n", "nonfinite",
+             "inf in matmul_bwd dout", row, all_db, drow);
+    }
+    dev->free(d_inp); dev->free(d_dout); dev->free(d_w); dev->free(d_dinp);
+    dev->free(d_dw); dev->free(d_db);
+  }
+
+  /* xent: row 1 has a NaN logit, row 2 a +inf one (neither the target), rows 0 and 3 finite.
+   * CUDA tables only: the CPU table's vectorized expf clamps its argument (NaN included), so its
+   * NaN row comes out finite. */
+  if (!dev_is_cpu) {
+    enum { XN = 4, XV = 37, XVp = 40 };
+    float lg[XN * XVp], loss[XN];
+    int32_t tg[XN] = {3, 30, 11, 36};
+    fill_nz(lg, XN * XVp, 0x1f4);
+    lg[1 * XVp + 17] = NAN;
+    lg[2 * XVp + 5] = INFINITY;
+    void *d_lg = up_act(lg, XN * XVp);
+    float *d_loss = up_f32(NULL, XN);
+    int32_t *d_tg = dev->alloc(sizeof tg);
+    if (!d_lg || !d_loss || !d_tg) { CHECK(0); return; }
+    dev->to_device(d_tg, tg, sizeof tg);
+    dev->xent_fwd_bwd(d_loss, d_lg, d_tg, XN, XV, XVp, 64.0f);
+    dev->to_host(loss, d_loss, sizeof loss);
+    dev->to_host_f32(lg, d_lg, XN * XVp);
+    CHECK(dev_check("nonfinite xent") == 0);
+    size_t g[XN];
+    for (int r = 0; r < XN; r++) g[r] = nonfinite(lg + r * XVp, XVp, 1);
+    CHECK_MSG(isfinite(loss[0]) && !isfinite(loss[1]) && !isfinite(loss[2]) && isfinite(loss[3]) &&
+                  g[0] == 0 && g[1] > 0 && g[2] > 0 && g[3] == 0,
+              "%s: xent with a NaN (row 1) and an inf (row 2) logit: losses %g %g %g %g, non-finite "
+              "gradients per row %zu %zu %zu %zu", nm, loss[0], loss[1], loss[2], loss[3], g[0], g[1],
+              g[2], g[3]);
+    float mx = 0;
+    for (int r = 0; r < XN; r += 3)
+      for (int i = 0; i < XVp; i++) mx = fmaxf(mx, fabsf(lg[r * XVp + i]));
+    CHECK_MSG(mx <= 64.0f, "%s: xent gradient %g exceeds grad_scale 64", nm, mx);
+    printf("  %-22s %-32s loss and gradient rows non-finite (%zu, %zu), max|dlogit| %.1f <= 64\n",
+           "nonfinite", "xent NaN / inf logit", g[1], g[2], mx);
+    dev->free(d_lg); dev->free(d_loss); dev->free(d_tg);
+  }
+
+  if (g_fp16) { /* 40 products of 256 * 256 = 2.6e6 > 65504: +inf in fp16 */
+    dout[n0 * OC + o0] = 0.5f; /* finite again: dout of the next layer below */
+    float *big = malloc(sizeof(float) * N * IC), *out = malloc(sizeof(float) * N * OC);
+    float bias[OC];
+    for (int i = 0; i < N * IC; i++) big[i] = 256.0f;
+    for (int i = 0; i < OC * IC; i++) w[i] = 256.0f;
+    for (int i = 0; i < OC; i++) bias[i] = 1.0f;
+    void *d_x = up_act(big, N * IC), *d_w = up_act(w, OC * IC), *d_b = up_act(bias, OC);
+    void *d_out = dev->alloc(2u * N * OC), *d_dout = up_act(dout, N * OC);
+    float *d_dw = up_f32(NULL, OC * IC);
+    if (!d_x || !d_w || !d_b || !d_out || !d_dout || !d_dw) { CHECK(0); return; }
+    static const char *v[] = {"lt", "gemmex"};
+    for (int k = 0; k < 3; k++) {
+      if (!dev_is_cpu && k < 2) ct_cuda_set_variant("matmul", v[k]);
+      dev->matmul_fwd(d_out, d_x, d_w, k < 2 ? d_b : NULL, N, IC, OC);
+      dev->to_host_f32(out, d_out, (size_t)N * OC);
+      CHECK(dev_check("nonfinite matmul_fwd") == 0);
+      size_t pinf = 0;
+      for (int i = 0; i < N * OC; i++) pinf += out[i] == INFINITY;
+      CHECK_MSG(pinf == (size_t)N * OC, "%s: matmul_fwd (%s) overflowing fp16: %zu of %d outputs "
+                "+inf (e.g. %g): an overflow must not be clamped", nm, k < 2 ? v[k] : "no bias",
+                pinf, N * OC, out[0]);
+      printf("  %-22s %-32s %zu/%d outputs +inf\n", "nonfinite",
+             k == 0 ? "fp16 overflow, bias, lt" : k == 1 ? "fp16 overflow, bias, gemmex"
+                                                        : "fp16 overflow, no bias", pinf, N * OC);
+    }
+    if (!dev_is_cpu) ct_cuda_set_variant("matmul", "default");
+    /* the overflowed activations as the next layer's input: dW all non-finite */
+    /* next layer (IC' = OC' = OC): dW' (OC, OC) += dout'^T out; no dinp, so w is not read */
+    dev->matmul_bwd(NULL, d_dw, NULL, d_dout, d_out, d_w, N, OC, OC);
+    dev->to_host(dw, d_dw, sizeof(float) * OC * OC);
+    CHECK(dev_check("nonfinite matmul_bwd after overflow") == 0);
+    const size_t bad = nonfinite(dw, OC * OC, 1);
+    CHECK_MSG(bad == (size_t)OC * OC, "%s: dW from an overflowed fp16 input: %zu of %d non-finite",
+              nm, bad, OC * OC);
+    printf("  %-22s %-32s %zu/%d dW non-finite\n", "nonfinite", "dW from overflowed activations",
+           bad, OC * OC);
+    dev->free(d_x); dev->free(d_w); dev->free(d_b); dev->free(d_out); dev->free(d_dout);
+    dev->free(d_dw);
+    free(big);
+    free(out);
+  }
+  free(inp); free(dout); free(w); free(dw); free(dinp); free(db);
+}
+
+/* Variants compared on the same cases within one run (16-bit tables): attention batched vs
+ * flash, bias matmul through cuBLASLt vs cublasGemmEx. */
 static int is_att(const family *f) { return f == &fam_att_fwd || f == &fam_att_bwd; }
 
 static void run_selected(size_t i, int perf) {
   const tcase *c = &cases[i];
-  if (!dev_is_cpu && g_bf16 && is_att(c->fam)) {
+  if (!dev_is_cpu && g_act16 && is_att(c->fam)) {
     static const char *v[] = {"batched", "flash", "default"}; /* default: timed as its variant */
     for (int k = 0; k < (perf ? 2 : 3); k++) {
       ct_cuda_set_variant("attention", v[k]);
@@ -920,7 +1152,7 @@ static void run_selected(size_t i, int perf) {
       run_case(i, perf);
     }
     ct_cuda_set_variant("attention", "default");
-  } else if (!dev_is_cpu && g_bf16 && c->fam == &fam_mm_fwd && !(c->flags & NOBIAS)) {
+  } else if (!dev_is_cpu && g_act16 && c->fam == &fam_mm_fwd && !(c->flags & NOBIAS)) {
     static const char *v[] = {"lt", "gemmex"};
     for (int k = 0; k < 2; k++) {
       ct_cuda_set_variant("matmul", v[k]);
@@ -944,11 +1176,15 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
     else if (!strcmp(argv[i], "--cpu")) dev_is_cpu = 1;
     else {
-      fprintf(stderr, "usage: %s [--perf | --small] [--op NAME] [--dtype fp32|bf16|all] [--cpu]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--perf | --small] [--op NAME] [--dtype fp32|bf16|fp16|all] [--cpu]\n", argv[0]);
       return 2;
     }
   }
-  const ct_ops *tables[2] = {0};
+  if (strcmp(dtype, "all") && strcmp(dtype, "fp32") && strcmp(dtype, "bf16") && strcmp(dtype, "fp16")) {
+    fprintf(stderr, "--dtype %s: want fp32, bf16, fp16 or all\n", dtype);
+    return 2;
+  }
+  const ct_ops *tables[3] = {0};
   int ntables = 0;
   if (dev_is_cpu) {
     tables[ntables++] = ct_ops_cpu();
@@ -962,15 +1198,20 @@ int main(int argc, char **argv) {
       fprintf(stderr, "ct_cuda_init: %s\n", err);
       return 1;
     }
-    if (strcmp(dtype, "bf16")) tables[ntables++] = ct_ops_cuda();
-    if (strcmp(dtype, "fp32")) tables[ntables++] = ct_ops_cuda_bf16();
+    const int all = !strcmp(dtype, "all");
+    if (all || !strcmp(dtype, "fp32")) tables[ntables++] = ct_ops_cuda();
+    if (all || !strcmp(dtype, "bf16")) tables[ntables++] = ct_ops_cuda_bf16();
+    if (all || !strcmp(dtype, "fp16")) tables[ntables++] = ct_ops_cuda_fp16();
     CHECK(ct_ops_cuda()->attention_state_floats(3, 5, 4, 2, 8) == ct_ops_cpu()->attention_state_floats(3, 5, 4, 2, 8));
     CHECK(!strcmp(ct_ops_cuda()->dtype, "fp32") && ct_ops_cuda()->act_bytes == 4);
     CHECK(!strcmp(ct_ops_cuda_bf16()->dtype, "bf16") && ct_ops_cuda_bf16()->act_bytes == 2);
+    CHECK(!strcmp(ct_ops_cuda_fp16()->dtype, "fp16") && ct_ops_cuda_fp16()->act_bytes == 2 &&
+          !strcmp(ct_ops_cuda_fp16()->name, "cuda-fp16"));
   }
   for (int ti = 0; ti < ntables; ti++) {
     dev = tables[ti];
-    g_bf16 = dev->act_bytes == 2;
+    g_act16 = dev->act_bytes == 2;
+    g_fp16 = g_act16 && !strcmp(dev->dtype, "fp16");
     nstats = 0;
     printf("%s: %s table (%s) against the CPU reference%s\n", argv[0], dev->name, dev->dtype,
            perf ? " (perf: realistic shapes)" : "");
@@ -984,12 +1225,13 @@ int main(int argc, char **argv) {
     }
     if (ti == 0) test_alloc();
     if (!only || strstr("cast_params to_host_f32", only)) test_cast();
+    if (!only || strstr("nonfinite matmul xent", only)) test_nonfinite();
     for (size_t i = 0; i < NCASES; i++)
       if ((!small || !cases[i].perf) && cases[i].perf != 2 && (!only || strstr(cases[i].fam->op, only)))
         run_selected(i, 0);
     printf("\nworst normalized error per op (cases), %s table%s:\n", dev->name,
-           g_bf16 ? " (bf16 tolerance " : "");
-    if (g_bf16) printf("  %.0e where a case has bf16 buffers)\n", RT_BF16);
+           g_act16 ? (g_fp16 ? " (fp16 tolerance " : " (bf16 tolerance ") : "");
+    if (g_act16) printf("  %.0e where a case has %s buffers)\n", g_fp16 ? RT_FP16 : RT_BF16, dev->dtype);
     for (int i = 0; i < nstats; i++)
       printf("  %-22s %.2e (%d)\n", stats[i].op, stats[i].worst, stats[i].cases);
   }
