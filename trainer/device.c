@@ -51,20 +51,22 @@ ct_status ct_backend_select(const ct_train_cfg *t, int local_rank, ct_backend *b
     /* auto: bf16 mixed precision on compute capability >= 8.0 (fp32 master weights and
      * AdamW, bf16 activations and working weights, fp32 accumulation / norms / softmax / loss) */
     const bool bf16_ok = major >= 8;
-    if (!strcmp(t->precision, "fp16"))
-      return ct_set_error(CT_ERR_CONFIG, "train.precision = \"fp16\": fp16 with dynamic loss"
-                          " scaling is not implemented yet; use \"bf16\" or \"fp32\"");
     if (!strcmp(t->precision, "bf16") && !bf16_ok)
       return ct_set_error(CT_ERR_CONFIG, "train.precision = \"bf16\": cuda:%d (%s) is sm_%d%d;"
-                          " bf16 needs compute capability 8.0 or newer", local_rank, name, major, minor);
-    const bool bf16 = bf16_ok && (!strcmp(t->precision, "bf16") || !strcmp(t->precision, "auto"));
-    b->ops = bf16 ? ct_ops_cuda_bf16() : ct_ops_cuda();
+                          " bf16 needs compute capability 8.0 or newer (use fp16)", local_rank,
+                          name, major, minor);
+    /* auto: bf16 on compute capability >= 8.0, fp16 with dynamic loss scaling before */
+    const char *prec = !strcmp(t->precision, "auto") ? (bf16_ok ? "bf16" : "fp16") : t->precision;
+    b->ops = !strcmp(prec, "bf16") ? ct_ops_cuda_bf16()
+             : !strcmp(prec, "fp16") ? ct_ops_cuda_fp16() : ct_ops_cuda();
     b->cuda = true;
-    snprintf(b->precision, sizeof b->precision, "%s", bf16 ? "bf16" : "fp32");
+    snprintf(b->precision, sizeof b->precision, "%s", prec);
     snprintf(b->device, sizeof b->device, "cuda:%d (%s, pci %s, sm_%d%d)", local_rank, name, pci,
              major, minor);
-    ct_log_info("device: %s, %s%s", b->device, bf16 ? "bf16 mixed precision" : "fp32",
-                !bf16 && getenv("CT_CUDA_TF32") ? " (TF32 matmuls)" : "");
+    ct_log_info("device: %s, %s%s", b->device,
+                !strcmp(prec, "fp32") ? "fp32" : !strcmp(prec, "bf16") ? "bf16 mixed precision"
+                                                                     : "fp16 mixed precision",
+                !strcmp(prec, "fp32") && getenv("CT_CUDA_TF32") ? " (TF32 matmuls)" : "");
     return CT_OK;
   }
 #endif

@@ -691,10 +691,20 @@ static void xent_fwd_bwd(float *losses, void *logits_, const int32_t *targets, i
       if (grad_scale != 0.0f) memset(x, 0, sizeof(float) * (size_t)Vp);
       continue;
     }
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    float mx = -INFINITY, chk = 0.0f;
+#pragma omp simd reduction(max : mx) reduction(+ : chk)
+    for (int i = 0; i < V; i++) {
+      mx = x[i] > mx ? x[i] : mx;
+      chk += x[i] * 0.0f; /* NaN iff some logit is NaN or infinite (the max hides NaN, and
+                           * ct_expf clamps it): the loss must then be NaN, not a number */
+    }
     float xt = x[tgt];
+    if (chk != 0.0f) {
+      losses[n] = NAN;
+      if (grad_scale != 0.0f)
+        for (int i = 0; i < Vp; i++) x[i] = i < V ? NAN : 0.0f;
+      continue;
+    }
     double sum = 0;
     if (grad_scale != 0.0f) { /* keep e = exp(x - max) in place for the gradient pass */
 #pragma omp simd reduction(+ : sum)
