@@ -14,6 +14,9 @@ PACKAGES=(
   libpcre2-dev libutf8proc-dev   # tokenizer.json: pre-tokenizer regexes, Unicode normalization
   openmpi-bin                    # mpirun, for the `mpirun -np 2 ctrain train` test
   fortunes                       # the bundled default training corpus
+  iproute2                       # ip netns: the two "nodes" of tests/integration/multinode.sh
+  slurmctld slurmd slurm-client munge  # a private one-node Slurm for tests/integration/slurm.sh
+  clang libclang-rt-14-dev       # fuzzing (tests/fuzz/run.sh): libFuzzer, ASan, UBSan runtimes
 )
 
 missing=()
