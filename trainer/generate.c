@@ -212,9 +212,12 @@ ct_status ct_cmd_generate(int argc, char **argv) {
   st = ct_tokenizer_load(cfg.data.tokenizer, &tok);
   if (st != CT_OK) { ct_add_context(st, "%s: data.tokenizer: ", model_path); goto cleanup; }
   CT_TRY_GOTO(ct_backend_select(&cfg.train, 0, &be), cleanup);
-  if (hf) CT_TRY_GOTO(ct_hf_load(model_path, be.ops, 1, cfg.model.max_seq_len, &cfg, &m), cleanup);
+  /* activations for prefill chunks of up to 512 tokens (ct_generate_batch prefills in chunks);
+   * the KV cache still spans the whole context */
+  const int chunk = cfg.model.max_seq_len < 512 ? cfg.model.max_seq_len : 512;
+  if (hf) CT_TRY_GOTO(ct_hf_load(model_path, be.ops, 1, chunk, &cfg, &m), cleanup);
   else {
-    CT_TRY_GOTO(ct_model_create(&cfg.model, be.ops, 1, cfg.model.max_seq_len, &m), cleanup);
+    CT_TRY_GOTO(ct_model_create(&cfg.model, be.ops, 1, chunk, &m), cleanup);
     CT_TRY_GOTO(ct_checkpoint_load_params(file, m), cleanup);
   }
   s.stop_id = ct_tokenizer_eot_id(tok);
