@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Slurm batch jobs on a real Slurm: a private munged + slurmctld + slurmd for this one node
 # (4 CPUs declared, cons_tres CR_CPU, everything under the temp dir, ports found free) runs
-# configs/slurm/cpu-test.sbatch. (a) sbatch --wait with 2 tasks trains to completion with the
+# configs/slurm/cpu-smoke.sbatch. (a) sbatch --wait with 2 tasks trains to completion with the
 # losses of a 2-process ctrain-launch run; (b) `srun -n1 ctrain-launch --nproc_per_node 2` takes
 # its layout from Slurm and trains (and refuses 2 launchers on one node; a simulated 2-node step
 # derives node rank, master address, port and run id); (c) `scancel --signal=USR1 --batch`:
@@ -15,7 +15,7 @@ BIN=$(cd "$(dirname "$CTRAIN")" && pwd)
 SB=$SRC/configs/slurm
 
 # ---- the job scripts themselves (no Slurm needed)
-for f in single-node per-gpu multi-node cpu-test; do
+for f in single-node per-gpu multi-node cpu-smoke; do
   s=$SB/$f.sbatch
   check "$f.sbatch parses (bash -n)" bash -n "$s"
   check "$f.sbatch: USR1 to the batch shell 120 s early, requeue, a log per job" \
@@ -25,8 +25,8 @@ for f in single-node per-gpu multi-node cpu-test; do
   sed -n '/^# ---- pre-emption/,/^# ---- end of pre-emption block/p' "$s" >"$TMP/block_$f"
 done
 check "the pre-emption block is the same in the four scripts" bash -c \
-  "[ \$(wc -l <'$TMP/block_cpu-test') -gt 20 ] && cmp -s '$TMP/block_cpu-test' '$TMP/block_single-node' &&
-   cmp -s '$TMP/block_cpu-test' '$TMP/block_per-gpu' && cmp -s '$TMP/block_cpu-test' '$TMP/block_multi-node'"
+  "[ \$(wc -l <'$TMP/block_cpu-smoke') -gt 20 ] && cmp -s '$TMP/block_cpu-smoke' '$TMP/block_single-node' &&
+   cmp -s '$TMP/block_cpu-smoke' '$TMP/block_per-gpu' && cmp -s '$TMP/block_cpu-smoke' '$TMP/block_multi-node'"
 check "multi-node.sbatch: master = first host of the allocation, a per-job port and run id" bash -c \
   "grep -q 'scontrol show hostnames \"\$SLURM_JOB_NODELIST\" | head -n 1' '$SB/multi-node.sbatch' &&
    grep -q 'SLURM_JOB_ID % 1000' '$SB/multi-node.sbatch' && grep -q -- '--run_id=\"slurm-\$SLURM_JOB_ID\"' '$SB/multi-node.sbatch'"
@@ -173,17 +173,17 @@ wait_state() { # wait_state JOB SECONDS STATE...: until the job is in one of the
 submit() { # submit OUT_DIR key=value...: prints the job id
   local out=$1
   shift
-  (cd "$TMP/jobs" && CTRAIN_BIN=$BIN sbatch --parsable "$SB/cpu-test.sbatch" "${args[@]}" "train.out_dir=$out" "$@")
+  (cd "$TMP/jobs" && CTRAIN_BIN=$BIN sbatch --parsable "$SB/cpu-smoke.sbatch" "${args[@]}" "train.out_dir=$out" "$@")
 }
 log_of() { echo "$TMP/jobs/logs/ctrain-cpu-$1.out"; }
 
 # (a) sbatch --wait: 2 tasks on 1 node == a 2-process ctrain-launch run
 "$LAUNCH" --nproc_per_node 2 --standalone "${args[@]}" "train.out_dir=$TMP/launch" >"$TMP/launch.log" 2>&1
 check "reference: ctrain-launch --nproc_per_node 2 (exit $?)" test -f "$TMP/launch/ckpt/latest/state.h5"
-ja=$(cd "$TMP/jobs" && CTRAIN_BIN=$BIN timeout 120 sbatch --parsable --wait "$SB/cpu-test.sbatch" "${args[@]}" \
+ja=$(cd "$TMP/jobs" && CTRAIN_BIN=$BIN timeout 120 sbatch --parsable --wait "$SB/cpu-smoke.sbatch" "${args[@]}" \
      "train.out_dir=$TMP/a")
 rc=$?
-check "(a) sbatch --wait cpu-test.sbatch: job $ja completed (exit $rc)" \
+check "(a) sbatch --wait cpu-smoke.sbatch: job $ja completed (exit $rc)" \
   test "$rc" -eq 0 -a "$(state "$ja" JobState)" = COMPLETED
 check "(a) the job log shows 2 ranks via slurm on one node" \
   grep -q 'distributed: rank 0/2 (local 0/2, node 0/1) via slurm' "$(log_of "$ja")"
