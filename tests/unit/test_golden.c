@@ -34,6 +34,14 @@
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/model.h"
+#include "ct_build_config.h"
+#if CT_HAVE_CUDA
+#include "kernels/cuda/ops_cuda.h"
+#endif
+
+/* CT_TEST_BACKEND=cuda runs the same comparisons on the fp32 CUDA table (the GPU suite's
+ * whole-model check); the default is the CPU reference. */
+static const ct_ops *test_ops;
 
 #define VOCAB_PAD 96 /* 256 -> 288 rows: padding rows exist in both fixtures */
 
@@ -342,7 +350,7 @@ static void run_fixture(const char *fname, const char *tmpdir) {
     goto close_file;
 
   /* model and parameters */
-  const ct_ops *ops = ct_ops_cpu();
+  const ct_ops *ops = test_ops;
   ct_model *m = NULL, *m2 = NULL;
   st = ct_model_create(mc, ops, (int)B, (int)T, &m);
   CHECK_MSG(st == CT_OK, "%s: ct_model_create: %s", arch, ct_last_error());
@@ -552,6 +560,22 @@ close_file:
 
 int main(void) {
   double t0 = ct_now();
+  test_ops = ct_ops_cpu();
+  const char *backend = getenv("CT_TEST_BACKEND");
+  if (backend && !strcmp(backend, "cuda")) {
+#if CT_HAVE_CUDA
+    char err[512];
+    if (ct_cuda_init(0, err, sizeof err) != 0) {
+      printf("no usable CUDA device (%s): skipped\n", err);
+      return 77;
+    }
+    test_ops = ct_ops_cuda();
+#else
+    printf("CPU-only build: skipped\n");
+    return 77;
+#endif
+  }
+  printf("backend: %s\n", test_ops->name);
   const char *tmp = getenv("TMPDIR");
   char tmpdir[1024];
   snprintf(tmpdir, sizeof tmpdir, "%s/ct_golden_XXXXXX", tmp && *tmp ? tmp : "/tmp");
