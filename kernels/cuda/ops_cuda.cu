@@ -49,14 +49,24 @@ typedef __nv_bfloat16 bf16;
 typedef __half f16;
 
 // Attention variants (CT_CUDA_ATTN / ct_cuda_set_variant). fp32 table: batched or perhead;
-// bf16 and fp16 tables: batched or flash (flash for head dims 64 and 128 on compute capability
-// 8.0+, batched otherwise).
-enum { ATTN_DEFAULT = -1, ATTN_BATCHED = 0, ATTN_PERHEAD = 1, ATTN_FLASH = 2 };
-// What ATTN_DEFAULT means for the 16-bit tables: flash, promoted after it beat batched on the same
-// inputs in one run (H200, bf16, tests/gpu/test_ops_cuda --perf: GPT-2 B16 T1024 H12 hd64 forward
-// 185 vs 785 us, backward 610 vs 1148 us) with errors at or under batched's. The fp16 table runs
-// the same kernels with the f16 form of mma.sync.
-#define HALF_ATTN_DEFAULT ATTN_FLASH
+// bf16 and fp16 tables: batched, flash, flash2 (default) or flash2b (the flash ones for head dims
+// 64 and 128 on compute capability 8.0+, batched otherwise).
+enum {
+  ATTN_DEFAULT = -1,
+  ATTN_BATCHED = 0,
+  ATTN_PERHEAD = 1,
+  ATTN_FLASH = 2,  // the first flash kernels
+  ATTN_FLASH2 = 3, // flash2 kernels (see their section), 4-warp blocks: the 16-bit default
+  ATTN_FLASH2B = 4 // the same kernels in 8-warp, 128-row blocks (slower on the H200)
+};
+// What ATTN_DEFAULT means for the 16-bit tables: flash2. flash was promoted over batched after it
+// beat it on the same inputs (H200, bf16, tests/gpu/test_ops_cuda --perf: GPT-2 B16 T1024 H12
+// hd64 forward 185 vs 785 us, backward 610 vs 1148 us); flash2 then beat flash in one run on every
+// perf shape (H200, bf16, mean of 2 runs, us: GPT-2 forward 184.7 -> 122.1, backward 606.5 ->
+// 495.4; B4 T2048 H16 KV8 hd128 forward 468.1 -> 303.3, backward 1370.8 -> 1007.5; fp16 alike)
+// with the same worst errors as flash on every correctness case. The fp16 table runs the same
+// kernels with the f16 form of mma.sync.
+#define HALF_ATTN_DEFAULT ATTN_FLASH2
 
 // ---------------------------------------------------------------------------------------------
 // runtime state and error handling
@@ -2264,6 +2274,584 @@ __global__ void __launch_bounds__(FL_THREADS)
   }
 }
 
+
+// flash2 device primitives: the only shared/global accesses and warp-level operations of the
+// flash2 kernels besides mma16, ldsm_x4_t and cp_async16 above (a host emulator of these lets
+// the kernels be checked for fragment layouts, barriers and bounds without a GPU).
+// Four 8x8 16-bit matrices from shared memory, not transposed (row addresses from lanes 8i..8i+7).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
+#if FL_SM80
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+#else
+  r[0] = r[1] = r[2] = r[3] = 0;
+  __trap();
+#endif
+}
+// 2^x, approximate (2 ulp), denormal results flushed to zero; 2^-inf = 0.
+__device__ __forceinline__ float fl2_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ void fl2_sync() { __syncthreads(); }
+template <typename E> __device__ __forceinline__ E *fl2_smem() {
+  extern __shared__ int4 fl2_dsmem[];
+  return reinterpret_cast<E *>(fl2_dsmem);
+}
+__device__ __forceinline__ float2 fl2_sld2(const float *p) {
+  return *reinterpret_cast<const float2 *>(p);
+}
+__device__ __forceinline__ void fl2_sstf(float *p, float v) { *p = v; }
+__device__ __forceinline__ float fl2_ldg(const float *p) { return __ldg(p); }
+__device__ __forceinline__ void fl2_st32(void *p, uint32_t v) {
+  *reinterpret_cast<uint32_t *>(p) = v;
+}
+__device__ __forceinline__ void fl2_stf(float *p, float v) { *p = v; }
+template <typename E> __device__ __forceinline__ void fl2_add2(E *p, float x, float y, float k) {
+  add2<E>(p, x, y, k);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 16-bit attention, flash2 variant: the flash kernels reworked for fewer instructions per
+// mma.sync and more reuse per shared-memory byte. Same math, state layout and determinism as
+// flash (lse in log2 units + a 16-bit O copy; dK/dV and dQ in separate kernels, no atomics), so
+// either variant's backward reads either's state. Differences:
+//   - every mma operand comes from ldmatrix (x4, plain or .trans), none from scalar shared loads;
+//     the fixed operand of a loop (Q in the forward, Q/dO in dQ, K/V in dK/dV) is loaded into
+//     registers once where registers allow (template flags QREG / KVREG);
+//   - blocks of NW warps; in the forward a warp may own MT m-tiles (16 query rows each), so each
+//     K/V fragment feeds MT mma.sync; 128-row blocks halve the L2 traffic per flop of 64-row ones;
+//   - one __syncthreads per tile: wait for tile j, barrier, then prefetch tile j+1 into the stage
+//     that tile j-1 used (cp.async, two stages);
+//   - a warp skips the tiles (and, in dK/dV, the 32-query halves) that the causal mask hides
+//     from all of its rows, and masks only the tiles that cross its diagonal;
+//   - exp2 through ex2.approx.ftz with the scale folded into one FFMA;
+//   - grid (B*H or B*KV, tiles) with the tile index slowest, so every head's longest blocks are
+//     dispatched first (forward and dQ: the last query tiles; dK/dV: the first key tiles).
+// Every shared and global access of these kernels goes through the fl2_* / ldsm / cp_async
+// helpers above, so the kernels can be run through an emulator of those helpers.
+// ==== flash2 begin ====
+
+template <int HD, int NW, int MT> constexpr size_t fl2_fwd_smem() {
+  return 2 * (size_t)(NW * 16 * MT + 4 * 64) * (HD + 8);
+}
+template <int HD, int NW> constexpr size_t fl2_dq_smem() {
+  return 2 * (size_t)(2 * NW * 16 + 4 * 64) * (HD + 8);
+}
+template <int HD, int NW> constexpr size_t fl2_dkdv_smem() {
+  return 2 * (size_t)(2 * NW * 16 + 4 * 64) * (HD + 8) + sizeof(float) * 4 * 64;
+}
+
+// Rows row0 .. row0+R-1 of a head slice (row t at base + t*stride, HD contiguous) into an
+// [R][HD+8] shared tile by NT threads; rows >= T are zero-filled.
+template <int HD, int R, int NT, typename E>
+__device__ __forceinline__ void fl2_load(E *s, const E *base, long stride, int row0, int T) {
+  constexpr int CPR = HD / 8, LD = HD + 8;
+  static_assert((R * CPR) % NT == 0, "tile rows must split evenly over the threads");
+#pragma unroll
+  for (int k = 0; k < R * CPR / NT; k++) {
+    const int i = (int)threadIdx.x + k * NT, r = i / CPR, c = (i % CPR) * 8;
+    const bool ok = row0 + r < T;
+    cp_async16(s + r * LD + c, ok ? base + (long)(row0 + r) * stride + c : base, ok);
+  }
+}
+// A fragment (rows r0..r0+15, cols k0..k0+15) of a row-major [m][k] shared tile.
+template <int LD, typename E>
+__device__ __forceinline__ void fl2_lda(uint32_t (&a)[4], const E *s, int r0, int k0, int lane) {
+  ldsm_x4(a, s + (r0 + (lane & 15)) * LD + k0 + (lane >> 4) * 8);
+}
+// B fragments of n-tiles n0 and n0+8 (k0..k0+15) of a row-major [n][k] shared tile (B = tile^T):
+// b[0], b[1] belong to n0, b[2], b[3] to n0 + 8.
+template <int LD, typename E>
+__device__ __forceinline__ void fl2_ldb(uint32_t (&b)[4], const E *s, int n0, int k0, int lane) {
+  ldsm_x4(b, s + (n0 + (lane & 7) + (lane >> 4) * 8) * LD + k0 + ((lane >> 3) & 1) * 8);
+}
+// The same from a row-major [k][n] shared tile (B = tile), through ldmatrix .trans.
+template <int LD, typename E>
+__device__ __forceinline__ void fl2_ldbt(uint32_t (&b)[4], const E *s, int k0, int n0, int lane) {
+  ldsm_x4_t(b, s + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + n0 + (lane >> 4) * 8);
+}
+// The A fragment of k-chunk kc (16 keys) from the C fragments of n-tiles 2kc and 2kc+1.
+template <typename E>
+__device__ __forceinline__ void fl2_c2a(uint32_t (&a)[4], const float (&c0)[4],
+                                        const float (&c1)[4]) {
+  a[0] = pack2<E>(c0[0], c0[1]);
+  a[1] = pack2<E>(c0[2], c0[3]);
+  a[2] = pack2<E>(c1[0], c1[1]);
+  a[3] = pack2<E>(c1[2], c1[3]);
+}
+
+// Forward: block = NW warps x MT m-tiles = BM query rows of one (b, h); 64-key tiles.
+template <int HD, int NW, int MT, bool QREG, int MINB, typename E>
+__global__ void __launch_bounds__(NW * 32, MINB)
+    fl2_fwd_kernel(E *out, float *lse, E *ocopy, const E *qkv, int T, int H, int KV, float sl2) {
+  constexpr int NT = NW * 32, BM = NW * 16 * MT, LD = HD + 8, KC = HD / 16, DT = HD / 8;
+  E *Qs = fl2_smem<E>(), *Ks = Qs + BM * LD, *Vs = Ks + 2 * 64 * LD;
+  const int nqb = (T + BM - 1) / BM, qb = nqb - 1 - (int)blockIdx.y;
+  const int b = (int)blockIdx.x / H, h = (int)blockIdx.x % H, kv = h / (H / KV);
+  const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
+  const E *base = qkv + (long)b * T * W3;
+  const E *qsrc = base + (long)h * HD, *ksrc = base + (long)(H + kv) * HD,
+          *vsrc = base + (long)(H + KV + kv) * HD;
+  const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2,
+            tg = lane & 3;
+  const int q0 = qb * BM, wr = warp * 16 * MT, w0 = q0 + wr, wlast = w0 + 16 * MT - 1;
+  const bool wact = w0 < T;
+  const int nkv = ((q0 + BM < T ? q0 + BM : T) + 63) / 64;
+  fl2_load<HD, BM, NT>(Qs, qsrc, W3, q0, T);
+  fl2_load<HD, 64, NT>(Ks, ksrc, W3, 0, T);
+  fl2_load<HD, 64, NT>(Vs, vsrc, W3, 0, T);
+  cp_commit();
+  uint32_t qa[MT][QREG ? KC : 1][4];
+  float o[MT][DT][4], mr[MT][2], lr[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+    for (int i = 0; i < DT; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+    mr[mt][0] = mr[mt][1] = -INFINITY;
+    lr[mt][0] = lr[mt][1] = 0.0f;
+  }
+  for (int j = 0; j < nkv; j++) {
+    cp_wait<0>();
+    fl2_sync(); // tile j landed for every thread; every warp is done with tile j-1's stage
+    if (j + 1 < nkv) {
+      const int st = (j + 1) & 1;
+      fl2_load<HD, 64, NT>(Ks + st * 64 * LD, ksrc, W3, (j + 1) * 64, T);
+      fl2_load<HD, 64, NT>(Vs + st * 64 * LD, vsrc, W3, (j + 1) * 64, T);
+      cp_commit();
+    }
+    if constexpr (QREG) {
+      if (j == 0) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+          for (int kc = 0; kc < KC; kc++) fl2_lda<LD>(qa[mt][kc], Qs, wr + mt * 16, kc * 16, lane);
+      }
+    }
+    const int key0 = j * 64;
+    if (!wact || key0 > wlast) continue; // every key of the tile is after every row of the warp
+    const E *K = Ks + (j & 1) * 64 * LD, *V = Vs + (j & 1) * 64 * LD;
+    float s[MT][8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        if constexpr (QREG) {
+          a[mt][0] = qa[mt][kc][0];
+          a[mt][1] = qa[mt][kc][1];
+          a[mt][2] = qa[mt][kc][2];
+          a[mt][3] = qa[mt][kc][3];
+        } else {
+          fl2_lda<LD>(a[mt], Qs, wr + mt * 16, kc * 16, lane);
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        uint32_t bk[4];
+        fl2_ldb<LD>(bk, K, np * 16, kc * 16, lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          mma16<E>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma16<E>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+    if (key0 + 63 > w0) { // the tile crosses the warp's diagonal: keys after the query are masked
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        const int r0 = w0 + mt * 16 + g, r1 = r0 + 8;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+          const int key = key0 + nt * 8 + tg * 2;
+          if (key > r0) s[mt][nt][0] = -INFINITY;
+          if (key + 1 > r0) s[mt][nt][1] = -INFINITY;
+          if (key > r1) s[mt][nt][2] = -INFINITY;
+          if (key + 1 > r1) s[mt][nt][3] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++) {
+        mx0 = fmaxf(mx0, fmaxf(s[mt][nt][0], s[mt][nt][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[mt][nt][2], s[mt][nt][3]));
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      // every row has key 0 in the first tile, so the running max is finite from then on
+      const float n0 = fmaxf(mr[mt][0], mx0 * sl2), n1 = fmaxf(mr[mt][1], mx1 * sl2);
+      const float a0 = fl2_ex2(mr[mt][0] - n0), a1 = fl2_ex2(mr[mt][1] - n1); // 0 at first
+      mr[mt][0] = n0;
+      mr[mt][1] = n1;
+      float l0 = lr[mt][0] * a0, l1 = lr[mt][1] * a1;
+#pragma unroll
+      for (int i = 0; i < DT; i++) {
+        o[mt][i][0] *= a0;
+        o[mt][i][1] *= a0;
+        o[mt][i][2] *= a1;
+        o[mt][i][3] *= a1;
+      }
+#pragma unroll
+      for (int nt = 0; nt < 8; nt++) {
+        s[mt][nt][0] = fl2_ex2(fmaf(s[mt][nt][0], sl2, -n0));
+        s[mt][nt][1] = fl2_ex2(fmaf(s[mt][nt][1], sl2, -n0));
+        s[mt][nt][2] = fl2_ex2(fmaf(s[mt][nt][2], sl2, -n1));
+        s[mt][nt][3] = fl2_ex2(fmaf(s[mt][nt][3], sl2, -n1));
+        l0 += s[mt][nt][0] + s[mt][nt][1];
+        l1 += s[mt][nt][2] + s[mt][nt][3];
+      }
+      lr[mt][0] = l0;
+      lr[mt][1] = l1;
+    }
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) { // O += P V, 16 keys at a time
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) fl2_c2a<E>(pa[mt], s[mt][2 * kc], s[mt][2 * kc + 1]);
+#pragma unroll
+      for (int dp = 0; dp < HD / 16; dp++) {
+        uint32_t bv[4];
+        fl2_ldbt<LD>(bv, V, kc * 16, dp * 16, lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          mma16<E>(o[mt][2 * dp], pa[mt], bv[0], bv[1]);
+          mma16<E>(o[mt][2 * dp + 1], pa[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+    float l0 = lr[mt][0], l1 = lr[mt][1];
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const int r0 = w0 + mt * 16 + g, r1 = r0 + 8;
+    if (r0 < T) {
+      const float inv = 1.0f / l0;
+      const long off = ((long)b * T + r0) * HDt + (long)h * HD;
+#pragma unroll
+      for (int i = 0; i < DT; i++) {
+        const uint32_t v = pack2<E>(o[mt][i][0] * inv, o[mt][i][1] * inv);
+        fl2_st32(out + off + i * 8 + tg * 2, v);
+        fl2_st32(ocopy + off + i * 8 + tg * 2, v);
+      }
+      if (tg == 0) fl2_stf(lse + ((long)b * H + h) * T + r0, mr[mt][0] + log2f(l0));
+    }
+    if (r1 < T) {
+      const float inv = 1.0f / l1;
+      const long off = ((long)b * T + r1) * HDt + (long)h * HD;
+#pragma unroll
+      for (int i = 0; i < DT; i++) {
+        const uint32_t v = pack2<E>(o[mt][i][2] * inv, o[mt][i][3] * inv);
+        fl2_st32(out + off + i * 8 + tg * 2, v);
+        fl2_st32(ocopy + off + i * 8 + tg * 2, v);
+      }
+      if (tg == 0) fl2_stf(lse + ((long)b * H + h) * T + r1, mr[mt][1] + log2f(l1));
+    }
+  }
+}
+
+// dQ: block = NW warps x 16 query rows of one (b, h); 64-key tiles. dQ = scale * dS K with
+// dS = P * (dP - D), P = exp2(S*sl2 - lse), dP = dO V^T.
+template <int HD, int NW, bool QREG, int MINB, typename E>
+__global__ void __launch_bounds__(NW * 32, MINB)
+    fl2_dq_kernel(E *dqkv, const E *dout, const E *qkv, const float *lse, const float *D, int T,
+                  int H, int KV, float sl2, float scale) {
+  constexpr int NT = NW * 32, BM = NW * 16, LD = HD + 8, KC = HD / 16, DT = HD / 8;
+  E *Qs = fl2_smem<E>(), *dOs = Qs + BM * LD, *Ks = dOs + BM * LD, *Vs = Ks + 2 * 64 * LD;
+  const int nqb = (T + BM - 1) / BM, qb = nqb - 1 - (int)blockIdx.y;
+  const int b = (int)blockIdx.x / H, h = (int)blockIdx.x % H, kv = h / (H / KV);
+  const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
+  const E *base = qkv + (long)b * T * W3;
+  const E *qsrc = base + (long)h * HD, *ksrc = base + (long)(H + kv) * HD,
+          *vsrc = base + (long)(H + KV + kv) * HD;
+  const E *dosrc = dout + (long)b * T * HDt + (long)h * HD;
+  const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2,
+            tg = lane & 3;
+  const int q0 = qb * BM, w0 = q0 + warp * 16, r0 = w0 + g, r1 = r0 + 8;
+  const bool wact = w0 < T;
+  const int nkv = ((q0 + BM < T ? q0 + BM : T) + 63) / 64;
+  fl2_load<HD, BM, NT>(Qs, qsrc, W3, q0, T);
+  fl2_load<HD, BM, NT>(dOs, dosrc, HDt, q0, T);
+  fl2_load<HD, 64, NT>(Ks, ksrc, W3, 0, T);
+  fl2_load<HD, 64, NT>(Vs, vsrc, W3, 0, T);
+  cp_commit();
+  const long srow = ((long)b * H + h) * T;
+  const float L0 = r0 < T ? fl2_ldg(lse + srow + r0) : 0.0f;
+  const float L1 = r1 < T ? fl2_ldg(lse + srow + r1) : 0.0f;
+  const float D0 = r0 < T ? fl2_ldg(D + srow + r0) : 0.0f;
+  const float D1 = r1 < T ? fl2_ldg(D + srow + r1) : 0.0f;
+  uint32_t qa[QREG ? KC : 1][4], ea[QREG ? KC : 1][4];
+  float dq[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; i++) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.0f;
+  for (int j = 0; j < nkv; j++) {
+    cp_wait<0>();
+    fl2_sync();
+    if (j + 1 < nkv) {
+      const int st = (j + 1) & 1;
+      fl2_load<HD, 64, NT>(Ks + st * 64 * LD, ksrc, W3, (j + 1) * 64, T);
+      fl2_load<HD, 64, NT>(Vs + st * 64 * LD, vsrc, W3, (j + 1) * 64, T);
+      cp_commit();
+    }
+    if constexpr (QREG) {
+      if (j == 0) {
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++) {
+          fl2_lda<LD>(qa[kc], Qs, warp * 16, kc * 16, lane);
+          fl2_lda<LD>(ea[kc], dOs, warp * 16, kc * 16, lane);
+        }
+      }
+    }
+    const int key0 = j * 64;
+    if (!wact || key0 > w0 + 15) continue;
+    const E *K = Ks + (j & 1) * 64 * LD, *V = Vs + (j & 1) * 64 * LD;
+    float s[8][4], dp[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] =
+          0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+      uint32_t a[4], e[4];
+      if constexpr (QREG) {
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+          a[x] = qa[kc][x];
+          e[x] = ea[kc][x];
+        }
+      } else {
+        fl2_lda<LD>(a, Qs, warp * 16, kc * 16, lane);
+        fl2_lda<LD>(e, dOs, warp * 16, kc * 16, lane);
+      }
+#pragma unroll
+      for (int np = 0; np < 4; np++) {
+        uint32_t bk[4], bv[4];
+        fl2_ldb<LD>(bk, K, np * 16, kc * 16, lane);
+        fl2_ldb<LD>(bv, V, np * 16, kc * 16, lane);
+        mma16<E>(s[2 * np], a, bk[0], bk[1]);
+        mma16<E>(s[2 * np + 1], a, bk[2], bk[3]);
+        mma16<E>(dp[2 * np], e, bv[0], bv[1]);
+        mma16<E>(dp[2 * np + 1], e, bv[2], bv[3]);
+      }
+    }
+    const bool diag = key0 + 63 > w0;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+      const int key = key0 + nt * 8 + tg * 2;
+      float p0 = fl2_ex2(fmaf(s[nt][0], sl2, -L0)), p1 = fl2_ex2(fmaf(s[nt][1], sl2, -L0));
+      float p2 = fl2_ex2(fmaf(s[nt][2], sl2, -L1)), p3 = fl2_ex2(fmaf(s[nt][3], sl2, -L1));
+      if (diag) {
+        if (key > r0) p0 = 0.0f;
+        if (key + 1 > r0) p1 = 0.0f;
+        if (key > r1) p2 = 0.0f;
+        if (key + 1 > r1) p3 = 0.0f;
+      }
+      s[nt][0] = p0 * (dp[nt][0] - D0);
+      s[nt][1] = p1 * (dp[nt][1] - D0);
+      s[nt][2] = p2 * (dp[nt][2] - D1);
+      s[nt][3] = p3 * (dp[nt][3] - D1);
+    }
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) { // dQ += dS K, 16 keys at a time
+      uint32_t da[4];
+      fl2_c2a<E>(da, s[2 * kc], s[2 * kc + 1]);
+#pragma unroll
+      for (int dd = 0; dd < HD / 16; dd++) {
+        uint32_t bk[4];
+        fl2_ldbt<LD>(bk, K, kc * 16, dd * 16, lane);
+        mma16<E>(dq[2 * dd], da, bk[0], bk[1]);
+        mma16<E>(dq[2 * dd + 1], da, bk[2], bk[3]);
+      }
+    }
+  }
+  if (r0 < T) {
+    E *d = dqkv + ((long)b * T + r0) * W3 + (long)h * HD;
+#pragma unroll
+    for (int i = 0; i < DT; i++) fl2_add2<E>(d + i * 8 + tg * 2, dq[i][0], dq[i][1], scale);
+  }
+  if (r1 < T) {
+    E *d = dqkv + ((long)b * T + r1) * W3 + (long)h * HD;
+#pragma unroll
+    for (int i = 0; i < DT; i++) fl2_add2<E>(d + i * 8 + tg * 2, dq[i][2], dq[i][3], scale);
+  }
+}
+
+// dK, dV: block = NW warps x 16 keys of one (b, kv head); loops over the group's query heads and
+// the 64-query tiles that can see its keys, 32 queries at a time. S^T = K Q^T, dP^T = V dO^T,
+// dV += P^T dO, dK += scale * dS^T Q.
+template <int HD, int NW, bool KVREG, int MINB, typename E>
+__global__ void __launch_bounds__(NW * 32, MINB)
+    fl2_dkdv_kernel(E *dqkv, const E *dout, const E *qkv, const float *lse, const float *D,
+                    int T, int H, int KV, float sl2, float scale) {
+  constexpr int NT = NW * 32, BN = NW * 16, LD = HD + 8, KC = HD / 16, DT = HD / 8;
+  E *Ks = fl2_smem<E>(), *Vs = Ks + BN * LD, *Qs = Vs + BN * LD, *dOs = Qs + 2 * 64 * LD;
+  float *Ls = reinterpret_cast<float *>(dOs + 2 * 64 * LD), *Ds = Ls + 2 * 64;
+  const int kb = (int)blockIdx.y, b = (int)blockIdx.x / KV, kv = (int)blockIdx.x % KV;
+  const int grp = H / KV;
+  const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
+  const E *base = qkv + (long)b * T * W3;
+  const E *dbase = dout + (long)b * T * HDt;
+  const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2,
+            tg = lane & 3;
+  const int kb0 = kb * BN, w0 = kb0 + warp * 16, k0 = w0 + g, k1 = k0 + 8;
+  const bool wact = w0 < T;
+  const int i0 = kb0 / 64, nq = (T + 63) / 64 - i0, total = grp * nq; // (head, query tile) steps
+  // step it: head h = kv*grp + it / nq, query tile i = i0 + it % nq
+  auto issue = [&](int it, int stg) {
+    const int h = kv * grp + it / nq, i = i0 + it % nq;
+    fl2_load<HD, 64, NT>(Qs + stg * 64 * LD, base + (long)h * HD, W3, i * 64, T);
+    fl2_load<HD, 64, NT>(dOs + stg * 64 * LD, dbase + (long)h * HD, HDt, i * 64, T);
+    if (threadIdx.x < 64) {
+      const int t = i * 64 + (int)threadIdx.x;
+      const long sr = ((long)b * H + h) * T;
+      // padding queries: lse = +inf makes P = 0
+      fl2_sstf(Ls + stg * 64 + threadIdx.x, t < T ? fl2_ldg(lse + sr + t) : INFINITY);
+      fl2_sstf(Ds + stg * 64 + threadIdx.x, t < T ? fl2_ldg(D + sr + t) : 0.0f);
+    }
+  };
+  fl2_load<HD, BN, NT>(Ks, base + (long)(H + kv) * HD, W3, kb0, T);
+  fl2_load<HD, BN, NT>(Vs, base + (long)(H + KV + kv) * HD, W3, kb0, T);
+  issue(0, 0);
+  cp_commit();
+  uint32_t ka[KVREG ? KC : 1][4], va[KVREG ? KC : 1][4];
+  float dk[DT][4], dv[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; i++)
+    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+  for (int it = 0; it < total; it++) {
+    const int stg = it & 1;
+    cp_wait<0>();
+    fl2_sync();
+    if (it + 1 < total) {
+      issue(it + 1, stg ^ 1);
+      cp_commit();
+    }
+    if constexpr (KVREG) {
+      if (it == 0) {
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++) {
+          fl2_lda<LD>(ka[kc], Ks, warp * 16, kc * 16, lane);
+          fl2_lda<LD>(va[kc], Vs, warp * 16, kc * 16, lane);
+        }
+      }
+    }
+    const int qbase = (i0 + it % nq) * 64;
+    if (!wact || qbase + 63 < w0) continue; // every query of the tile is before every key
+    const E *Q = Qs + stg * 64 * LD, *dO = dOs + stg * 64 * LD;
+    const float *L = Ls + stg * 64, *Dd = Ds + stg * 64;
+#pragma unroll
+    for (int half = 0; half < 2; half++) { // 32 queries at a time (register pressure)
+      const int qo = half * 32;
+      if (qbase + qo + 31 < w0) continue;
+      const bool diag = qbase + qo < w0 + 15;
+      float st[4][4], dpt[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++)
+        st[nt][0] = st[nt][1] = st[nt][2] = st[nt][3] = dpt[nt][0] = dpt[nt][1] = dpt[nt][2] =
+            dpt[nt][3] = 0.0f;
+#pragma unroll
+      for (int kc = 0; kc < KC; kc++) {
+        uint32_t a[4], e[4];
+        if constexpr (KVREG) {
+#pragma unroll
+          for (int x = 0; x < 4; x++) {
+            a[x] = ka[kc][x];
+            e[x] = va[kc][x];
+          }
+        } else {
+          fl2_lda<LD>(a, Ks, warp * 16, kc * 16, lane);
+          fl2_lda<LD>(e, Vs, warp * 16, kc * 16, lane);
+        }
+#pragma unroll
+        for (int np = 0; np < 2; np++) {
+          uint32_t bq[4], bo[4];
+          fl2_ldb<LD>(bq, Q, qo + np * 16, kc * 16, lane);
+          fl2_ldb<LD>(bo, dO, qo + np * 16, kc * 16, lane);
+          mma16<E>(st[2 * np], a, bq[0], bq[1]);
+          mma16<E>(st[2 * np + 1], a, bq[2], bq[3]);
+          mma16<E>(dpt[2 * np], e, bo[0], bo[1]);
+          mma16<E>(dpt[2 * np + 1], e, bo[2], bo[3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) { // P^T, dS^T (rows: keys k0 / k1, columns: queries q, q+1)
+        const int ql = qo + nt * 8 + tg * 2, q = qbase + ql;
+        const float2 Lq = fl2_sld2(L + ql), Dq = fl2_sld2(Dd + ql);
+        float p0 = fl2_ex2(fmaf(st[nt][0], sl2, -Lq.x)), p1 = fl2_ex2(fmaf(st[nt][1], sl2, -Lq.y));
+        float p2 = fl2_ex2(fmaf(st[nt][2], sl2, -Lq.x)), p3 = fl2_ex2(fmaf(st[nt][3], sl2, -Lq.y));
+        if (diag) {
+          if (q < k0) p0 = 0.0f;
+          if (q + 1 < k0) p1 = 0.0f;
+          if (q < k1) p2 = 0.0f;
+          if (q + 1 < k1) p3 = 0.0f;
+        }
+        st[nt][0] = p0;
+        st[nt][1] = p1;
+        st[nt][2] = p2;
+        st[nt][3] = p3;
+        dpt[nt][0] = p0 * (dpt[nt][0] - Dq.x);
+        dpt[nt][1] = p1 * (dpt[nt][1] - Dq.y);
+        dpt[nt][2] = p2 * (dpt[nt][2] - Dq.x);
+        dpt[nt][3] = p3 * (dpt[nt][3] - Dq.y);
+      }
+#pragma unroll
+      for (int kc = 0; kc < 2; kc++) { // dV += P^T dO, dK += dS^T Q (k = 16 of the queries)
+        uint32_t pa[4], sa[4];
+        fl2_c2a<E>(pa, st[2 * kc], st[2 * kc + 1]);
+        fl2_c2a<E>(sa, dpt[2 * kc], dpt[2 * kc + 1]);
+#pragma unroll
+        for (int dd = 0; dd < HD / 16; dd++) {
+          uint32_t bo[4], bq[4];
+          fl2_ldbt<LD>(bo, dO, qo + kc * 16, dd * 16, lane);
+          fl2_ldbt<LD>(bq, Q, qo + kc * 16, dd * 16, lane);
+          mma16<E>(dv[2 * dd], pa, bo[0], bo[1]);
+          mma16<E>(dv[2 * dd + 1], pa, bo[2], bo[3]);
+          mma16<E>(dk[2 * dd], sa, bq[0], bq[1]);
+          mma16<E>(dk[2 * dd + 1], sa, bq[2], bq[3]);
+        }
+      }
+    }
+  }
+  const long koff = (long)(H + kv) * HD, voff = (long)(H + KV + kv) * HD;
+  if (k0 < T) {
+    E *d = dqkv + ((long)b * T + k0) * W3;
+#pragma unroll
+    for (int i = 0; i < DT; i++) {
+      fl2_add2<E>(d + koff + i * 8 + tg * 2, dk[i][0], dk[i][1], scale);
+      fl2_add2<E>(d + voff + i * 8 + tg * 2, dv[i][0], dv[i][1], 1.0f);
+    }
+  }
+  if (k1 < T) {
+    E *d = dqkv + ((long)b * T + k1) * W3;
+#pragma unroll
+    for (int i = 0; i < DT; i++) {
+      fl2_add2<E>(d + koff + i * 8 + tg * 2, dk[i][2], dk[i][3], scale);
+      fl2_add2<E>(d + voff + i * 8 + tg * 2, dv[i][2], dv[i][3], 1.0f);
+    }
+  }
+}
+
+// Grids: x = (b, head) pairs, y = tiles (longest first; see the kernels).
+inline dim3 fl2_grid(int B, int heads, int T, int rows) {
+  return dim3((unsigned)(B * heads), (unsigned)((T + rows - 1) / rows));
+}
+// ==== flash2 end ====
+
 // Head dims 64 and 128, on devices with mma.sync m16n8k16 / cp.async (compute capability 8.0+;
 // before ct_cuda_init, g.cc = 0, sizes follow the newer devices as they did before cc was kept).
 bool flash_ok(int hd) { return (hd == 64 || hd == 128) && (g.cc == 0 || g.cc >= 80); }
@@ -2271,9 +2859,13 @@ size_t flash_lse_floats(int B, int T, int H) { return ((size_t)B * H * T + 7) / 
 size_t flash_state_floats(int B, int T, int H, int hd) {
   return flash_lse_floats(B, T, H) + ((size_t)B * T * H * hd + 1) / 2;
 }
+int attn_16_variant() {
+  return g.attn_variant == ATTN_DEFAULT ? HALF_ATTN_DEFAULT : g.attn_variant;
+}
+// flash and flash2 keep the same state (lse + O copy), so either backward reads either's state.
 bool attn_16_flash(int hd) {
-  const int v = g.attn_variant == ATTN_DEFAULT ? HALF_ATTN_DEFAULT : g.attn_variant;
-  return v == ATTN_FLASH && flash_ok(hd);
+  const int v = attn_16_variant();
+  return (v == ATTN_FLASH || v == ATTN_FLASH2 || v == ATTN_FLASH2B) && flash_ok(hd);
 }
 
 // Raises a kernel's dynamic shared memory limit once.
@@ -2330,6 +2922,79 @@ void flash_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, 
   CK_LAUNCH(flash_bwd_dq_kernel);
 }
 
+// flash2 launchers: NW warps per block, MT m-tiles per warp (forward), QREG / KVREG: the loop's
+// fixed operand kept in registers.
+template <int HD, int NW, int MT, bool QREG, int MINB, typename E>
+void fl2_fwd_launch(E *out, float *state, const E *qkv, int B, int T, int H, int KV) {
+  static int attr;
+  constexpr size_t smem = fl2_fwd_smem<HD, NW, MT>();
+  if (!fl_smem_attr(fl2_fwd_kernel<HD, NW, MT, QREG, MINB, E>, smem, &attr)) return;
+  float *lse = state;
+  E *oc = (E *)(state + flash_lse_floats(B, T, H));
+  const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
+  fl2_fwd_kernel<HD, NW, MT, QREG, MINB, E><<<fl2_grid(B, H, T, NW * 16 * MT), NW * 32, smem, g.stream>>>(
+      out, lse, oc, qkv, T, H, KV, sl2);
+  CK_LAUNCH(fl2_fwd_kernel);
+}
+
+template <int HD, int NWQ, bool QREG, int MBQ, int NWK, bool KVREG, int MBK, typename E>
+void fl2_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, int B, int T, int H,
+                    int KV) {
+  static int attr_dq, attr_dkdv;
+  constexpr size_t sq = fl2_dq_smem<HD, NWQ>(), sk = fl2_dkdv_smem<HD, NWK>();
+  if (!fl_smem_attr(fl2_dq_kernel<HD, NWQ, QREG, MBQ, E>, sq, &attr_dq)) return;
+  if (!fl_smem_attr(fl2_dkdv_kernel<HD, NWK, KVREG, MBK, E>, sk, &attr_dkdv)) return;
+  const float *lse = state;
+  const E *oc = (const E *)(state + flash_lse_floats(B, T, H));
+  float *D = (float *)scratch(sizeof(float) * (size_t)B * H * T);
+  if (!D) return;
+  const long rows = (long)B * T * H;
+  flash_bwd_pre_kernel<E><<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * 32, 0,
+                         g.stream>>>(D, dout, oc, B, T, H, HD);
+  if (!CK_LAUNCH(flash_bwd_pre_kernel)) return;
+  const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
+  fl2_dkdv_kernel<HD, NWK, KVREG, MBK, E><<<fl2_grid(B, KV, T, NWK * 16), NWK * 32, sk, g.stream>>>(
+      dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
+  if (!CK_LAUNCH(fl2_dkdv_kernel)) return;
+  fl2_dq_kernel<HD, NWQ, QREG, MBQ, E><<<fl2_grid(B, H, T, NWQ * 16), NWQ * 32, sq, g.stream>>>(
+      dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
+  CK_LAUNCH(fl2_dq_kernel);
+}
+
+// The flash2 configurations (tests/gpu/test_ops_cuda --perf times both). Registers per thread
+// (ptxas, sm_90), resident warps per SM, and H200 bf16 times (us, B16 T1024 H12 hd64 / B4 T2048
+// H16 KV8 hd128; flash: 184.7 / 468.1 forward, 606.5 / 1370.8 backward):
+//   flash2, 4-warp blocks: hd64 forward 2 m-tiles per warp (128 rows) 248 regs, 8 warps, 122.1;
+//     hd128 forward 64 rows 240, 8 warps, 303.3; hd64 dQ and dK/dV 64 rows capped at 168 regs
+//     (12 warps; Q/dO, K/V fragments reloaded from shared memory), backward 495.4; hd128 dQ 248,
+//     dK/dV 255 (8 warps), backward 1007.5.
+//   flash2b, 8-warp blocks of 128 rows: hd64 forward 128 regs (16 warps) 138.9, hd128 229 (8)
+//     306.5; hd64 dQ 194 and dK/dV 203 with the fragments in registers (8 warps) 586.8, hd128
+//     dQ 238, dK/dV 250 (8 warps) 1028.0.
+// MINB 0 leaves ptxas's register choice alone (an explicit 1 gave the hd64 8-warp forward 150
+// registers and one block per SM instead of 128 and two).
+template <typename E>
+void fl2_fwd(int v, int hd, E *out, float *state, const E *qkv, int B, int T, int H, int KV) {
+  if (v == ATTN_FLASH2) {
+    if (hd == 64) fl2_fwd_launch<64, 4, 2, true, 1, E>(out, state, qkv, B, T, H, KV);
+    else fl2_fwd_launch<128, 4, 1, true, 1, E>(out, state, qkv, B, T, H, KV);
+  } else {
+    if (hd == 64) fl2_fwd_launch<64, 8, 1, true, 0, E>(out, state, qkv, B, T, H, KV);
+    else fl2_fwd_launch<128, 8, 1, true, 1, E>(out, state, qkv, B, T, H, KV);
+  }
+}
+template <typename E>
+void fl2_bwd(int v, int hd, E *dqkv, const E *dout, const E *qkv, const float *state, int B, int T,
+             int H, int KV) {
+  if (v == ATTN_FLASH2) {
+    if (hd == 64) fl2_bwd_launch<64, 4, false, 3, 4, false, 3, E>(dqkv, dout, qkv, state, B, T, H, KV);
+    else fl2_bwd_launch<128, 4, false, 1, 4, false, 1, E>(dqkv, dout, qkv, state, B, T, H, KV);
+  } else {
+    if (hd == 64) fl2_bwd_launch<64, 8, true, 1, 8, true, 1, E>(dqkv, dout, qkv, state, B, T, H, KV);
+    else fl2_bwd_launch<128, 8, false, 1, 8, false, 1, E>(dqkv, dout, qkv, state, B, T, H, KV);
+  }
+}
+
 size_t cu_attention_state_floats_16(int B, int T, int H, int /*KV*/, int hd) {
   return attn_16_flash(hd) ? flash_state_floats(B, T, H, hd)
                            : attn_16_batched_state_floats(B, T, H);
@@ -2345,7 +3010,9 @@ void cu_attention_fwd_16(void *out, float *state, const void *qkv, int B, int T,
     return;
   }
   if (!fl_aligned(out, state, qkv)) return;
-  if (hd == 64) flash_fwd_launch<64, E>((E *)out, state, (const E *)qkv, B, T, H, KV);
+  const int v = attn_16_variant();
+  if (v != ATTN_FLASH) fl2_fwd<E>(v, hd, (E *)out, state, (const E *)qkv, B, T, H, KV);
+  else if (hd == 64) flash_fwd_launch<64, E>((E *)out, state, (const E *)qkv, B, T, H, KV);
   else flash_fwd_launch<128, E>((E *)out, state, (const E *)qkv, B, T, H, KV);
 }
 
@@ -2359,7 +3026,10 @@ void cu_attention_bwd_16(void *dqkv, const void *dout, const void *qkv, const fl
     return;
   }
   if (!fl_aligned(dqkv, dout, qkv) || !fl_aligned(state, state, state)) return;
-  if (hd == 64)
+  const int v = attn_16_variant();
+  if (v != ATTN_FLASH)
+    fl2_bwd<E>(v, hd, (E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV);
+  else if (hd == 64)
     flash_bwd_launch<64, E>((E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV);
   else
     flash_bwd_launch<128, E>((E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV);
@@ -2471,6 +3141,8 @@ int set_variant(const char *op, const char *v) {
     else if (!strcmp(v, "batched")) g.attn_variant = ATTN_BATCHED;
     else if (!strcmp(v, "perhead")) g.attn_variant = ATTN_PERHEAD;
     else if (!strcmp(v, "flash")) g.attn_variant = ATTN_FLASH;
+    else if (!strcmp(v, "flash2")) g.attn_variant = ATTN_FLASH2;
+    else if (!strcmp(v, "flash2b")) g.attn_variant = ATTN_FLASH2B;
     else return -1;
     return 0;
   }
@@ -2568,7 +3240,7 @@ extern "C" int ct_cuda_init(int device, char *err, size_t errcap) {
   const char *attn = getenv("CT_CUDA_ATTN");
   g.attn_variant = ATTN_DEFAULT;
   if (attn && attn[0] && set_variant("attention", attn) != 0)
-    INIT_FAIL("CT_CUDA_ATTN=%s: unknown attention variant (batched, perhead, flash)", attn);
+    INIT_FAIL("CT_CUDA_ATTN=%s: unknown attention variant (batched, perhead, flash, flash2, flash2b)", attn);
   g.matmul_lt = !(getenv("CT_CUDA_LT") && !env_on("CT_CUDA_LT"));
   const char *cap = getenv("CT_CUDA_ATTN_SCRATCH_MB");
   g.attn_scratch_cap = (size_t)(cap && atol(cap) > 0 ? atol(cap) : 256) << 20;

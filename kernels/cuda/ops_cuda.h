@@ -21,7 +21,7 @@
  * matmuls and attention products accumulate in fp32 (cuBLAS, compute 32F); norms, softmax,
  * cross-entropy and the elementwise ops compute in fp32 from bf16 loads and round once on store.
  * bf16 attention state: the batched variant keeps P as bf16 (B,H,T,T) (half of B*H*T*T floats);
- * the flash variant keeps the log-sum-exp (B,H,T) and a bf16 copy of the output (N, H*hd).
+ * the flash variants keep the log-sum-exp (B,H,T) and a bf16 copy of the output (N, H*hd).
  * The fp16 table ("cuda-fp16", dtype "fp16") is the bf16 table with __half in place of
  * __nv_bfloat16 everywhere (cuBLAS / cuBLASLt CUDA_R_16F with fp32 compute, flash attention through
  * the f16 form of mma.sync, the same state layouts), for GPUs before compute capability 8.0 and
@@ -38,9 +38,12 @@
  * CT_CUDA_SYNC=1 synchronizes after every op, so an asynchronous fault names its op (debug).
  * CT_CUDA_ATTN selects the attention variant: fp32 table "batched" (default, all heads in one
  * batched gemm call) or "perhead" (a per-head loop, the first variant); bf16 and fp16 tables
- * "flash" (default: our FlashAttention-2-style kernels, head dims 64 and 128 on compute
- * capability 8.0+; other head dims and older GPUs use batched) or "batched" (16-bit batched
- * gemms, P materialized). CT_CUDA_ATTN_SCRATCH_MB (default 256) caps the scratch the batched
+ * "flash2" (default: our FlashAttention-2-style kernels, head dims 64 and 128 on compute
+ * capability 8.0+; other head dims and older GPUs use batched; ldmatrix operands, loop-invariant
+ * fragments in registers, one barrier per tile, causal tile skipping, 4-warp blocks), "flash2b"
+ * (the same kernels in 8-warp, 128-row blocks), "flash" (the first flash kernels; same state as
+ * flash2, so either backward reads either's forward state) or "batched" (16-bit batched gemms,
+ * P materialized). CT_CUDA_ATTN_SCRATCH_MB (default 256) caps the scratch the batched
  * variants use for scores / dP: heads are processed in chunks that fit. CT_CUDA_LT=0 turns off
  * cuBLASLt (loaded at run time) for the bf16 / fp16 matmul_fwd with a bias (its BIAS epilogue;
  * default on).
@@ -70,7 +73,8 @@ const ct_ops *ct_ops_cuda_bf16(void);
 const ct_ops *ct_ops_cuda_fp16(void);
 
 /* Switches a variant at run time, as the environment does at init (tests and benchmarks compare
- * variants in one process): op "attention" with "default", "batched", "perhead", "flash"; op
+ * variants in one process): op "attention" with "default", "batched", "perhead", "flash",
+ * "flash2", "flash2b"; op
  * "matmul" with "lt" (default) or "gemmex". attention_state_floats follows the attention
  * variant, so switch it only while no attention state is live. Returns 0, or -1 if unknown. */
 int ct_cuda_set_variant(const char *op, const char *variant);

@@ -16,6 +16,9 @@
  *   test_ops_cuda --small    correctness on the small cases only (for compute-sanitizer runs)
  *   test_ops_cuda --op NAME  only the ops whose name contains NAME (with any mode)
  *   test_ops_cuda --dtype D  only the fp32, bf16 or fp16 table (default all three)
+ *   test_ops_cuda --attn L   the attention variants a 16-bit table runs, comma-separated (default
+ *                            batched,flash,flash2,flash2b,default; perf skips "default", which
+ *                            is timed as the variant it names)
  *   test_ops_cuda --cpu      runs the harness with the CPU table in place of CUDA (checks the
  *                            harness itself on a machine without a GPU)
  *
@@ -537,6 +540,11 @@ static const tcase cases[] = {
     {&fam_att_fwd, "B2 T77 H4 KV2 hd64", .B = 2, .T = 77, .H = 4, .KV = 2, .hd = 64, .rtol = RT_RED},
     {&fam_att_fwd, "B1 T130 H4 KV1 hd128", .B = 1, .T = 130, .H = 4, .KV = 1, .hd = 128, .rtol = RT_RED},
     {&fam_att_fwd, "B2 T64 H2 KV2 hd128", .B = 2, .T = 64, .H = 2, .KV = 2, .hd = 128, .rtol = RT_RED},
+    /* GQA ratio 8, and T just past 64- and 128-row tiles (flash2 uses 128-row blocks) */
+    {&fam_att_fwd, "B2 T100 H8 KV1 hd64", .B = 2, .T = 100, .H = 8, .KV = 1, .hd = 64, .rtol = RT_RED},
+    {&fam_att_fwd, "B1 T200 H16 KV2 hd64", .B = 1, .T = 200, .H = 16, .KV = 2, .hd = 64, .rtol = RT_RED},
+    {&fam_att_fwd, "B1 T65 H8 KV1 hd128", .B = 1, .T = 65, .H = 8, .KV = 1, .hd = 128, .rtol = RT_RED},
+    {&fam_att_fwd, "B1 T257 H2 KV1 hd128", .B = 1, .T = 257, .H = 2, .KV = 1, .hd = 128, .rtol = RT_RED},
     {&fam_att_fwd, "B4 T512 H16 KV8 hd128", .B = 4, .T = 512, .H = 16, .KV = 8, .hd = 128, .rtol = RT_RED, .perf = 1},
     {&fam_att_fwd, "B16 T1024 H12 hd64 (GPT-2)", .B = 16, .T = 1024, .H = 12, .KV = 12, .hd = 64, .rtol = RT_RED, .perf = 2},
     {&fam_att_fwd, "B4 T2048 H16 KV8 hd128", .B = 4, .T = 2048, .H = 16, .KV = 8, .hd = 128, .rtol = RT_RED, .perf = 2},
@@ -548,6 +556,10 @@ static const tcase cases[] = {
     {&fam_att_bwd, "B2 T77 H4 KV2 hd64", .B = 2, .T = 77, .H = 4, .KV = 2, .hd = 64, .rtol = RT_RED},
     {&fam_att_bwd, "B1 T130 H4 KV1 hd128", .B = 1, .T = 130, .H = 4, .KV = 1, .hd = 128, .rtol = RT_RED},
     {&fam_att_bwd, "B2 T64 H2 KV2 hd128", .B = 2, .T = 64, .H = 2, .KV = 2, .hd = 128, .rtol = RT_RED},
+    {&fam_att_bwd, "B2 T100 H8 KV1 hd64", .B = 2, .T = 100, .H = 8, .KV = 1, .hd = 64, .rtol = RT_RED},
+    {&fam_att_bwd, "B1 T200 H16 KV2 hd64", .B = 1, .T = 200, .H = 16, .KV = 2, .hd = 64, .rtol = RT_RED},
+    {&fam_att_bwd, "B1 T65 H8 KV1 hd128", .B = 1, .T = 65, .H = 8, .KV = 1, .hd = 128, .rtol = RT_RED},
+    {&fam_att_bwd, "B1 T257 H2 KV1 hd128", .B = 1, .T = 257, .H = 2, .KV = 1, .hd = 128, .rtol = RT_RED},
     {&fam_att_bwd, "B4 T512 H16 KV8 hd128", .B = 4, .T = 512, .H = 16, .KV = 8, .hd = 128, .rtol = RT_RED, .perf = 1},
     {&fam_att_bwd, "B16 T1024 H12 hd64 (GPT-2)", .B = 16, .T = 1024, .H = 12, .KV = 12, .hd = 64, .rtol = RT_RED, .perf = 2},
     {&fam_att_bwd, "B4 T2048 H16 KV8 hd128", .B = 4, .T = 2048, .H = 16, .KV = 8, .hd = 128, .rtol = RT_RED, .perf = 2},
@@ -1138,17 +1150,25 @@ static void test_nonfinite(void) {
   free(inp); free(dout); free(w); free(dw); free(dinp); free(db);
 }
 
-/* Variants compared on the same cases within one run (16-bit tables): attention batched vs
- * flash, bias matmul through cuBLASLt vs cublasGemmEx. */
+/* Variants compared on the same cases within one run (16-bit tables): attention batched, flash,
+ * flash2 and flash2b (or those named by --attn), bias matmul through cuBLASLt vs cublasGemmEx. */
 static int is_att(const family *f) { return f == &fam_att_fwd || f == &fam_att_bwd; }
+static const char *g_attn_list = "batched,flash,flash2,flash2b,default";
 
 static void run_selected(size_t i, int perf) {
   const tcase *c = &cases[i];
   if (!dev_is_cpu && g_act16 && is_att(c->fam)) {
-    static const char *v[] = {"batched", "flash", "default"}; /* default: timed as its variant */
-    for (int k = 0; k < (perf ? 2 : 3); k++) {
-      ct_cuda_set_variant("attention", v[k]);
-      g_variant = v[k];
+    char list[256], *save = NULL;
+    snprintf(list, sizeof list, "%s", g_attn_list);
+    for (char *v = strtok_r(list, ",", &save); v; v = strtok_r(NULL, ",", &save)) {
+      if (perf && !strcmp(v, "default")) continue; /* timed as the variant it names */
+      if (ct_cuda_set_variant("attention", v) != 0) {
+        CHECK_MSG(0, "--attn: unknown attention variant %s", v);
+        continue;
+      }
+      static char name[32];
+      snprintf(name, sizeof name, "%s", v);
+      g_variant = name;
       run_case(i, perf);
     }
     ct_cuda_set_variant("attention", "default");
@@ -1174,9 +1194,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--small")) small = 1;
     else if (!strcmp(argv[i], "--op") && i + 1 < argc) only = argv[++i];
     else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
+    else if (!strcmp(argv[i], "--attn") && i + 1 < argc) g_attn_list = argv[++i];
     else if (!strcmp(argv[i], "--cpu")) dev_is_cpu = 1;
     else {
-      fprintf(stderr, "usage: %s [--perf | --small] [--op NAME] [--dtype fp32|bf16|fp16|all] [--cpu]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--perf | --small] [--op NAME] [--dtype fp32|bf16|fp16|all] [--attn LIST] [--cpu]\n", argv[0]);
       return 2;
     }
   }
