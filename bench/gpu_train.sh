@@ -12,7 +12,7 @@ B=${B:-16}
 T=${T:-1024}
 MODES=${MODES:-"fp32 tf32 bf16 bf16+compile"}
 cd "$(dirname "$0")/.."
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
 mkdir -p bench/results
 out=bench/results/gpu_train_$(date +%F)_${gpu}_${commit}.txt
