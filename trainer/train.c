@@ -365,7 +365,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   if (!strcmp(t->loss_scale, "dynamic") ||
       (!strcmp(t->loss_scale, "auto") && !strcmp(r.be.precision, "fp16"))) {
     ct_loss_scaler_enable(&scaler);
-    if (ts.step > 0) { /* resumed: continue the saved scale */
+    if (ts.step > 0 && ts.loss_scale != 1.0) { /* resumed a scaled run: continue its scale */
       scaler.scale = ts.loss_scale;
       scaler.good_steps = ts.scaler_good_steps;
     }
