@@ -110,6 +110,15 @@ typedef struct ct_ops {
   void (*swiglu_fwd)(void *out, const void *inp, int N, int F);
   void (*swiglu_bwd)(void *dinp, const void *dout, const void *inp, int N, int F);
 
+  /* ---- fused linear + GELU (GPT-2's MLP up projection) ----
+   * pre(N,OC) = inp @ w^T + bias (bias may be NULL); act = gelu(pre). Both written (=). */
+  void (*matmul_gelu_fwd)(void *act, void *pre, const void *inp, const void *w, const void *bias,
+                          int N, int IC, int OC);
+  /* dpre(N,IC) = (dout(N,OC) @ w(OC,IC)) * gelu'(pre), OVERWRITTEN (not accumulated): the input
+   * gradient of matmul(gelu(pre)) through both, without materializing d(gelu output). */
+  void (*matmul_dgelu_bwd)(void *dpre, const void *dout, const void *w, const void *pre, int N,
+                           int IC, int OC);
+
   /* out = a + b, n elements (out may alias a or b). */
   void (*add_fwd)(void *out, const void *a, const void *b, size_t n);
 
@@ -133,6 +142,17 @@ typedef struct ct_ops {
   double (*sumsq)(const float *x, size_t n);
   /* x *= s */
   void (*scale)(float *x, float s, size_t n);
+
+  /* ---- graph capture (optional: NULL where the backend has none, e.g. the CPU) ----
+   * Between graph_begin and graph_end the ops are recorded instead of run; graph_end returns the
+   * replayable graph (NULL on failure, the error recorded as for any op). graph_launch replays it
+   * with the same pointers and scalar arguments it was recorded with, so whatever changes between
+   * replays must live in device memory the graph reads (token ids, targets). Nothing in the
+   * recorded region may synchronize with the host (to_host, to_device, sumsq). */
+  void (*graph_begin)(void);
+  void *(*graph_end)(void);
+  void (*graph_launch)(void *graph);
+  void (*graph_destroy)(void *graph);
 } ct_ops;
 
 /* The CPU reference table (always available). `threads` <= 0 keeps the OpenMP default. */
