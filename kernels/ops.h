@@ -68,6 +68,13 @@ typedef struct ct_ops {
   void (*rmsnorm_bwd)(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                       const float *rstd, int N, int C, int rows_per_group, long group_stride);
 
+  /* Residual add fused with the next norm: res = a + b (res may alias a or b), then
+   * out = norm(res) as layernorm_fwd (rms = 0; bias may be NULL) or rmsnorm_fwd (rms = 1, plain
+   * rows; bias and mean ignored). mean (layernorm) and rstd (N) saved for backward. */
+  void (*add_norm_fwd)(void *res, void *out, float *mean, float *rstd, const void *a,
+                       const void *b, const void *w, const void *bias, int N, int C, float eps,
+                       int rms);
+
   /* ---- matmul (fp32 accumulate) ----
    * out(N,OC) = inp(N,IC) @ w(OC,IC)^T + bias(OC)   (bias may be NULL; out overwritten) */
   void (*matmul_fwd)(void *out, const void *inp, const void *w, const void *bias,

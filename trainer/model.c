@@ -482,21 +482,33 @@ static void forward_device(ct_model *m, bool with_targets, float grad_scale) {
   const int G = L; /* G: row of global parameters in m->off */
   o->embed_fwd(A(m->emb), m->tok, PW(G, P_WTE), PWO(G, P_WPE), B, T, C);
 
+  /* each residual add is fused with the norm that reads its result: the block's second norm,
+   * then the next block's first norm (the final norm after the last block) */
   const char *x = A(m->emb);
+  const float eps = (float)m->cfg.norm_eps;
+  const int rms = !m->gpt2;
+  if (L) norm_fwd(m, A(m->la[0].ln1), AF(m->la[0].ln1_mean), AF(m->la[0].ln1_rstd), x,
+                  PW(0, P_LN1_W), PWO(0, P_LN1_B), N);
+  else norm_fwd(m, A(m->lnf), AF(m->lnf_mean), AF(m->lnf_rstd), x, PW(G, P_LNF_W),
+                PWO(G, P_LNF_B), N);
   for (int l = 0; l < L; l++) {
     layer_acts *a = &m->la[l];
-    norm_fwd(m, A(a->ln1), AF(a->ln1_mean), AF(a->ln1_rstd), x, PW(l, P_LN1_W), PWO(l, P_LN1_B), N);
     qkv_fwd(m, a, l, A(a->ln1), B, T, 0);
     o->attention_fwd(A(a->atty), AF(a->att), A(a->qkv), B, T, H, KV, hd);
     o->matmul_fwd(A(a->res2), A(a->atty), PW(l, P_ATTO_W), PWO(l, P_ATTO_B), N, H * hd, C);
-    o->add_fwd(A(a->res2), A(a->res2), x, (size_t)N * C);
-    norm_fwd(m, A(a->ln2), AF(a->ln2_mean), AF(a->ln2_rstd), A(a->res2), PW(l, P_LN2_W),
-             PWO(l, P_LN2_B), N);
+    o->add_norm_fwd(A(a->res2), A(a->ln2), AF(a->ln2_mean), AF(a->ln2_rstd), A(a->res2), x,
+                    PW(l, P_LN2_W), PWO(l, P_LN2_B), N, C, eps, rms);
     mlp_fwd(m, a, l, A(a->out), N);
-    o->add_fwd(A(a->out), A(a->out), A(a->res2), (size_t)N * C);
+    if (l + 1 < L) {
+      layer_acts *n = &m->la[l + 1];
+      o->add_norm_fwd(A(a->out), A(n->ln1), AF(n->ln1_mean), AF(n->ln1_rstd), A(a->out),
+                      A(a->res2), PW(l + 1, P_LN1_W), PWO(l + 1, P_LN1_B), N, C, eps, rms);
+    } else {
+      o->add_norm_fwd(A(a->out), A(m->lnf), AF(m->lnf_mean), AF(m->lnf_rstd), A(a->out),
+                      A(a->res2), PW(G, P_LNF_W), PWO(G, P_LNF_B), N, C, eps, rms);
+    }
     x = A(a->out);
   }
-  norm_fwd(m, A(m->lnf), AF(m->lnf_mean), AF(m->lnf_rstd), x, PW(G, P_LNF_W), PWO(G, P_LNF_B), N);
   const char *head = m->cfg.tie_embeddings ? PW(G, P_WTE) : PW(G, P_LM_HEAD);
   o->matmul_fwd(A(m->logits), A(m->lnf), head, NULL, N, C, m->Vp);
   if (with_targets)

@@ -789,6 +789,15 @@ static void cpu_to_host_f32(float *dst, const void *src, size_t n) {
   memcpy(dst, src, n * sizeof(float));
 }
 
+/* Residual add + norm, composed (the reference for the fused CUDA kernel). */
+static void add_norm_fwd(void *res, void *out, float *mean, float *rstd, const void *a,
+                         const void *b, const void *w, const void *bias, int N, int C, float eps,
+                         int rms) {
+  add_fwd(res, a, b, (size_t)N * C);
+  if (rms) rmsnorm_fwd(out, rstd, res, w, N, C, N, 0, eps);
+  else layernorm_fwd(out, mean, rstd, res, w, bias, N, C, eps);
+}
+
 /* The fused MLP ops, composed from the plain ones (the reference the CUDA epilogues match). */
 static void matmul_gelu_fwd(void *act, void *pre, const void *inp, const void *w, const void *bias,
                             int N, int IC, int OC) {
@@ -828,6 +837,7 @@ static const ct_ops cpu_ops = {
     .layernorm_bwd = layernorm_bwd,
     .rmsnorm_fwd = rmsnorm_fwd,
     .rmsnorm_bwd = rmsnorm_bwd,
+    .add_norm_fwd = add_norm_fwd,
     .matmul_fwd = matmul_fwd,
     .matmul_bwd = matmul_bwd,
     .rope_fwd = rope_fwd,

@@ -948,6 +948,69 @@ __global__ void __launch_bounds__(NB_WARPS * 32)
   }
 }
 
+// res = a + b, out = norm(res): one warp per row, lane l holds the 8-column groups l, l + 32, ...
+// in registers (NG of them), so res is written once and never read back.
+template <typename T, int NG, bool RMS>
+__global__ void __launch_bounds__(NB_WARPS * 32)
+    add_norm_fwd_kernel(T *res, T *out, float *mean, float *rstd, const T *a, const T *b,
+                        const T *w, const T *bias, int N, int C, float eps) {
+  const long row = (long)blockIdx.x * NB_WARPS + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const long off = row * C;
+  float x[NG][8];
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NG; j++) {
+    const int c = (lane + 32 * j) * 8;
+    if (c < C) {
+      float y[8];
+      load8(x[j], a + off + c);
+      load8(y, b + off + c);
+#pragma unroll
+      for (int i = 0; i < 8; i++) x[j][i] += y[i];
+      store8(res + off + c, x[j]);
+      // normalize what was stored (rounded to T), as the unfused add-then-norm does
+      load8(x[j], res + off + c);
+#pragma unroll
+      for (int i = 0; i < 8; i++) s += RMS ? x[j][i] * x[j][i] : x[j][i];
+    }
+  }
+  s = warp_sum(s);
+  float m = 0.0f, r;
+  if (RMS) {
+    r = 1.0f / sqrtf(s / C + eps);
+  } else {
+    m = s / C;
+    float v = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NG; j++)
+      if ((lane + 32 * j) * 8 < C)
+#pragma unroll
+        for (int i = 0; i < 8; i++) v += (x[j][i] - m) * (x[j][i] - m);
+    r = 1.0f / sqrtf(warp_sum(v) / C + eps);
+  }
+#pragma unroll
+  for (int j = 0; j < NG; j++) {
+    const int c = (lane + 32 * j) * 8;
+    if (c < C) {
+      float wv[8], o[8], bv[8];
+      load8(wv, w + c);
+      if (!RMS && bias) load8(bv, bias + c);
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        o[i] = (x[j][i] - m) * r * wv[i];
+        if (!RMS && bias) o[i] += bv[i];
+      }
+      store8(out + off + c, o);
+    }
+  }
+  if (lane == 0) {
+    if (!RMS && mean) mean[row] = m;
+    if (rstd) rstd[row] = r;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // kernels: attention softmax (one warp per row of a (T, T) score matrix)
 
@@ -2138,6 +2201,50 @@ void cu_add_fwd(void *out, const void *a, const void *b, size_t n) {
                                                              (const act_t *)b, n);
   CK_LAUNCH(add_kernel);
 }
+
+template <typename act_t>
+void cu_add_norm_fwd(void *res, void *out, float *mean, float *rstd, const void *a, const void *b,
+                     const void *w, const void *bias, int N, int C, float eps, int rms) {
+  OP("add_norm_fwd");
+  if (N <= 0 || C <= 0) return;
+  const bool vec = C % 8 == 0 && C <= NB_MAX_C && aligned16(res) && aligned16(out) &&
+                   aligned16(a) && aligned16(b) && aligned16(w) && (!bias || aligned16(bias));
+  const unsigned grid = (unsigned)((N + NB_WARPS - 1) / NB_WARPS);
+  const int ng = (C / 8 + 31) / 32;
+  bool done = false;
+#define AN_CASE(NG)                                                                                \
+  case NG:                                                                                         \
+    if (rms)                                                                                       \
+      add_norm_fwd_kernel<act_t, NG, true><<<grid, NB_WARPS * 32, 0, g.stream>>>(                  \
+          (act_t *)res, (act_t *)out, mean, rstd, (const act_t *)a, (const act_t *)b,              \
+          (const act_t *)w, NULL, N, C, eps);                                                      \
+    else                                                                                           \
+      add_norm_fwd_kernel<act_t, NG, false><<<grid, NB_WARPS * 32, 0, g.stream>>>(                 \
+          (act_t *)res, (act_t *)out, mean, rstd, (const act_t *)a, (const act_t *)b,              \
+          (const act_t *)w, (const act_t *)bias, N, C, eps);                                       \
+    done = true;                                                                                   \
+    break;
+  if (vec) {
+    switch (ng) {
+      AN_CASE(1)
+      AN_CASE(2)
+      AN_CASE(3)
+      AN_CASE(4)
+      AN_CASE(5)
+      AN_CASE(6)
+      default: break;
+    }
+  }
+#undef AN_CASE
+  if (done) {
+    CK_LAUNCH(add_norm_fwd_kernel);
+    return;
+  }
+  cu_add_fwd<act_t>(res, a, b, (size_t)N * C);
+  if (rms) cu_rmsnorm_fwd<act_t>(out, rstd, res, w, N, C, N, 0, eps);
+  else cu_layernorm_fwd<act_t>(out, mean, rstd, res, w, bias, N, C, eps);
+}
+
 
 template <typename act_t>
 void cu_xent_fwd_bwd(float *losses, void *logits, const int32_t *targets, int N, int V, int Vp,
@@ -3721,6 +3828,7 @@ template <typename A> ct_ops make_table() {
   t.layernorm_bwd = cu_layernorm_bwd<A>;
   t.rmsnorm_fwd = cu_rmsnorm_fwd<A>;
   t.rmsnorm_bwd = cu_rmsnorm_bwd<A>;
+  t.add_norm_fwd = cu_add_norm_fwd<A>;
   t.matmul_fwd = cu_matmul_fwd<A>;
   t.matmul_bwd = cu_matmul_bwd<A>;
   t.rope_fwd = cu_rope_fwd<A>;

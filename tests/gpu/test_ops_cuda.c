@@ -50,7 +50,7 @@ int ct_cuda_device_count(void); /* kernels/cuda/device_query.cu */
 
 enum { R_IN, R_OUT, R_ACC }; /* read only; overwritten (starts NaN); read and written */
 enum { I_RAND, I_POS, I_TOK, I_TGT };
-enum { NOBIAS = 1, NODINP = 2, NOSTATS = 4, NOWPE = 8, NODW = 16 };
+enum { NOBIAS = 1, NODINP = 2, NOSTATS = 4, NOWPE = 8, NODW = 16, RMS = 32 };
 
 typedef struct bspec {
   const char *name;
@@ -447,6 +447,47 @@ static void ca_zero(const ct_ops *o, void **p, const tcase *c) {
   o->zero(F(0) + 5, (c->n - 10) * sizeof(float));
 }
 
+/* fused residual add + norm: res (= a, aliased as the model uses it) += b, out = norm(res) */
+static int su_add_norm(const tcase *c, bspec *b) {
+  size_t nc = (size_t)c->N * c->C;
+  const int rms = c->flags & RMS;
+  b[0] = act(ACC("res=a", nc));
+  b[1] = act(OUT("out", nc));
+  b[2] = OUT("mean", rms ? 0 : (size_t)c->N);
+  b[3] = OUT("rstd", c->N);
+  b[4] = act(BUF("b", nc, R_IN, I_RAND, 2.0f, 0.5f, 0));
+  b[5] = act(BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0));
+  b[6] = act(IN("bias", rms || (c->flags & NOBIAS) ? 0 : c->C));
+  return 7;
+}
+static void ca_add_norm(const ct_ops *o, void **p, const tcase *c) {
+  o->add_norm_fwd(p[0], p[1], F(2), F(3), p[0], p[4], p[5], p[6], c->N, c->C, 1e-5f,
+                  (c->flags & RMS) != 0);
+}
+/* fused matmul + GELU: pre = inp w^T + bias, act = gelu(pre) */
+static int su_mm_gelu(const tcase *c, bspec *b) {
+  b[0] = act(OUT("act", (size_t)c->N * c->OC));
+  b[1] = act(OUT("pre", (size_t)c->N * c->OC));
+  b[2] = act(IN("inp", (size_t)c->N * c->IC));
+  b[3] = act(BUF("w", (size_t)c->OC * c->IC, R_IN, I_RAND, 2.0f / sqrtf((float)c->IC), 0, 0));
+  b[4] = act(IN("bias", c->flags & NOBIAS ? 0 : c->OC));
+  return 5;
+}
+static void ca_mm_gelu(const ct_ops *o, void **p, const tcase *c) {
+  o->matmul_gelu_fwd(p[0], p[1], p[2], p[3], p[4], c->N, c->IC, c->OC);
+}
+/* dpre = (dout @ w) * gelu'(pre), overwritten */
+static int su_mm_dgelu(const tcase *c, bspec *b) {
+  b[0] = act(OUT("dpre", (size_t)c->N * c->IC));
+  b[1] = act(IN("dout", (size_t)c->N * c->OC));
+  b[2] = act(BUF("w", (size_t)c->OC * c->IC, R_IN, I_RAND, 1.0f / sqrtf((float)c->OC), 0, 0));
+  b[3] = act(BUF("pre", (size_t)c->N * c->IC, R_IN, I_RAND, 3.0f, 0, 0));
+  return 4;
+}
+static void ca_mm_dgelu(const ct_ops *o, void **p, const tcase *c) {
+  o->matmul_dgelu_bwd(p[0], p[1], p[2], p[3], c->N, c->IC, c->OC);
+}
+
 static const family
     fam_embed_fwd = {"embed_fwd", su_embed_fwd, NULL, ca_embed_fwd, NULL, 0, NULL},
     fam_embed_bwd = {"embed_bwd", su_embed_bwd, NULL, ca_embed_bwd, NULL, 0, NULL},
@@ -474,7 +515,10 @@ static const family
     fam_sumsq = {"sumsq", su_sumsq, NULL, ca_sumsq, NULL, 1, NULL},
     fam_scale = {"scale", su_scale, NULL, ca_scale, NULL, 0, NULL},
     fam_copy2d = {"copy2d", su_copy2d, NULL, ca_copy2d, NULL, 0, NULL},
-    fam_zero = {"zero", su_zero, NULL, ca_zero, NULL, 0, NULL};
+    fam_zero = {"zero", su_zero, NULL, ca_zero, NULL, 0, NULL},
+    fam_add_norm = {"add_norm_fwd", su_add_norm, NULL, ca_add_norm, NULL, 0, NULL},
+    fam_mm_gelu = {"matmul_gelu_fwd", su_mm_gelu, NULL, ca_mm_gelu, fl_mm_fwd, 0, NULL},
+    fam_mm_dgelu = {"matmul_dgelu_bwd", su_mm_dgelu, NULL, ca_mm_dgelu, fl_mm_fwd, 0, NULL};
 
 /* Small and odd shapes (not multiples of 32) first, then realistic ones (perf = 1):
  * GPT-2 124M (B=4, T=256, C=768, H=12), Qwen3-0.6B-like GQA (H=16/KV=8, hd=128; H=8/KV=2, hd=64). */
@@ -604,6 +648,21 @@ static const tcase cases[] = {
     {&fam_copy2d, "1 row", .N = 1, .C = 7, .IC = 8, .OC = 9, .H = 1, .rtol = 0},
     {&fam_copy2d, "qkv v: 1024 rows 1024 of 4096", .N = 1024, .C = 1024, .IC = 4096, .OC = 4096, .H = 3072, .rtol = 0, .perf = 1},
     {&fam_zero, "n1001", .n = 1001, .rtol = 0},
+    /* fused ops: widths the register paths take (768, 1024, 1536) and ones they leave to the
+     * unfused fallback (45: not a multiple of 8; 2048: wider than the fused kernels) */
+    {&fam_add_norm, "layernorm N37 C45", .N = 37, .C = 45, .rtol = RT_RED},
+    {&fam_add_norm, "layernorm N300 C768", .N = 300, .C = 768, .rtol = RT_RED},
+    {&fam_add_norm, "layernorm N33 C1536 no bias", .N = 33, .C = 1536, .flags = NOBIAS, .rtol = RT_RED},
+    {&fam_add_norm, "rmsnorm N129 C1024", .N = 129, .C = 1024, .flags = RMS, .rtol = RT_RED},
+    {&fam_add_norm, "rmsnorm N17 C2048", .N = 17, .C = 2048, .flags = RMS, .rtol = RT_RED},
+    {&fam_add_norm, "layernorm N65536 C768 (GPT-2 B64)", .N = 65536, .C = 768, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_gelu, "N37 768->3072 bias", .N = 37, .IC = 768, .OC = 3072, .rtol = RT_RED},
+    {&fam_mm_gelu, "N5 20->12 (fallback)", .N = 5, .IC = 20, .OC = 12, .rtol = RT_RED},
+    {&fam_mm_gelu, "N300 64->40 no bias", .N = 300, .IC = 64, .OC = 40, .flags = NOBIAS, .rtol = RT_RED},
+    {&fam_mm_gelu, "N65536 768->3072 (GPT-2 B64)", .N = 65536, .IC = 768, .OC = 3072, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_dgelu, "N37 3072<-768", .N = 37, .IC = 3072, .OC = 768, .rtol = RT_RED},
+    {&fam_mm_dgelu, "N7 12<-20 (fallback)", .N = 7, .IC = 12, .OC = 20, .rtol = RT_RED},
+    {&fam_mm_dgelu, "N65536 3072<-768 (GPT-2 B64)", .N = 65536, .IC = 3072, .OC = 768, .rtol = RT_RED, .perf = 2},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 
