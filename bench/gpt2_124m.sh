@@ -16,7 +16,7 @@ B=${B:-64}; T=1024; WARMUP=${WARMUP:-5}; STEPS=${STEPS:-30}
 PEAK=${PEAK_TFLOPS:-989}
 TORCH=${TORCH-eager compile}
 cd "$(dirname "$0")/.."
-commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} # pass COMMIT on a copied tree
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
@@ -81,6 +81,6 @@ for mode in $TORCH; do
   kill $W 2>/dev/null; wait $W 2>/dev/null
   if [ -z "$line" ]; then tail -3 "$tmp/torch.log" | tee -a "$out"; continue; fi
   tps=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['tokens_per_s'])" "$line")
-  printf "pytorch %-7s %s  (nvidia-smi peak %.2f GiB)\n" "$mode" "$line" "$(echo "$(cat "$tmp/peak") / 1024" | bc -l)" | tee -a "$out"
+  printf "pytorch %-7s %s  (nvidia-smi peak %s GiB)\n" "$mode" "$line" "$(python3 -c "print(round($(cat "$tmp/peak") / 1024, 2))")" | tee -a "$out"
   python3 -c "print('ratio ctrain / pytorch $mode = %.3f' % ($ours / $tps))" | tee -a "$out"
 done
