@@ -83,8 +83,10 @@ static const key_def KEYS[] = {
    "stop after N steps this run, with a checkpoint (0 = off)"},
   {"train", "init_from", K_STR, F(train, init_from), S(train, init_from), NULL,
    "start from a checkpoint's weights"},
-  {"parallel", "data", K_ENUM, F(parallel, data), S(parallel, data), "ddp|zero1",
-   "ddp: replicated optimizer; zero1: optimizer state sharded"},
+  {"parallel", "data", K_ENUM, F(parallel, data), S(parallel, data), "ddp|zero1|zero2|zero3",
+   "ddp: replicated; zero1: optimizer state sharded; zero2: + gradients; zero3: + parameters"},
+  {"parallel", "reshard_after_forward", K_BOOL, F(parallel, reshard_after_forward), 0, NULL,
+   "zero3: free gathered layers after forward (false: keep them for backward)"},
   {"parallel", "bucket_mb", K_FLOAT, F(parallel, bucket_mb), 0, NULL, "all-reduce bucket (MiB)"},
   {"parallel", "timeout_s", K_FLOAT, F(parallel, timeout_s), 0, NULL,
    "rendezvous / collective timeout"},
@@ -114,6 +116,7 @@ void ct_config_defaults(ct_config *c) {
   snprintf(c->parallel.data, sizeof c->parallel.data, "ddp");
   c->parallel.bucket_mb = 25;
   c->parallel.timeout_s = 600;
+  c->parallel.reshard_after_forward = true;
 }
 
 static const key_def *find_key(const char *section, const char *name) {

@@ -75,7 +75,8 @@ typedef struct ct_train_cfg {
 } ct_train_cfg;
 
 typedef struct ct_parallel_cfg {
-  char data[8];         /* ddp (zero1/2/3 come with the multi-GPU issue) */
+  char data[8];         /* ddp | zero1 | zero2 | zero3 (parallel/zero.h) */
+  bool reshard_after_forward; /* zero3: gathered layers freed after forward (default true) */
   double bucket_mb;     /* gradient all-reduce bucket size */
   double timeout_s;     /* rendezvous and collective timeout */
 } ct_parallel_cfg;

@@ -106,6 +106,15 @@ struct ct_model {
 
   int B, T;                          /* shape of the last forward */
   bool have_grad;                    /* last forward prepared backward */
+
+  /* Units (what ZeRO shards and ZeRO-3 gathers): 0 = embeddings (wte, wpe), 1..L = layers,
+   * L+1 = final norm (+ untied head). Weights and gradients of unit u are addressed through
+   * uw[u] / ug[u] (default: into wk / g at uoff[u]); parallel/zero.c repoints them. */
+  int n_units;                       /* L + 2 */
+  size_t *uoff, *un;                 /* (n_units) offset and floats (with padding) of a unit */
+  char **uw;                         /* (n_units) working-dtype base of each unit */
+  float **ug;                        /* (n_units) fp32 gradient base of each unit */
+  ct_model_hooks hooks;
 };
 
 /* ---- parameter table ---- */
@@ -146,21 +155,28 @@ static ct_status build_table(ct_model *m) {
     for (int r = 0; r < P_COUNT; r++) m->off[l][r] = NONE;
 #define X(r, name, rows, cols, init, present) \
   if (present) CT_TRY(add_param(m, &cap, layer, r, name, rows, cols, init));
+  /* ZeRO shards every unit into equal slices: each unit is padded to numel_multiple */
+  const size_t k = (size_t)(c->numel_multiple > 0 ? c->numel_multiple : 1);
+#define END_UNIT(u) \
+  do { m->numel = (m->numel + k - 1) / k * k; m->un[u] = m->numel - m->uoff[u]; \
+       if ((u) + 1 < m->n_units) m->uoff[(u) + 1] = m->numel; } while (0)
+  m->uoff[0] = 0;
   if (m->gpt2) {
     GPT2_PRE(X)
-    for (layer = 0; layer < c->n_layer; layer++) { GPT2_LAYER(X) }
+    END_UNIT(0);
+    for (layer = 0; layer < c->n_layer; layer++) { GPT2_LAYER(X) END_UNIT(layer + 1); }
     layer = -1;
     GPT2_POST(X)
   } else {
     LLAMA_PRE(X)
-    for (layer = 0; layer < c->n_layer; layer++) { LLAMA_LAYER(X) }
+    END_UNIT(0);
+    for (layer = 0; layer < c->n_layer; layer++) { LLAMA_LAYER(X) END_UNIT(layer + 1); }
     layer = -1;
     LLAMA_POST(X)
   }
+  END_UNIT(c->n_layer + 1);
+#undef END_UNIT
 #undef X
-  /* sharded optimizers split the buffer into equal contiguous slices: pad the tail */
-  const size_t k = (size_t)(c->numel_multiple > 0 ? c->numel_multiple : 1);
-  m->numel = (m->numel + k - 1) / k * k;
   return CT_OK;
 }
 
@@ -198,7 +214,12 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
   const int L = cfg->n_layer;
   m->off = ct_calloc((size_t)L + 1, sizeof *m->off, "parameter offsets");
   m->la = ct_calloc((size_t)L, sizeof *m->la, "activation offsets");
-  if (!m->off || !m->la) { st = CT_ERR_NOMEM; goto fail; }
+  m->n_units = L + 2;
+  m->uoff = ct_calloc((size_t)m->n_units, sizeof *m->uoff, "units");
+  m->un = ct_calloc((size_t)m->n_units, sizeof *m->un, "units");
+  m->uw = ct_calloc((size_t)m->n_units, sizeof *m->uw, "units");
+  m->ug = ct_calloc((size_t)m->n_units, sizeof *m->ug, "units");
+  if (!m->off || !m->la || !m->uoff || !m->un || !m->uw || !m->ug) { st = CT_ERR_NOMEM; goto fail; }
   CT_TRY_GOTO(build_table(m), fail);
 
   m->ab = (size_t)ops->act_bytes;
@@ -210,6 +231,10 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
     st = ct_set_error(CT_ERR_NOMEM, "out of memory for %zu parameters (+ gradients) on %s",
                       m->numel, ops->name);
     goto fail;
+  }
+  for (int u = 0; u < m->n_units; u++) {
+    m->uw[u] = m->wk + m->uoff[u] * m->ab;
+    m->ug[u] = m->g + m->uoff[u];
   }
 
   /* Activation arena: everything a forward keeps for backward, plus backward scratch. */
@@ -280,6 +305,10 @@ void ct_model_destroy(ct_model *m) {
   free(m->params);
   free(m->off);
   free(m->la);
+  free(m->uoff);
+  free(m->un);
+  free(m->uw);
+  free(m->ug);
   free(m);
 }
 
@@ -328,7 +357,8 @@ float *ct_model_params(ct_model *m) {
 }
 
 static void refresh_working(ct_model *m) {
-  if (m->wk_stale && m->wk != (char *)m->w) m->ops->cast_params(m->wk, m->w, m->numel);
+  /* (no full master under ZeRO-3: zero.c casts and gathers the working weights itself) */
+  if (m->wk_stale && m->w && m->wk && m->wk != (char *)m->w) m->ops->cast_params(m->wk, m->w, m->numel);
   m->wk_stale = false;
 }
 
@@ -371,9 +401,14 @@ double ct_model_flops_per_token(const ct_model *m, int T) {
 
 /* Pointers: working-dtype weights and activations are char * (element size m->ab); fp32
  * buffers (gradients, norm statistics, attention state, losses) are float *. */
-#define PW(l, r) (m->wk + m->off[l][r] * m->ab)                  /* working weight by role */
+/* unit of a parameter: layer l -> l + 1; globals (row L) -> 0 (embeddings) or L + 1 */
+#define UNIT(l, r) ((l) < m->cfg.n_layer ? (l) + 1 : ((r) == P_WTE || (r) == P_WPE) ? 0 : (l) + 1)
+#define PW(l, r) (m->uw[UNIT(l, r)] + (m->off[l][r] - m->uoff[UNIT(l, r)]) * m->ab) /* weight */
 #define PWO(l, r) (m->off[l][r] == NONE ? NULL : PW(l, r))
-#define PG(l, r) (m->off[l][r] == NONE ? NULL : m->g + m->off[l][r]) /* fp32 gradient */
+#define PG(l, r) (m->off[l][r] == NONE ? NULL : m->ug[UNIT(l, r)] + (m->off[l][r] - m->uoff[UNIT(l, r)]))
+/* optional per-unit hooks (ZeRO-2/3, overlapped DDP): a failing hook ends the pass */
+#define HOOK(fn, u) \
+  do { if (m->hooks.fn) CT_TRY(m->hooks.fn(m->hooks.ctx, (u))); } while (0)
 #define A(x) (m->acts + (x))                                    /* working-dtype activation */
 #define AF(x) ((float *)(m->acts + (x)))                        /* fp32 buffer */
 #define EL(p, n) ((char *)(p) + (size_t)(n) * m->ab)             /* element n of a working buffer */
@@ -441,11 +476,13 @@ ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *ta
   m->T = T;
   m->have_grad = false;
   o->to_device(m->tok, inputs, (size_t)N * sizeof(int32_t));
+  HOOK(pre_forward, 0);
   o->embed_fwd(A(m->emb), m->tok, PW(G, P_WTE), PWO(G, P_WPE), B, T, C);
 
   const char *x = A(m->emb);
   for (int l = 0; l < L; l++) {
     layer_acts *a = &m->la[l];
+    HOOK(pre_forward, l + 1);
     norm_fwd(m, A(a->ln1), AF(a->ln1_mean), AF(a->ln1_rstd), x, PW(l, P_LN1_W), PWO(l, P_LN1_B), N);
     qkv_fwd(m, a, l, A(a->ln1), B, T, 0);
     o->attention_fwd(A(a->atty), AF(a->att), A(a->qkv), B, T, H, KV, hd);
@@ -457,6 +494,7 @@ ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *ta
     o->add_fwd(A(a->out), A(a->out), A(a->res2), (size_t)N * C);
     x = A(a->out);
   }
+  HOOK(pre_forward, L + 1);
   norm_fwd(m, A(m->lnf), AF(m->lnf_mean), AF(m->lnf_rstd), x, PW(G, P_LNF_W), PWO(G, P_LNF_B), N);
   const char *head = m->cfg.tie_embeddings ? PW(G, P_WTE) : PW(G, P_LM_HEAD);
   o->matmul_fwd(A(m->logits), A(m->lnf), head, NULL, N, C, m->Vp);
@@ -492,6 +530,8 @@ ct_status ct_model_backward(ct_model *m) {
 
   /* head and final norm: dlogits sit in the logits buffer */
   const bool tie = m->cfg.tie_embeddings;
+  m->have_grad = false;
+  HOOK(pre_backward, L + 1); /* prepares both global units: a tied head writes wte's gradient */
   o->zero(dln, NC);
   o->matmul_bwd(dln, tie ? PG(G, P_WTE) : PG(G, P_LM_HEAD), NULL, A(m->logits), A(m->lnf),
                 tie ? PW(G, P_WTE) : PW(G, P_LM_HEAD), N, C, m->Vp);
@@ -499,10 +539,12 @@ ct_status ct_model_backward(ct_model *m) {
   o->zero(dres, NC);
   norm_bwd(m, dres, PG(G, P_LNF_W), PG(G, P_LNF_B), dln, xL, PW(G, P_LNF_W), AF(m->lnf_mean),
            AF(m->lnf_rstd), N);
+  HOOK(post_backward, L + 1);
 
   /* dres holds d(block output); each block adds its branch gradients and passes it down */
   for (int l = L - 1; l >= 0; l--) {
     layer_acts *a = &m->la[l];
+    HOOK(pre_backward, l + 1);
     const char *x = l ? A(m->la[l - 1].out) : A(m->emb);
     /* MLP branch */
     o->zero(dact, (size_t)N * F * m->ab);
@@ -541,13 +583,50 @@ ct_status ct_model_backward(ct_model *m) {
     o->matmul_bwd(dln, PG(l, P_QKV_W), PG(l, P_QKV_B), dproj, A(a->ln1), PW(l, P_QKV_W), N, C, W);
     norm_bwd(m, dres, PG(l, P_LN1_W), PG(l, P_LN1_B), dln, x, PW(l, P_LN1_W), AF(a->ln1_mean),
              AF(a->ln1_rstd), N);
+    HOOK(post_backward, l + 1);
   }
+  HOOK(pre_backward, 0);
   o->embed_bwd(PG(G, P_WTE), PG(G, P_WPE), dres, m->tok, B, T, C);
-  m->have_grad = false;
+  HOOK(post_backward, 0);
   return CT_OK;
 }
 
-void ct_model_zero_grad(ct_model *m) { m->ops->zero(m->g, m->numel * sizeof(float)); }
+void ct_model_zero_grad(ct_model *m) {
+  if (m->g) m->ops->zero(m->g, m->numel * sizeof(float));
+}
+
+/* ---- units and hooks (parallel/zero.c, parallel/ddp.c) ---- */
+
+int ct_model_n_units(const ct_model *m) { return m->n_units; }
+void ct_model_unit(const ct_model *m, int u, size_t *offset, size_t *numel) {
+  *offset = m->uoff[u];
+  *numel = m->un[u];
+}
+void ct_model_set_unit(ct_model *m, int u, char *weights, float *grads) {
+  if (weights) m->uw[u] = weights;
+  if (grads) m->ug[u] = grads;
+}
+void ct_model_set_hooks(ct_model *m, const ct_model_hooks *h) {
+  if (h) m->hooks = *h;
+  else memset(&m->hooks, 0, sizeof m->hooks);
+}
+void ct_model_drop_full(ct_model *m, bool params, bool grads) {
+  if (grads && m->g) {
+    m->ops->free(m->g);
+    m->g = NULL;
+  }
+  if (params) {
+    if (m->wk && m->wk != (char *)m->w) m->ops->free(m->wk);
+    if (m->w) m->ops->free(m->w);
+    m->w = NULL;
+    m->wk = NULL;
+  }
+}
+float *ct_model_attach_params(ct_model *m, float *w) {
+  float *old = m->w;
+  m->w = w;
+  return old;
+}
 
 /* ---- KV cache ---- */
 

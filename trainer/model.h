@@ -37,6 +37,20 @@ typedef struct ct_param {
 
 typedef struct ct_model ct_model;
 
+/* Per-unit hooks, called by ct_model_forward / ct_model_backward when set (NULL = none).
+ * Units: 0 = embeddings (wte, wpe), 1..L = layers, L+1 = final norm (+ untied head).
+ * pre_forward(u) before unit u's forward; pre_backward(u) before unit u's backward
+ * (pre_backward(L+1) comes first and stands for both global units, since a tied head writes
+ * wte's gradient); post_backward(u) once unit u's gradients are final for this backward
+ * (order L+1, L, ..., 1, 0: the reverse of the flat-buffer order). A non-OK status ends the
+ * pass with that status. The eval-only cached forward (generate) calls no hooks. */
+typedef struct ct_model_hooks {
+  void *ctx;
+  ct_status (*pre_forward)(void *ctx, int unit);
+  ct_status (*pre_backward)(void *ctx, int unit);
+  ct_status (*post_backward)(void *ctx, int unit);
+} ct_model_hooks;
+
 /* Builds the parameter table, allocates parameters and gradients (zeroed) through `ops`, and
  * activations for up to max_B sequences of max_T tokens. */
 ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B, int max_T,
@@ -89,6 +103,23 @@ int ct_kv_cache_capacity(const ct_kv_cache *c);
  * cache (len + n <= its max_T). Uses the eval path: nothing is kept for backward. */
 ct_status ct_model_forward_cached(ct_model *m, ct_kv_cache *c, int b, const int32_t *tokens,
                                   int n, float *logits_host);
+
+/* ---- units: what data-parallel sharding works on (parallel/zero.c, parallel/ddp.c) ----
+ * The flat buffer is the units in order; with cfg.numel_multiple = k each unit is padded to a
+ * multiple of k floats (ZeRO cuts each unit into equal slices). */
+int ct_model_n_units(const ct_model *m); /* n_layer + 2 */
+void ct_model_unit(const ct_model *m, int u, size_t *offset, size_t *numel);
+/* Repoints unit u's working weights (unit's numel elements of the working dtype) and/or fp32
+ * gradients (NULL keeps the current one). Not owned; the caller keeps them alive. */
+void ct_model_set_unit(ct_model *m, int u, char *weights, float *grads);
+void ct_model_set_hooks(ct_model *m, const ct_model_hooks *h); /* NULL clears */
+/* Frees the full gradient buffer (grads) and/or the full master + working weights (params);
+ * afterwards ct_model_grads / ct_model_params return NULL and every unit must have been
+ * repointed with ct_model_set_unit. ZeRO-2 drops grads, ZeRO-3 both. */
+void ct_model_drop_full(ct_model *m, bool params, bool grads);
+/* Temporarily lends a full fp32 master buffer (numel floats, backend memory, not owned) as
+ * ct_model_params, e.g. for saving a checkpoint under ZeRO-3; returns the previous one. */
+float *ct_model_attach_params(ct_model *m, float *w);
 
 /* Parameter count excluding embedding padding rows. */
 size_t ct_model_count_params(const ct_model *m);

@@ -12,6 +12,7 @@
 #include "parallel/comm.h"
 #include "parallel/ddp.h"
 #include "parallel/env.h"
+#include "parallel/zero.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data.h"
 #include "trainer/device.h"
@@ -32,6 +33,7 @@ typedef struct run {
   ct_store_server *server;   /* rank 0 under srun/mpirun hosts the store */
   ct_store *store;
   ct_comm *comm;             /* data-parallel group; NULL at world size 1 */
+  ct_zero *zero;             /* ZeRO-1/2/3 state; NULL for ddp */
   ct_tokenizer *tok;
   float *scratch;            /* a few device floats for host-value collectives over NCCL */
 } run;
@@ -101,73 +103,11 @@ static ct_status broadcast_params(run *r) {
   return st;
 }
 
-/* ---- ZeRO-1: each rank owns slice [lo, lo + S) of the flat buffer (S = numel / world, the
- * buffer padded so slices are equal) and keeps AdamW moments for it only. A step: gradients
- * reduce-scattered (averaged) so each rank holds its slice's mean gradient, the global norm from
- * per-slice sums of squares, AdamW on the slice, updated slices all-gathered into every rank's
- * parameters. Checkpoints gather the moments so rank 0 writes them whole, by parameter name:
- * a ZeRO-1 checkpoint loads at any world size and under ddp. */
-static bool zero1(const run *r) { return r->comm && !strcmp(r->cfg->parallel.data, "zero1"); }
-
-static ct_status zero_reduce_scatter_grads(run *r) {
-  float *g, *dev = ct_model_grads(r->model);
-  const size_t n = ct_model_numel(r->model), S = n / (size_t)r->env.world_size;
-  CT_TRY(with_host_copy(r, dev, n, &g));
-  ct_status st = ct_comm_reduce_scatter(r->comm, g, g + r->opt.lo, S, CT_F32, CT_AVG);
-  if (st == CT_OK) st = ct_comm_sync(r->comm);
-  back_to_device(r, dev, g, n);
-  return st;
-}
-
-static ct_status zero_grad_norm(run *r, double *norm) {
-  const size_t S = r->opt.hi - r->opt.lo;
-  float sq = (float)r->be.ops->sumsq(ct_model_grads(r->model) + r->opt.lo, S);
-  CT_TRY(dp_all_reduce_host(r, &sq, 1, CT_SUM));
-  *norm = sqrt((double)sq);
-  return CT_OK;
-}
-
-/* In-place all-gather of each rank's slice of `buf` (n floats, backend memory). */
-static ct_status zero_all_gather(run *r, float *dev, size_t n) {
-  float *h;
-  const size_t S = n / (size_t)r->env.world_size;
-  CT_TRY(with_host_copy(r, dev, n, &h));
-  ct_status st = ct_comm_all_gather(r->comm, h + r->opt.lo, h, S, CT_F32);
-  if (st == CT_OK) st = ct_comm_sync(r->comm);
-  back_to_device(r, dev, h, n);
-  return st;
-}
-
-/* Whole moments for a checkpoint: on save, every rank contributes its slice (collective);
- * on load, the full moments read from disk are cut to this rank's slice. */
-static ct_status zero_full_moments(run *r, ct_adamw *full, bool gather) {
-  const ct_ops *o = r->be.ops;
-  const size_t n = ct_model_numel(r->model), S = r->opt.hi - r->opt.lo;
-  *full = r->opt;
-  full->lo = 0;
-  full->hi = n;
-  full->m = o->alloc(n * sizeof(float));
-  full->v = o->alloc(n * sizeof(float));
-  if (!full->m || !full->v) return ct_set_error(CT_ERR_NOMEM, "out of memory gathering AdamW state");
-  if (!gather) return CT_OK;
-  o->copy2d(full->m + r->opt.lo, S * sizeof(float), r->opt.m, S * sizeof(float), S * sizeof(float), 1);
-  o->copy2d(full->v + r->opt.lo, S * sizeof(float), r->opt.v, S * sizeof(float), S * sizeof(float), 1);
-  CT_TRY(zero_all_gather(r, full->m, n));
-  return zero_all_gather(r, full->v, n);
-}
-
-static void zero_take_slice(run *r, ct_adamw *full) {
-  const ct_ops *o = r->be.ops;
-  const size_t S = r->opt.hi - r->opt.lo;
-  o->copy2d(r->opt.m, S * sizeof(float), full->m + r->opt.lo, S * sizeof(float), S * sizeof(float), 1);
-  o->copy2d(r->opt.v, S * sizeof(float), full->v + r->opt.lo, S * sizeof(float), S * sizeof(float), 1);
-  r->opt.step = full->step;
-}
-
-static void free_moments(run *r, ct_adamw *full) {
-  if (full->m) r->be.ops->free(full->m);
-  if (full->v) r->be.ops->free(full->v);
-  full->m = full->v = NULL;
+/* ZeRO-1/2/3 (parallel/zero.h): 0 for ddp or a single process. */
+static int zero_stage(const run *r) {
+  const char *d = r->cfg->parallel.data;
+  if (!r->comm || strncmp(d, "zero", 4)) return 0;
+  return d[4] - '0';
 }
 
 /* Rank and world from the environment (launcher, Open MPI, Slurm, or a single process). */
@@ -272,7 +212,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   const ct_train_cfg *t = &cfg->train;
   const int B = t->micro_batch, T = t->seq_len;
   run r = {.cfg = cfg};
-  ct_adamw full = {0}; /* whole moments while saving / loading a ZeRO-1 checkpoint */
+  ct_adamw full = {0}; /* whole moments while saving / loading a ZeRO checkpoint */
   ct_status st = CT_OK;
   double t_start = ct_now();
   memset(res, 0, sizeof *res);
@@ -290,34 +230,22 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   if (cfg->data.val[0])
     CT_TRY_GOTO(ct_loader_open(cfg->data.val, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, rank,
                                world, t->seed, CT_LOADER_SEQUENTIAL, &r.val), done);
-  const bool sharded = zero1(&r);
+  const int zstage = zero_stage(&r);
+  const bool sharded = zstage > 0;
   ct_model_cfg mcfg = cfg->model;
-  if (sharded) mcfg.numel_multiple = world * 16; /* equal, 64-byte aligned slices */
+  if (sharded) mcfg.numel_multiple = ct_zero_numel_multiple(world); /* equal unit slices */
   CT_TRY_GOTO(ct_model_create(&mcfg, r.be.ops, B, T, &r.model), done);
   ct_model_init_weights(r.model, t->seed);
-  const size_t numel = ct_model_numel(r.model), shard = numel / (size_t)world;
-  if (sharded)
-    CT_TRY_GOTO(ct_adamw_create_shard(&r.opt, r.model, t, (size_t)rank * shard,
-                                      (size_t)(rank + 1) * shard), done);
-  else
-    CT_TRY_GOTO(ct_adamw_create(&r.opt, r.model, t), done);
+  /* ZeRO: whole moments live in `full` until the model is sharded (after loading) */
+  CT_TRY_GOTO(ct_adamw_create(sharded ? &full : &r.opt, r.model, t), done);
   ct_train_state ts = {.data_seed = t->seed, .world_size = world, .rank = rank, .loss_scale = 1.0,
-                       .opt = &r.opt};
+                       .opt = sharded ? &full : &r.opt};
   char ckfile[4200];
   if (!strcmp(t->resume, "auto") && ct_checkpoint_latest(t->out_dir, ckfile, sizeof ckfile)) {
     /* exact resume: weights, AdamW moments and step, data position; the schedule is a
      * function of the step, and every other source of randomness is counter-based */
     CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, r.model), done);
-    if (sharded) {
-      CT_TRY_GOTO(zero_full_moments(&r, &full, false), done);
-      ts.opt = &full;
-    }
     CT_TRY_GOTO(ct_checkpoint_load_state(ckfile, r.model, &ts), done);
-    if (sharded) {
-      zero_take_slice(&r, &full);
-      free_moments(&r, &full);
-      ts.opt = &r.opt;
-    }
     if (ts.data_seed != t->seed) {
       st = ct_set_error(CT_ERR_CONFIG, "%s: saved with train.seed = %llu, but the config says %llu"
                         " (resuming would change the data order)", ckfile,
@@ -339,6 +267,12 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   }
   if (r.comm) /* identical starting weights everywhere, whatever each rank computed or loaded */
     CT_TRY_GOTO(broadcast_params(&r), done);
+  if (sharded) { /* take this rank's slices; zero2/3 free the full gradients (and weights) */
+    CT_TRY_GOTO(ct_zero_create(r.model, r.comm, zstage, cfg->parallel.reshard_after_forward, t,
+                               &full, &r.zero), done);
+    ct_adamw_destroy(&full, r.be.ops);
+    ts.opt = NULL;
+  }
   if (writer) CT_TRY_GOTO(ct_metrics_open(t->out_dir, &r.metrics), done);
   struct sigaction sa = {.sa_handler = on_stop_signal};
   sigemptyset(&sa.sa_mask);
@@ -382,19 +316,21 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   for (int step = ts.step; step < t->max_steps; step++) {
     double t0 = ct_now();
     double loss = 0;
-    ct_model_zero_grad(r.model);
+    if (r.zero) ct_zero_zero_grad(r.zero);
+    else ct_model_zero_grad(r.model);
+    const double gfactor = r.zero ? ct_zero_grad_factor(r.zero) : 1.0;
     for (int micro = 0; micro < t->grad_accum; micro++) {
       float l = 0;
       CT_TRY_GOTO(ct_loader_next(r.train, B, r.inputs, r.targets), done);
-      const float grad_scale = (float)(scaler.scale / ((double)B * T * t->grad_accum));
+      const float grad_scale = (float)(scaler.scale * gfactor / ((double)B * T * t->grad_accum));
       CT_TRY_GOTO(ct_model_forward(r.model, r.inputs, r.targets, B, T, grad_scale, &l), done);
       CT_TRY_GOTO(ct_model_backward(r.model), done);
       loss += l / t->grad_accum;
     }
     double norm = 0;
     if (sharded) { /* each rank averages and keeps its own slice of the gradient */
-      CT_TRY_GOTO(zero_reduce_scatter_grads(&r), done);
-      CT_TRY_GOTO(zero_grad_norm(&r, &norm), done);
+      CT_TRY_GOTO(ct_zero_finish_grads(r.zero), done);
+      CT_TRY_GOTO(ct_zero_grad_norm(r.zero, &norm), done);
       CT_TRY_GOTO(dp_mean(&r, &loss), done);
     } else {
       if (r.comm) { /* average gradients (each rank's are means over its own tokens), losses */
@@ -428,8 +364,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       goto done;
     }
     if (apply) {
-      ct_adamw_step(&r.opt, r.model, lr, ct_clip_scale(norm, t->grad_clip) / (float)used_scale);
-      if (sharded) CT_TRY_GOTO(zero_all_gather(&r, ct_model_params(r.model), numel), done);
+      const float gs = ct_clip_scale(norm, t->grad_clip) / (float)used_scale;
+      if (sharded) CT_TRY_GOTO(ct_zero_step(r.zero, lr, gs), done);
+      else ct_adamw_step(&r.opt, r.model, lr, gs);
     }
     CT_TRY_GOTO(ct_backend_check(&r.be), done);
     double dt = ct_now() - t0;
@@ -464,8 +401,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       ts.world_size = world;
       ts.loss_scale = scaler.scale;
       ts.scaler_good_steps = scaler.good_steps;
-      if (sharded) {
-        CT_TRY_GOTO(zero_full_moments(&r, &full, true), done);
+      if (sharded) { /* whole moments (and zero3 weights) gathered: rank 0 writes by name */
+        CT_TRY_GOTO(ct_zero_gather_full(r.zero, &full), done);
         ts.opt = &full;
       }
       if (writer) {
@@ -477,8 +414,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
         }
       }
       if (sharded) {
-        free_moments(&r, &full);
-        ts.opt = &r.opt;
+        ct_zero_release_full(r.zero, &full);
+        ts.opt = NULL;
       }
       if (st != CT_OK) goto done;
       if (r.comm) CT_TRY_GOTO(ct_comm_barrier(r.comm), done); /* saved before anyone exits */
@@ -503,7 +440,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
               res->seconds, res->tokens_per_s, res->final_loss, "");
   if (writer && !isnan(res->final_val_loss)) printf("final val_loss %.4f\n", res->final_val_loss);
   fflush(stdout);
-  if (writer && !res->stop_signal) CT_TRY_GOTO(sample(&r), done);
+  if (writer && !res->stop_signal && zstage == 3 && t->sample_tokens > 0)
+    ct_log_info("zero3: no sample (the weights are sharded; ctrain generate --model CKPT)");
+  else if (writer && !res->stop_signal) CT_TRY_GOTO(sample(&r), done);
 done:
   if (st != CT_OK) ct_progress_end();
   if (st == CT_OK) dist_teardown(&r);
@@ -515,6 +454,7 @@ done:
   free(r.inputs);
   free(r.targets);
   ct_metrics_close(r.metrics);
+  ct_zero_destroy(r.zero);
   if (r.model) {
     ct_adamw_destroy(&r.opt, r.be.ops);
     ct_adamw_destroy(&full, r.be.ops);
