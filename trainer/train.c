@@ -258,7 +258,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     if (ts.world_size != world)
       ct_log_info("world size %d -> %d: data continues at window %llu of the shared stream",
                   ts.world_size, world, (unsigned long long)ts.data_position);
-    ct_log_info("resumed from %s at step %d", ckfile, ts.step);
+    ct_log_info("resumed from %s at step %d (saved as %s on %d ranks, tensor parallel %d)",
+                ckfile, ts.step, ts.parallel_data, ts.world_size, ts.tensor_parallel);
   } else if (t->init_from[0]) {
     ct_config src;
     CT_TRY_GOTO(ct_checkpoint_read_config(t->init_from, &src, ckfile, sizeof ckfile), done);
@@ -399,6 +400,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       ts.step = step + 1;
       ts.data_position = ct_loader_position(r.train) * (uint64_t)world;
       ts.world_size = world;
+      snprintf(ts.parallel_data, sizeof ts.parallel_data, "%s", r.comm ? cfg->parallel.data : "ddp");
+      ts.tensor_parallel = 1;
       ts.loss_scale = scaler.scale;
       ts.scaler_good_steps = scaler.good_steps;
       if (sharded) { /* whole moments (and zero3 weights) gathered: rank 0 writes by name */
