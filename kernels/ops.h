@@ -133,6 +133,16 @@ typedef struct ct_ops {
   double (*sumsq)(const float *x, size_t n);
   /* x *= s */
   void (*scale)(float *x, float s, size_t n);
+
+  /* ---- vocab-parallel cross-entropy (parallel/tp.c): each rank holds columns of the logits ----
+   * xent_stats: stats (3, N) fp32, for row n over its first V columns of logits (N, Vp):
+   *   stats[n] = max, stats[N + n] = sum exp(x - max) (0 and -inf max when V = 0),
+   *   stats[2N + n] = x[tgt[n]] (0 when tgt[n] < 0). Reads only.
+   * xent_grad: logits overwritten IN PLACE by grad_scale * (exp(x - lse[n]) - [j == tgt[n]]) for
+   *   j < V and 0 for the padding columns j >= V (lse[n] = +inf gives a zero row). */
+  void (*xent_stats)(float *stats, const void *logits, const int32_t *tgt, int N, int V, int Vp);
+  void (*xent_grad)(void *logits, const float *lse, const int32_t *tgt, int N, int V, int Vp,
+                    float grad_scale);
 } ct_ops;
 
 /* The CPU reference table (always available). `threads` <= 0 keeps the OpenMP default. */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "parallel/tp.h"
 
 #define SLOTS 2 /* rotating gathered-layer buffers: the layer in use and the prefetched one */
 
@@ -32,6 +33,7 @@ struct ct_zero {
   bool *gathered;               /* (U) stage 3: unit's gathered weights are current */
   float *lent;                  /* stage 3: full master lent to the model for a checkpoint */
   float *scratch;               /* (2) device floats for the norm all-reduce over NCCL */
+  ct_comm *tp;                  /* tensor-parallel group (2-D mesh): the norm sums over it too */
 };
 
 int ct_zero_numel_multiple(int world) { return 16 * world; }
@@ -260,9 +262,30 @@ ct_status ct_zero_finish_grads(ct_zero *z) {
   return ct_comm_sync(z->c); /* bounded wait: a dead peer is an error, not a hang */
 }
 
+void ct_zero_set_tp(ct_zero *z, ct_comm *tp) { z->tp = tp; }
+
+/* Sum of squares of this rank's gradient slices, parameter by parameter, each weighted for
+ * tensor parallelism (replicated parameters count once over the tp group). */
+static double tp_weighted_sumsq(ct_zero *z) {
+  const int T = ct_model_tp_size(z->m);
+  double sq = 0;
+  for (int i = 0; i < ct_model_n_params(z->m); i++) {
+    const ct_param *p = ct_model_param(z->m, i);
+    int u = 0;
+    while (u + 1 < z->U && z->uoff[u + 1] <= p->offset) u++;
+    const size_t lo = own(z, u), hi = lo + slice(z, u);
+    const size_t s = p->offset > lo ? p->offset : lo;
+    const size_t e = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+    if (s < e) sq += z->o->sumsq(grad_slice(z, u) + (s - lo), e - s) * ct_tp_norm_weight(p, T);
+  }
+  return sq;
+}
+
 ct_status ct_zero_grad_norm(ct_zero *z, double *norm) {
   double sq = 0; /* padding gaps hold zero gradients */
-  if (z->stage == 1)
+  if (z->tp && ct_comm_size(z->tp) > 1)
+    sq = tp_weighted_sumsq(z);
+  else if (z->stage == 1)
     for (int u = 0; u < z->U; u++) sq += z->o->sumsq(grad_slice(z, u), slice(z, u));
   else
     sq = z->o->sumsq(z->sg, z->S);
@@ -273,6 +296,10 @@ ct_status ct_zero_grad_norm(ct_zero *z, double *norm) {
   if (z->scratch) z->o->to_device(dev, v, sizeof v);
   ct_status st = ct_comm_all_reduce(z->c, dev, 2, CT_F32, CT_SUM);
   if (st == CT_OK) st = ct_comm_sync(z->c);
+  if (st == CT_OK && z->tp && ct_comm_size(z->tp) > 1) {
+    st = ct_comm_all_reduce(z->tp, dev, 2, CT_F32, CT_SUM);
+    if (st == CT_OK) st = ct_comm_sync(z->tp);
+  }
   if (st == CT_OK && z->scratch) z->o->to_host(v, dev, sizeof v);
   CT_TRY(ctx(st, z, "gradient-norm all-reduce", -1));
   *norm = sqrt((double)v[0] + (double)v[1]);

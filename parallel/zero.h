@@ -67,6 +67,9 @@ void ct_zero_zero_grad(ct_zero *z);
 /* After the last micro-batch's backward: stage 1 reduce-scatters every unit; all stages wait
  * (bounded) for the queued collectives. */
 ct_status ct_zero_finish_grads(ct_zero *z);
+/* 2-D mesh: the gradient norm also sums over the tensor-parallel group `tp` (not owned),
+ * counting replicated parameters once. */
+void ct_zero_set_tp(ct_zero *z, ct_comm *tp);
 /* Global L2 norm of the averaged gradient, from per-shard sums of squares (collective). */
 ct_status ct_zero_grad_norm(ct_zero *z, double *norm);
 /* AdamW on this rank's shard (grad read as grad * grad_scale), then: stages 1/2 all-gather the

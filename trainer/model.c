@@ -115,6 +115,11 @@ struct ct_model {
   char **uw;                         /* (n_units) working-dtype base of each unit */
   float **ug;                        /* (n_units) fp32 gradient base of each unit */
   ct_model_hooks hooks;
+
+  /* tensor parallelism (parallel/tp.c): H, KV, F, W, Vp above are this rank's slice */
+  int tp, tpr;                       /* degree (1 = none) and rank in the tp group */
+  ct_model_tp tpx;
+  int32_t *host_tok;                 /* (max_B*max_T) tokens mapped to this rank's wte rows */
 };
 
 /* ---- parameter table ---- */
@@ -139,7 +144,18 @@ static ct_status add_param(ct_model *m, int *cap, int layer, role r, const char 
   p->layer = layer;
   p->init = init;
   p->decay = p->ndim == 2;
+  switch (r) {
+    case P_WTE: case P_LM_HEAD: p->tp_split = CT_TP_ROWS; break;
+    case P_QKV_W: case P_QKV_B: p->tp_split = CT_TP_QKV; break;
+    case P_FC_W: p->tp_split = m->gpt2 ? CT_TP_ROWS : CT_TP_GATE_UP; break;
+    case P_FC_B: p->tp_split = CT_TP_ROWS; break;
+    case P_ATTO_W: case P_PROJ_W: p->tp_split = CT_TP_COLS; break;
+    case P_QNORM: case P_KNORM: p->tp_split = CT_TP_PARTIAL; break;
+    default: p->tp_split = CT_TP_REPLICATED;
+  }
   m->numel += (p->numel + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS;
+  /* vocab-parallel embedding: tokens of other ranks' rows read one zero row after wte */
+  if (r == P_WTE && m->tp > 1) m->numel += ((size_t)cols + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS;
   m->off[layer >= 0 ? layer : m->cfg.n_layer][r] = p->offset;
   return CT_OK;
 }
@@ -203,6 +219,21 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
   m->hd = cfg->head_dim ? cfg->head_dim : cfg->d_model / cfg->n_head;
   m->F = cfg->d_ff;
   m->Vp = ct_model_padded_vocab(cfg);
+  m->tp = cfg->tp_size > 1 ? cfg->tp_size : 1;
+  m->tpr = m->tp > 1 ? cfg->tp_rank : 0;
+  if (m->tp > 1) { /* this rank's slice: heads, MLP width and vocabulary rows */
+    const int T = m->tp;
+    if (m->H % T || m->KV % T || m->F % T || m->Vp % T) {
+      st = ct_set_error(CT_ERR_CONFIG, "parallel.tensor = %d must divide model.n_head (%d),"
+                        " model.n_kv_head (%d), model.d_ff (%d) and the padded vocabulary (%d)",
+                        T, m->H, m->KV, m->F, m->Vp);
+      goto fail;
+    }
+    m->H /= T;
+    m->KV /= T;
+    m->F /= T;
+    m->Vp /= T;
+  }
   m->W = (m->H + 2 * m->KV) * m->hd;
   m->max_B = max_B;
   m->max_T = max_T;
@@ -279,7 +310,8 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
   m->tok = ops->alloc(N * sizeof(int32_t));
   m->tgt = ops->alloc(N * sizeof(int32_t));
   m->host_losses = ct_malloc(N * sizeof(float), "losses");
-  if (!m->acts || !m->tok || !m->tgt || !m->host_losses) {
+  m->host_tok = ct_malloc(N * sizeof(int32_t), "tokens");
+  if (!m->acts || !m->tok || !m->tgt || !m->host_losses || !m->host_tok) {
     st = ct_set_error(CT_ERR_NOMEM, "out of memory for activations (%.1f MiB for %d x %d tokens)"
                       " on %s", top / 1048576.0, max_B, max_T, ops->name);
     goto fail;
@@ -302,6 +334,7 @@ void ct_model_destroy(ct_model *m) {
     if (m->tgt) m->ops->free(m->tgt);
   }
   free(m->host_losses);
+  free(m->host_tok);
   free(m->params);
   free(m->off);
   free(m->la);
@@ -406,6 +439,10 @@ double ct_model_flops_per_token(const ct_model *m, int T) {
 #define PW(l, r) (m->uw[UNIT(l, r)] + (m->off[l][r] - m->uoff[UNIT(l, r)]) * m->ab) /* weight */
 #define PWO(l, r) (m->off[l][r] == NONE ? NULL : PW(l, r))
 #define PG(l, r) (m->off[l][r] == NONE ? NULL : m->ug[UNIT(l, r)] + (m->off[l][r] - m->uoff[UNIT(l, r)]))
+/* tensor parallelism: row-parallel biases are added on tp rank 0 only (before the all-reduce) */
+#define PWB(l, r) (m->tpr ? NULL : PWO(l, r))
+#define TP_AR(buf, n) \
+  do { if (m->tp > 1) CT_TRY(m->tpx.all_reduce(m->tpx.ctx, (buf), (n), false)); } while (0)
 /* optional per-unit hooks (ZeRO-2/3, overlapped DDP): a failing hook ends the pass */
 #define HOOK(fn, u) \
   do { if (m->hooks.fn) CT_TRY(m->hooks.fn(m->hooks.ctx, (u))); } while (0)
@@ -456,7 +493,7 @@ static void mlp_fwd(ct_model *m, layer_acts *a, int l, void *out, int N) {
     o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), NULL, N, C, 2 * F);
     o->swiglu_fwd(A(a->act), A(a->fch), N, F);
   }
-  o->matmul_fwd(out, A(a->act), PW(l, P_PROJ_W), PWO(l, P_PROJ_B), N, F, C);
+  o->matmul_fwd(out, A(a->act), PW(l, P_PROJ_W), PWB(l, P_PROJ_B), N, F, C);
 }
 
 ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *targets, int B,
@@ -475,9 +512,16 @@ ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *ta
   m->B = B;
   m->T = T;
   m->have_grad = false;
-  o->to_device(m->tok, inputs, (size_t)N * sizeof(int32_t));
+  if (m->tp > 1) { /* vocab-parallel embedding: other ranks' tokens read the zero row */
+    if (!m->tpx.all_reduce) return ct_set_error(CT_ERR_USAGE, "tensor-parallel model without a group");
+    const int v0 = m->tpr * m->Vp;
+    for (int i = 0; i < N; i++)
+      m->host_tok[i] = inputs[i] >= v0 && inputs[i] < v0 + m->Vp ? inputs[i] - v0 : m->Vp;
+  }
+  o->to_device(m->tok, m->tp > 1 ? m->host_tok : inputs, (size_t)N * sizeof(int32_t));
   HOOK(pre_forward, 0);
-  o->embed_fwd(A(m->emb), m->tok, PW(G, P_WTE), PWO(G, P_WPE), B, T, C);
+  o->embed_fwd(A(m->emb), m->tok, PW(G, P_WTE), PWB(G, P_WPE), B, T, C);
+  TP_AR(A(m->emb), (size_t)N * C);
 
   const char *x = A(m->emb);
   for (int l = 0; l < L; l++) {
@@ -486,11 +530,13 @@ ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *ta
     norm_fwd(m, A(a->ln1), AF(a->ln1_mean), AF(a->ln1_rstd), x, PW(l, P_LN1_W), PWO(l, P_LN1_B), N);
     qkv_fwd(m, a, l, A(a->ln1), B, T, 0);
     o->attention_fwd(A(a->atty), AF(a->att), A(a->qkv), B, T, H, KV, hd);
-    o->matmul_fwd(A(a->res2), A(a->atty), PW(l, P_ATTO_W), PWO(l, P_ATTO_B), N, H * hd, C);
+    o->matmul_fwd(A(a->res2), A(a->atty), PW(l, P_ATTO_W), PWB(l, P_ATTO_B), N, H * hd, C);
+    TP_AR(A(a->res2), (size_t)N * C);
     o->add_fwd(A(a->res2), A(a->res2), x, (size_t)N * C);
     norm_fwd(m, A(a->ln2), AF(a->ln2_mean), AF(a->ln2_rstd), A(a->res2), PW(l, P_LN2_W),
              PWO(l, P_LN2_B), N);
     mlp_fwd(m, a, l, A(a->out), N);
+    TP_AR(A(a->out), (size_t)N * C);
     o->add_fwd(A(a->out), A(a->out), A(a->res2), (size_t)N * C);
     x = A(a->out);
   }
@@ -504,9 +550,13 @@ ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *ta
     if (targets[i] >= m->cfg.vocab_size)
       return ct_set_error(CT_ERR_INPUT, "target token %d at position %d is outside the vocabulary"
                           " [0, %d)", targets[i], i, m->cfg.vocab_size);
-  o->to_device(m->tgt, targets, (size_t)N * sizeof(int32_t));
-  o->xent_fwd_bwd(AF(m->losses), A(m->logits), m->tgt, N, m->cfg.vocab_size, m->Vp, grad_scale);
-  o->to_host(m->host_losses, AF(m->losses), (size_t)N * sizeof(float));
+  if (m->tp > 1) {
+    CT_TRY(m->tpx.xent(m->tpx.ctx, m->host_losses, A(m->logits), targets, N, grad_scale));
+  } else {
+    o->to_device(m->tgt, targets, (size_t)N * sizeof(int32_t));
+    o->xent_fwd_bwd(AF(m->losses), A(m->logits), m->tgt, N, m->cfg.vocab_size, m->Vp, grad_scale);
+    o->to_host(m->host_losses, AF(m->losses), (size_t)N * sizeof(float));
+  }
   double sum = 0;
   int counted = 0;
   for (int i = 0; i < N; i++)
@@ -535,6 +585,7 @@ ct_status ct_model_backward(ct_model *m) {
   o->zero(dln, NC);
   o->matmul_bwd(dln, tie ? PG(G, P_WTE) : PG(G, P_LM_HEAD), NULL, A(m->logits), A(m->lnf),
                 tie ? PW(G, P_WTE) : PW(G, P_LM_HEAD), N, C, m->Vp);
+  TP_AR(dln, (size_t)N * C); /* column-parallel input gradient: partial sums over the tp group */
   const char *xL = L ? A(m->la[L - 1].out) : A(m->emb);
   o->zero(dres, NC);
   norm_bwd(m, dres, PG(G, P_LNF_W), PG(G, P_LNF_B), dln, xL, PW(G, P_LNF_W), AF(m->lnf_mean),
@@ -559,6 +610,7 @@ ct_status ct_model_backward(ct_model *m) {
       o->zero(dln, NC);
       o->matmul_bwd(dln, PG(l, P_FC_W), NULL, dfch, A(a->ln2), PW(l, P_FC_W), N, C, 2 * F);
     }
+    TP_AR(dln, (size_t)N * C);
     norm_bwd(m, dres, PG(l, P_LN2_W), PG(l, P_LN2_B), dln, A(a->res2), PW(l, P_LN2_W),
              AF(a->ln2_mean), AF(a->ln2_rstd), N);
     /* attention branch (dres is now d res2) */
@@ -574,19 +626,32 @@ ct_status ct_model_backward(ct_model *m) {
       const size_t row = (size_t)W * m->ab, v0 = (size_t)(H + KV) * hd;
       o->zero(draw, (size_t)N * W * m->ab);
       o->copy2d(EL(draw, v0), row, EL(dqkv, v0), row, (size_t)KV * hd * m->ab, (size_t)N);
+      /* tp: each rank adds its heads' part; what the buffer held is scaled by 1/T first so
+       * the sum over the group keeps it once (exact: T is a power of two) */
+      if (m->tp > 1) {
+        o->scale(PG(l, P_QNORM), 1.0f / (float)m->tp, (size_t)hd);
+        o->scale(PG(l, P_KNORM), 1.0f / (float)m->tp, (size_t)hd);
+      }
       o->rmsnorm_bwd(draw, PG(l, P_QNORM), dqkv, raw, PW(l, P_QNORM), AF(a->qn_rstd), N * H, hd, H, W);
       o->rmsnorm_bwd(EL(draw, (size_t)H * hd), PG(l, P_KNORM), EL(dqkv, (size_t)H * hd),
                      EL(raw, (size_t)H * hd), PW(l, P_KNORM), AF(a->kn_rstd), N * KV, hd, KV, W);
+      if (m->tp > 1) {
+        CT_TRY(m->tpx.all_reduce(m->tpx.ctx, PG(l, P_QNORM), (size_t)hd, true));
+        CT_TRY(m->tpx.all_reduce(m->tpx.ctx, PG(l, P_KNORM), (size_t)hd, true));
+      }
       dproj = draw;
     }
     o->zero(dln, NC);
     o->matmul_bwd(dln, PG(l, P_QKV_W), PG(l, P_QKV_B), dproj, A(a->ln1), PW(l, P_QKV_W), N, C, W);
+    TP_AR(dln, (size_t)N * C);
     norm_bwd(m, dres, PG(l, P_LN1_W), PG(l, P_LN1_B), dln, x, PW(l, P_LN1_W), AF(a->ln1_mean),
              AF(a->ln1_rstd), N);
     HOOK(post_backward, l + 1);
   }
   HOOK(pre_backward, 0);
   o->embed_bwd(PG(G, P_WTE), PG(G, P_WPE), dres, m->tok, B, T, C);
+  if (m->tp > 1) /* the zero row collected other ranks' tokens: not a parameter */
+    o->zero(PG(G, P_WTE) + (size_t)m->Vp * C, (size_t)C * sizeof(float));
   HOOK(post_backward, 0);
   return CT_OK;
 }
@@ -622,6 +687,12 @@ void ct_model_drop_full(ct_model *m, bool params, bool grads) {
     m->wk = NULL;
   }
 }
+void ct_model_set_tp(ct_model *m, const ct_model_tp *tp) {
+  if (tp) m->tpx = *tp;
+  else memset(&m->tpx, 0, sizeof m->tpx);
+}
+int ct_model_tp_size(const ct_model *m) { return m->tp; }
+
 float *ct_model_attach_params(ct_model *m, float *w) {
   float *old = m->w;
   m->w = w;

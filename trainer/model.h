@@ -33,9 +33,33 @@ typedef struct ct_param {
   int layer;         /* -1 for embeddings / final norm / head */
   ct_init init;
   bool decay;        /* weight decay applies (2-D parameters) */
+  int tp_split;      /* how tensor parallelism cuts it (ct_tp_split); shape is the local slice */
 } ct_param;
 
+/* Tensor-parallel cut of a parameter (Megatron): rank k of T holds
+ *   CT_TP_REPLICATED  all of it (norms, row-parallel biases, wpe; identical on every rank)
+ *   CT_TP_ROWS        rows [k R/T, (k+1) R/T) (gpt2 c_fc, vocab-parallel wte / lm_head)
+ *   CT_TP_COLS        columns [k C/T, (k+1) C/T) (row-parallel attention output, MLP down)
+ *   CT_TP_QKV         its q heads, then its k heads, then its v heads (fused qkv rows)
+ *   CT_TP_GATE_UP     rows [k F/T ..) of the gate half, then the same of the up half
+ *   CT_TP_PARTIAL     replicated, but each rank's gradient is a partial sum over its heads
+ *                     (q_norm / k_norm: summed over the tp group in backward) */
+enum ct_tp_split { CT_TP_REPLICATED, CT_TP_ROWS, CT_TP_COLS, CT_TP_QKV, CT_TP_GATE_UP, CT_TP_PARTIAL };
+
 typedef struct ct_model ct_model;
+
+/* Tensor parallelism (parallel/tp.c), set when cfg.tp_size > 1: the model holds its slice of
+ * every parameter (ct_param.tp_split) and calls these at the Megatron points. */
+typedef struct ct_model_tp {
+  void *ctx;
+  /* In place: n elements (working dtype, or fp32 when f32) become the sum over the tp group. */
+  ct_status (*all_reduce)(void *ctx, void *buf, size_t n, bool f32);
+  /* Vocab-parallel cross-entropy over this rank's logits columns (N, Vp / T; working dtype,
+   * backend memory) for host targets (N): host_losses[n] gets the full-vocabulary token loss;
+   * with grad_scale != 0 the logits become their gradient (as ops->xent_fwd_bwd). */
+  ct_status (*xent)(void *ctx, float *host_losses, void *logits, const int32_t *targets, int N,
+                    float grad_scale);
+} ct_model_tp;
 
 /* Per-unit hooks, called by ct_model_forward / ct_model_backward when set (NULL = none).
  * Units: 0 = embeddings (wte, wpe), 1..L = layers, L+1 = final norm (+ untied head).
@@ -113,6 +137,8 @@ void ct_model_unit(const ct_model *m, int u, size_t *offset, size_t *numel);
  * gradients (NULL keeps the current one). Not owned; the caller keeps them alive. */
 void ct_model_set_unit(ct_model *m, int u, char *weights, float *grads);
 void ct_model_set_hooks(ct_model *m, const ct_model_hooks *h); /* NULL clears */
+void ct_model_set_tp(ct_model *m, const ct_model_tp *tp);
+int ct_model_tp_size(const ct_model *m); /* 1 without tensor parallelism */
 /* Frees the full gradient buffer (grads) and/or the full master + working weights (params);
  * afterwards ct_model_grads / ct_model_params return NULL and every unit must have been
  * repointed with ct_model_set_unit. ZeRO-2 drops grads, ZeRO-3 both. */

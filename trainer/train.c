@@ -12,6 +12,7 @@
 #include "parallel/comm.h"
 #include "parallel/ddp.h"
 #include "parallel/env.h"
+#include "parallel/tp.h"
 #include "parallel/zero.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data.h"
@@ -32,8 +33,12 @@ typedef struct run {
   ct_dist_env env;
   ct_store_server *server;   /* rank 0 under srun/mpirun hosts the store */
   ct_store *store;
-  ct_comm *comm;             /* data-parallel group; NULL at world size 1 */
+  ct_comm *comm;             /* data-parallel group; NULL when it would have one rank */
+  ct_comm *world;            /* every rank (== comm without tensor parallelism); NULL alone */
+  ct_comm *tp;               /* tensor-parallel group; NULL when parallel.tensor = 1 */
+  int T, tp_rank, dp_rank, dp_size; /* 2-D mesh: rank = dp_rank * T + tp_rank */
   ct_zero *zero;             /* ZeRO-1/2/3 state; NULL for ddp */
+  ct_tp *tpx;                /* tensor-parallel callbacks; NULL without */
   ct_tokenizer *tok;
   float *scratch;            /* a few device floats for host-value collectives over NCCL */
 } run;
@@ -48,17 +53,22 @@ static void on_stop_signal(int sig) {
 /* Where collectives read and write: NCCL reduces device buffers in place; Gloo reduces host
  * memory, so with the CUDA table and Gloo (CUDA build without NCCL peers) buffers are staged
  * through the host. */
-static bool comm_on_device(const run *r) { return r->be.cuda && !strcmp(ct_comm_backend(r->comm), "nccl"); }
+static bool comm_on_device(const run *r) { return r->be.cuda && !strcmp(ct_comm_backend(r->world), "nccl"); }
 
-/* All-reduce of a few host floats over the data-parallel ranks (identity at world size 1). */
-static ct_status dp_all_reduce_host(run *r, float *vals, int n, ct_redop op) {
-  if (!r->comm) return CT_OK;
-  if (!comm_on_device(r)) return ct_comm_all_reduce(r->comm, vals, (size_t)n, CT_F32, op);
+/* All-reduce of a few host floats over group c (identity without one). */
+static ct_status host_all_reduce(run *r, ct_comm *c, float *vals, int n, ct_redop op) {
+  if (!c) return CT_OK;
+  if (!comm_on_device(r)) return ct_comm_all_reduce(c, vals, (size_t)n, CT_F32, op);
   r->be.ops->to_device(r->scratch, vals, sizeof(float) * (size_t)n);
-  CT_TRY(ct_comm_all_reduce(r->comm, r->scratch, (size_t)n, CT_F32, op));
-  CT_TRY(ct_comm_sync(r->comm)); /* bounded wait before the host reads the result */
+  CT_TRY(ct_comm_all_reduce(c, r->scratch, (size_t)n, CT_F32, op));
+  CT_TRY(ct_comm_sync(c)); /* bounded wait before the host reads the result */
   r->be.ops->to_host(vals, r->scratch, sizeof(float) * (size_t)n);
   return CT_OK;
+}
+
+/* ... over the data-parallel ranks (tensor-parallel peers hold the same values already) */
+static ct_status dp_all_reduce_host(run *r, float *vals, int n, ct_redop op) {
+  return host_all_reduce(r, r->comm, vals, n, op);
 }
 
 static ct_status dp_mean(run *r, double *v) {
@@ -110,6 +120,70 @@ static int zero_stage(const run *r) {
   return d[4] - '0';
 }
 
+/* ---- tensor parallelism: whole tensors go through a full fp32 model in host memory ---- */
+
+static ct_status full_host_model(run *r, ct_model **fm) {
+  ct_model_cfg c = r->cfg->model; /* tp_size 0, no padding: the layout checkpoints use */
+  return ct_model_create(&c, ct_ops_cpu(), 1, 1, fm);
+}
+
+/* Cuts this rank's slice of the full weights (and moments, when fopt) into the model / lopt. */
+static ct_status tp_take(run *r, ct_model *fm, const ct_adamw *fopt, ct_adamw *lopt) {
+  const ct_ops *o = r->be.ops;
+  const size_t n = ct_model_numel(r->model);
+  float *h = ct_calloc(n, sizeof(float), "tensor-parallel staging");
+  if (!h) return CT_ERR_NOMEM;
+  ct_tp_cut(fm, ct_model_params(fm), r->model, h, r->tp_rank);
+  o->to_device(ct_model_params(r->model), h, n * sizeof(float));
+  if (fopt) {
+    ct_tp_cut(fm, fopt->m, r->model, h, r->tp_rank);
+    o->to_device(lopt->m, h, n * sizeof(float));
+    ct_tp_cut(fm, fopt->v, r->model, h, r->tp_rank);
+    o->to_device(lopt->v, h, n * sizeof(float));
+    lopt->step = fopt->step;
+  }
+  free(h);
+  return CT_OK;
+}
+
+/* Saves a checkpoint of whole tensors: every tp rank's weights and moments (ts->opt, the local
+ * layout) are all-gathered over the tp group and pasted into a full model that rank 0 writes. */
+static ct_status tp_save(run *r, int step, const ct_train_state *ts, bool writer, char *saved,
+                         size_t cap) {
+  const ct_ops *o = r->be.ops;
+  const ct_train_cfg *t = &r->cfg->train;
+  const size_t n = ct_model_numel(r->model), T = (size_t)r->T;
+  ct_model *fm = NULL;
+  ct_adamw fopt = {0};
+  ct_status st = CT_OK;
+  float *dev = o->alloc(T * n * sizeof(float)), *host = ct_malloc(T * n * sizeof(float), "checkpoint");
+  if (!dev || !host) { st = ct_set_error(CT_ERR_NOMEM, "out of memory gathering a tensor-parallel checkpoint"); goto out; }
+  if (writer) {
+    CT_TRY_GOTO(full_host_model(r, &fm), out);
+    CT_TRY_GOTO(ct_adamw_create(&fopt, fm, t), out);
+  }
+  const float *src[3] = {ct_model_params(r->model), ts->opt->m, ts->opt->v};
+  float *dst[3] = {fm ? ct_model_params(fm) : NULL, fopt.m, fopt.v};
+  for (int i = 0; i < 3; i++) {
+    CT_TRY_GOTO(ct_comm_all_gather(r->tp, src[i], dev, n, CT_F32), out);
+    CT_TRY_GOTO(ct_comm_sync(r->tp), out);
+    o->to_host(host, dev, T * n * sizeof(float));
+    for (size_t k = 0; writer && k < T; k++) ct_tp_paste(fm, dst[i], r->model, host + k * n, (int)k);
+  }
+  if (writer) {
+    ct_train_state fts = *ts;
+    fopt.step = ts->opt->step;
+    fts.opt = &fopt;
+    st = ct_checkpoint_save(t->out_dir, step, r->cfg, fm, &fts, t->keep_last, saved, cap);
+  }
+out:
+  if (fm) ct_adamw_destroy(&fopt, ct_model_ops(fm));
+  ct_model_destroy(fm);
+  if (dev) o->free(dev);
+  free(host);
+  return st;
+}
+
 /* Rank and world from the environment (launcher, Open MPI, Slurm, or a single process). */
 static ct_status dist_detect(run *r) {
   CT_TRY(ct_dist_env_detect(&r->env));
@@ -117,29 +191,63 @@ static ct_status dist_detect(run *r) {
   return CT_OK;
 }
 
-/* Store and process group, once the device is chosen: NCCL between GPUs, Gloo between CPUs. */
+/* The 2-D mesh: parallel.tensor = T ranks in a row share a model (tensor parallel), the
+ * world / T rows are data parallel. */
+static ct_status mesh_layout(run *r) {
+  const int T = r->cfg->parallel.tensor > 1 ? r->cfg->parallel.tensor : 1, world = r->env.world_size;
+  if (world % T)
+    return ct_set_error(CT_ERR_CONFIG, "parallel.tensor = %d does not divide the world size %d"
+                        " (data parallel = world / tensor)", T, world);
+  r->T = T;
+  r->tp_rank = r->env.rank % T;
+  r->dp_rank = r->env.rank / T;
+  r->dp_size = world / T;
+  return CT_OK;
+}
+
+/* Store and process groups, once the device is chosen: NCCL between GPUs, Gloo between CPUs.
+ * tp = split(world, r / T, r % T), dp = split(world, r % T, r / T) (comm.h). */
 static ct_status dist_connect(run *r) {
   if (r->env.world_size == 1) return CT_OK;
   const double timeout = r->cfg->parallel.timeout_s, t0 = ct_now();
+  const int rank = r->env.rank, T = r->T;
   CT_TRY(ct_dist_store_open(&r->env, timeout, &r->server, &r->store));
   if (r->be.cuda) {
     r->scratch = r->be.ops->alloc(64 * sizeof(float));
     if (!r->scratch) return ct_set_error(CT_ERR_NOMEM, "out of device memory");
-    CT_TRY(ct_comm_init_nccl(r->store, r->env.rank, r->env.world_size, "dp", timeout, &r->comm));
+    CT_TRY(ct_comm_init_nccl(r->store, rank, r->env.world_size, "dp", timeout, &r->world));
   } else {
-    CT_TRY(ct_comm_init_gloo(r->store, r->env.rank, r->env.world_size, "dp", timeout, &r->comm));
+    CT_TRY(ct_comm_init_gloo(r->store, rank, r->env.world_size, "dp", timeout, &r->world));
+  }
+  if (T == 1) {
+    r->comm = r->world;
+  } else {
+    CT_TRY(ct_comm_split(r->world, rank / T, rank % T, &r->tp));
+    CT_TRY(ct_comm_split(r->world, rank % T, rank / T, &r->comm));
+    if (r->dp_size == 1) { /* pure tensor parallelism: no data-parallel peers */
+      ct_comm_destroy(r->comm);
+      r->comm = NULL;
+    }
   }
   char where[512];
   ct_dist_env_describe(&r->env, where, sizeof where);
-  ct_log_info("distributed: %s, %s data parallel over %s, rendezvous %.2f s", where,
-              r->cfg->parallel.data, ct_comm_backend(r->comm), ct_now() - t0);
+  ct_log_info("distributed: %s, %d-way %s data parallel x %d-way tensor parallel over %s,"
+              " rendezvous %.2f s", where, r->dp_size, r->cfg->parallel.data, T,
+              ct_comm_backend(r->world), ct_now() - t0);
   return CT_OK;
 }
 
+static void destroy_groups(run *r) {
+  if (r->comm && r->comm != r->world) ct_comm_destroy(r->comm);
+  if (r->tp) ct_comm_destroy(r->tp);
+  if (r->world) ct_comm_destroy(r->world);
+  r->comm = r->tp = r->world = NULL;
+}
+
 static void dist_teardown(run *r) {
-  if (r->comm) {
-    ct_comm_barrier(r->comm); /* nobody leaves while a peer (or the store host) still works */
-    ct_comm_destroy(r->comm);
+  if (r->world) {
+    ct_comm_barrier(r->world); /* nobody leaves while a peer (or the store host) still works */
+    destroy_groups(r);
   }
   if (r->store) ct_store_close(r->store);
   /* rank 0 hosting the store (srun/mpirun) lets peers finish their last requests first */
@@ -219,23 +327,35 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   res->final_val_loss = NAN;
 
   CT_TRY_GOTO(dist_detect(&r), done);
-  const int rank = r.env.rank, world = r.env.world_size;
+  CT_TRY_GOTO(mesh_layout(&r), done);
+  /* `world` is the data-parallel size: what batches, data positions and ZeRO shards count */
+  const int rank = r.env.rank, world = r.dp_size, dprank = r.dp_rank;
   const bool writer = rank == 0; /* one writer for metrics, checkpoints and samples */
   if (writer) ct_config_print(cfg, stderr);
   CT_TRY_GOTO(ct_backend_select(t, r.env.local_rank, &r.be), done);
   CT_TRY_GOTO(dist_connect(&r), done);
   CT_TRY_GOTO(load_tokenizer(&r), done);
-  CT_TRY_GOTO(ct_loader_open(cfg->data.train, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, rank,
+  CT_TRY_GOTO(ct_loader_open(cfg->data.train, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, dprank,
                              world, t->seed, CT_LOADER_RANDOM, &r.train), done);
   if (cfg->data.val[0])
-    CT_TRY_GOTO(ct_loader_open(cfg->data.val, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, rank,
+    CT_TRY_GOTO(ct_loader_open(cfg->data.val, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, dprank,
                                world, t->seed, CT_LOADER_SEQUENTIAL, &r.val), done);
   const int zstage = zero_stage(&r);
   const bool sharded = zstage > 0;
   ct_model_cfg mcfg = cfg->model;
   if (sharded) mcfg.numel_multiple = ct_zero_numel_multiple(world); /* equal unit slices */
+  mcfg.tp_size = r.T;
+  mcfg.tp_rank = r.tp_rank;
   CT_TRY_GOTO(ct_model_create(&mcfg, r.be.ops, B, T, &r.model), done);
-  ct_model_init_weights(r.model, t->seed);
+  /* tensor parallel: initial weights and checkpoints are whole tensors, made or read in a full
+   * model on the host and cut into this rank's slice */
+  ct_model *fm = NULL;
+  ct_adamw fopt = {0};
+  if (r.T > 1) {
+    CT_TRY_GOTO(ct_tp_create(r.model, r.tp, B * T, &r.tpx), done);
+    CT_TRY_GOTO(full_host_model(&r, &fm), done);
+  }
+  ct_model_init_weights(fm ? fm : r.model, t->seed);
   /* ZeRO: whole moments live in `full` until the model is sharded (after loading) */
   CT_TRY_GOTO(ct_adamw_create(sharded ? &full : &r.opt, r.model, t), done);
   ct_train_state ts = {.data_seed = t->seed, .world_size = world, .rank = rank, .loss_scale = 1.0,
@@ -244,8 +364,12 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   if (!strcmp(t->resume, "auto") && ct_checkpoint_latest(t->out_dir, ckfile, sizeof ckfile)) {
     /* exact resume: weights, AdamW moments and step, data position; the schedule is a
      * function of the step, and every other source of randomness is counter-based */
-    CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, r.model), done);
-    CT_TRY_GOTO(ct_checkpoint_load_state(ckfile, r.model, &ts), done);
+    CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, fm ? fm : r.model), done);
+    if (fm) {
+      CT_TRY_GOTO(ct_adamw_create(&fopt, fm, t), done);
+      ts.opt = &fopt;
+    }
+    CT_TRY_GOTO(ct_checkpoint_load_state(ckfile, fm ? fm : r.model, &ts), done);
     if (ts.data_seed != t->seed) {
       st = ct_set_error(CT_ERR_CONFIG, "%s: saved with train.seed = %llu, but the config says %llu"
                         " (resuming would change the data order)", ckfile,
@@ -263,14 +387,22 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   } else if (t->init_from[0]) {
     ct_config src;
     CT_TRY_GOTO(ct_checkpoint_read_config(t->init_from, &src, ckfile, sizeof ckfile), done);
-    CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, r.model), done);
+    CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, fm ? fm : r.model), done);
     ct_log_info("initialized weights from %s", ckfile);
+  }
+  if (fm) { /* this rank's slice of the weights (and of the moments when resuming) */
+    ts.opt = sharded ? &full : &r.opt;
+    st = tp_take(&r, fm, fopt.m ? &fopt : NULL, ts.opt);
+    ct_adamw_destroy(&fopt, ct_model_ops(fm));
+    ct_model_destroy(fm);
+    if (st != CT_OK) goto done;
   }
   if (r.comm) /* identical starting weights everywhere, whatever each rank computed or loaded */
     CT_TRY_GOTO(broadcast_params(&r), done);
   if (sharded) { /* take this rank's slices; zero2/3 free the full gradients (and weights) */
     CT_TRY_GOTO(ct_zero_create(r.model, r.comm, zstage, cfg->parallel.reshard_after_forward, t,
                                &full, &r.zero), done);
+    ct_zero_set_tp(r.zero, r.tp);
     ct_adamw_destroy(&full, r.be.ops);
     ts.opt = NULL;
   }
@@ -338,7 +470,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
         CT_TRY_GOTO(reduce_grads(&r, bucket), done);
         CT_TRY_GOTO(dp_mean(&r, &loss), done);
       }
-      norm = ct_grad_norm(r.model);
+      if (r.tpx) CT_TRY_GOTO(ct_tp_grad_norm(r.tpx, &norm), done);
+      else norm = ct_grad_norm(r.model);
     }
     if (step + 1 == poison_step) norm = INFINITY; /* testing: an overflowed gradient */
     double lr = ct_lr_at(t, step);
@@ -383,7 +516,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     double sig = stop_signal; /* every rank must agree to stop at the same step */
     if (r.comm) {
       float f = (float)sig;
-      CT_TRY_GOTO(dp_all_reduce_host(&r, &f, 1, CT_MAX), done);
+      CT_TRY_GOTO(host_all_reduce(&r, r.world, &f, 1, CT_MAX), done);
       sig = f;
     }
     bool stopping = !last && ((t->stop_after > 0 && step + 1 - start_step == t->stop_after) || sig);
@@ -401,16 +534,19 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       ts.data_position = ct_loader_position(r.train) * (uint64_t)world;
       ts.world_size = world;
       snprintf(ts.parallel_data, sizeof ts.parallel_data, "%s", r.comm ? cfg->parallel.data : "ddp");
-      ts.tensor_parallel = 1;
+      ts.tensor_parallel = r.T;
       ts.loss_scale = scaler.scale;
       ts.scaler_good_steps = scaler.good_steps;
       if (sharded) { /* whole moments (and zero3 weights) gathered: rank 0 writes by name */
         CT_TRY_GOTO(ct_zero_gather_full(r.zero, &full), done);
         ts.opt = &full;
       }
-      if (writer) {
+      if (r.T > 1) /* collective over the tp group: whole tensors assembled for rank 0 */
+        st = tp_save(&r, step + 1, &ts, writer, saved, sizeof saved);
+      else if (writer)
         st = ct_checkpoint_save(t->out_dir, step + 1, cfg, r.model, &ts, t->keep_last, saved,
                                 sizeof saved);
+      if (writer) {
         if (st == CT_OK) {
           ct_progress_end();
           ct_log_info("step %d: saved %s", step + 1, saved);
@@ -421,7 +557,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
         ts.opt = NULL;
       }
       if (st != CT_OK) goto done;
-      if (r.comm) CT_TRY_GOTO(ct_comm_barrier(r.comm), done); /* saved before anyone exits */
+      if (r.world) CT_TRY_GOTO(ct_comm_barrier(r.world), done); /* saved before anyone exits */
     }
     res->steps = step + 1;
     if (stopping) {
@@ -443,14 +579,15 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
               res->seconds, res->tokens_per_s, res->final_loss, "");
   if (writer && !isnan(res->final_val_loss)) printf("final val_loss %.4f\n", res->final_val_loss);
   fflush(stdout);
-  if (writer && !res->stop_signal && zstage == 3 && t->sample_tokens > 0)
-    ct_log_info("zero3: no sample (the weights are sharded; ctrain generate --model CKPT)");
+  if (writer && !res->stop_signal && (zstage == 3 || r.T > 1) && t->sample_tokens > 0)
+    ct_log_info("%s: no sample (the weights are sharded; ctrain generate --model CKPT)",
+                r.T > 1 ? "tensor parallel" : "zero3");
   else if (writer && !res->stop_signal) CT_TRY_GOTO(sample(&r), done);
 done:
   if (st != CT_OK) ct_progress_end();
   if (st == CT_OK) dist_teardown(&r);
   else { /* a failed rank must not wait in a barrier for peers that may be gone */
-    if (r.comm) ct_comm_destroy(r.comm);
+    destroy_groups(&r);
     if (r.store) ct_store_close(r.store);
     if (r.server) ct_store_server_stop(r.server);
   }
@@ -458,6 +595,7 @@ done:
   free(r.targets);
   ct_metrics_close(r.metrics);
   ct_zero_destroy(r.zero);
+  ct_tp_destroy(r.tpx);
   if (r.model) {
     ct_adamw_destroy(&r.opt, r.be.ops);
     ct_adamw_destroy(&full, r.be.ops);

@@ -677,6 +677,40 @@ static void add_fwd(void *out_, const void *a_, const void *b_, size_t n) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* vocab-parallel cross-entropy pieces (see ops.h)                                          */
+
+static void xent_stats(float *stats, const void *logits_, const int32_t *tgt, int N, int V, int Vp) {
+  const float *logits = logits_;
+#pragma omp parallel for if ((long)N * V > CT_PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    const float *x = logits + (long)n * Vp;
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += ct_expf(x[i] - mx);
+    stats[n] = mx;
+    stats[N + n] = (float)sum;
+    stats[2 * (long)N + n] = tgt[n] >= 0 ? x[tgt[n]] : 0.0f;
+  }
+}
+
+static void xent_grad(void *logits_, const float *lse, const int32_t *tgt, int N, int V, int Vp,
+                      float grad_scale) {
+  float *logits = logits_;
+#pragma omp parallel for if ((long)N * V > CT_PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    float *x = logits + (long)n * Vp;
+    if (isinf(lse[n]) && lse[n] > 0) {
+      memset(x, 0, sizeof(float) * (size_t)Vp);
+      continue;
+    }
+    for (int i = 0; i < V; i++) x[i] = grad_scale * expf(x[i] - lse[n]);
+    if (tgt[n] >= 0) x[tgt[n]] -= grad_scale;
+    for (int i = V; i < Vp; i++) x[i] = 0.0f;
+  }
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* fused softmax + cross-entropy                                                            */
 
 static void xent_fwd_bwd(float *losses, void *logits_, const int32_t *targets, int N, int V,
@@ -824,6 +858,8 @@ static const ct_ops cpu_ops = {
     .adamw = adamw,
     .sumsq = sumsq,
     .scale = scale,
+    .xent_stats = xent_stats,
+    .xent_grad = xent_grad,
 };
 
 /* Every sgemm here is issued by an OpenMP thread on its own slice (see matmul), so OpenMP is

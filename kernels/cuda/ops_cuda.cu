@@ -3081,6 +3081,82 @@ template <typename E> void cu_to_host_f32_16(float *dst, const void *src, size_t
 }
 
 // ---------------------------------------------------------------------------------------------
+// vocab-parallel cross-entropy pieces (parallel/tp.c; ops.h has the contract): one block per row,
+// the same online max/sum merge as xent_kernel.
+
+template <typename T>
+__global__ void xent_stats_kernel(float *stats, const T *logits, const int32_t *tgt, int N, int V,
+                                  int Vp) {
+  __shared__ float shm[XENT_THREADS / 32], shs[XENT_THREADS / 32];
+  const long n = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const T *x = logits + n * Vp;
+  float m = -INFINITY, s = 0.0f;
+  for (int i = tid; i < V; i += blockDim.x) {
+    float v = ld(x + i);
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;
+      m = v;
+    } else if (v != -INFINITY) {
+      s += expf(v - m);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    ms_merge(m, s, m2, s2);
+  }
+  if (lane == 0) {
+    shm[w] = m;
+    shs[w] = s;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    m = shm[0];
+    s = shs[0];
+    for (int i = 1; i < XENT_THREADS / 32; i++) ms_merge(m, s, shm[i], shs[i]);
+    stats[n] = m;
+    stats[N + n] = s;
+    stats[2L * N + n] = tgt[n] >= 0 ? ld(x + tgt[n]) : 0.0f;
+  }
+}
+
+template <typename T>
+__global__ void xent_grad_kernel(T *logits, const float *lse, const int32_t *tgt, int V, int Vp,
+                                 float grad_scale) {
+  const long n = blockIdx.x;
+  T *x = logits + n * Vp;
+  const float l = lse[n];
+  const int t = tgt[n];
+  for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
+    float v = 0.0f;
+    if (i < V && l != INFINITY) {
+      v = __fmul_rn(expf(ld(x + i) - l), grad_scale);
+      if (i == t) v -= grad_scale;
+    }
+    st(x + i, v);
+  }
+}
+
+template <typename act_t>
+void cu_xent_stats(float *stats, const void *logits, const int32_t *tgt, int N, int V, int Vp) {
+  OP("xent_stats");
+  if (N <= 0) return;
+  xent_stats_kernel<act_t><<<(unsigned)N, XENT_THREADS, 0, g.stream>>>(
+      stats, (const act_t *)logits, tgt, N, V, Vp);
+  CK_LAUNCH(xent_stats_kernel);
+}
+
+template <typename act_t>
+void cu_xent_grad(void *logits, const float *lse, const int32_t *tgt, int N, int V, int Vp,
+                  float grad_scale) {
+  OP("xent_grad");
+  if (N <= 0) return;
+  xent_grad_kernel<act_t><<<(unsigned)N, 256, 0, g.stream>>>((act_t *)logits, lse, tgt, V, Vp,
+                                                             grad_scale);
+  CK_LAUNCH(xent_grad_kernel);
+}
+
+// ---------------------------------------------------------------------------------------------
 // the table
 
 template <typename A> ct_ops make_table() {
@@ -3128,6 +3204,8 @@ template <typename A> ct_ops make_table() {
   t.adamw = cu_adamw;
   t.sumsq = cu_sumsq;
   t.scale = cu_scale;
+  t.xent_stats = cu_xent_stats<A>;
+  t.xent_grad = cu_xent_grad<A>;
   return t;
 }
 const ct_ops cuda_ops = make_table<float>();
