@@ -38,6 +38,7 @@ typedef struct run {
   ct_comm *tp;               /* tensor-parallel group; NULL when parallel.tensor = 1 */
   int T, tp_rank, dp_rank, dp_size; /* 2-D mesh: rank = dp_rank * T + tp_rank */
   ct_zero *zero;             /* ZeRO-1/2/3 state; NULL for ddp */
+  ct_ddp *ddp;               /* overlapped bucketed all-reduce; NULL unless ddp with peers */
   ct_tp *tpx;                /* tensor-parallel callbacks; NULL without */
   ct_tokenizer *tok;
   float *scratch;            /* a few device floats for host-value collectives over NCCL */
@@ -91,16 +92,6 @@ static void back_to_device(run *r, float *dev, float *host, size_t n) {
   if (host == dev) return;
   r->be.ops->to_device(dev, host, n * sizeof(float));
   free(host);
-}
-
-static ct_status reduce_grads(run *r, size_t bucket) {
-  float *g, *dev = ct_model_grads(r->model);
-  const size_t n = ct_model_numel(r->model);
-  CT_TRY(with_host_copy(r, dev, n, &g));
-  ct_status st = ct_ddp_reduce_grads(r->comm, g, n, bucket);
-  if (st == CT_OK) st = ct_comm_sync(r->comm); /* bounded wait: a dead peer is an error */
-  back_to_device(r, dev, g, n);
-  return st;
 }
 
 static ct_status broadcast_params(run *r) {
@@ -425,7 +416,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   ct_log_info("start-up %.2f s; writing %s/metrics.jsonl", ct_now() - t_start, t->out_dir);
 
   const double tokens_per_step = (double)B * T * t->grad_accum * world;
-  const size_t bucket = ct_ddp_bucket_floats(cfg->parallel.bucket_mb);
+  if (r.comm && !sharded) /* ddp: bucket all-reduces issued during backward */
+    CT_TRY_GOTO(ct_ddp_create(r.model, r.comm, ct_ddp_bucket_floats(cfg->parallel.bucket_mb),
+                              &r.ddp), done);
   /* fp16: the loss gradient is multiplied by the dynamic loss scale; the optimizer divides it
    * back out together with the clip factor, so no extra pass over the gradients is needed */
   ct_loss_scaler scaler = CT_LOSS_SCALER_INIT;
@@ -457,6 +450,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       CT_TRY_GOTO(ct_loader_next(r.train, B, r.inputs, r.targets), done);
       const float grad_scale = (float)(scaler.scale * gfactor / ((double)B * T * t->grad_accum));
       CT_TRY_GOTO(ct_model_forward(r.model, r.inputs, r.targets, B, T, grad_scale, &l), done);
+      if (r.ddp) CT_TRY_GOTO(ct_ddp_arm(r.ddp, micro == t->grad_accum - 1), done);
       CT_TRY_GOTO(ct_model_backward(r.model), done);
       loss += l / t->grad_accum;
     }
@@ -467,7 +461,10 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       CT_TRY_GOTO(dp_mean(&r, &loss), done);
     } else {
       if (r.comm) { /* average gradients (each rank's are means over its own tokens), losses */
-        CT_TRY_GOTO(reduce_grads(&r, bucket), done);
+        CT_TRY_GOTO(ct_ddp_finish(r.ddp), done); /* buckets were queued during backward */
+        if (step == start_step)
+          ct_log_info("ddp: gradients all-reduced in %d buckets (parallel.bucket_mb = %g) as"
+                      " backward produced them", ct_ddp_buckets(r.ddp), cfg->parallel.bucket_mb);
         CT_TRY_GOTO(dp_mean(&r, &loss), done);
       }
       if (r.tpx) CT_TRY_GOTO(ct_tp_grad_norm(r.tpx, &norm), done);
@@ -595,6 +592,7 @@ done:
   free(r.targets);
   ct_metrics_close(r.metrics);
   ct_zero_destroy(r.zero);
+  ct_ddp_destroy(r.ddp);
   ct_tp_destroy(r.tpx);
   if (r.model) {
     ct_adamw_destroy(&r.opt, r.be.ops);

@@ -5,7 +5,8 @@
 # the same losses and gradient norms (<= 1e-5 relative) over 10 steps and end with the same
 # weights (<= 1e-5 absolute, every tensor of the checkpoint); validation losses match ddp's. A checkpoint saved in
 # one layout resumes in another (zero3@2 -> ddp@1, ddp@1 -> zero3@2, zero2@2 -> zero1@2,
-# zero3@2 -> ddp@2) and continues the uninterrupted run's losses.
+# zero3@2 -> ddp@2) and continues the uninterrupted run's losses. ddp with small buckets reduces
+# them during backward (overlap) with the same losses.
 source "$(dirname "$0")/lib.sh"
 SRC=${CT_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 LAUNCH=$(dirname "$CTRAIN")/ctrain-launch
@@ -49,6 +50,11 @@ for arch in gpt2 llama; do
     check "$arch $mode == 1 process: final weights" same_weights "$TMP/$arch-one" "$TMP/$arch-$mode" 1e-5
   done
 done
+# overlapped ddp: small buckets are all-reduced one by one as backward finishes their layers
+two parallel.data=ddp parallel.bucket_mb=0.02 "train.out_dir=$TMP/buckets"
+check "ddp with 20 KiB buckets issues several during backward" \
+  grep -qE "all-reduced in ([3-9]|[1-9][0-9]+) buckets" "$TMP/last.log"
+check "ddp with 20 KiB buckets == 1 process: losses" close "$TMP/gpt2-one" "$TMP/buckets" loss 1e-5
 # accumulation inside zero2/3 (each backward's reduce-scatter adds to the shard), and zero3
 # keeping the gathered layers from forward to backward
 one train.grad_accum=4 "train.out_dir=$TMP/acc-one"
