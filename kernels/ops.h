@@ -143,6 +143,11 @@ typedef struct ct_ops {
   void (*xent_stats)(float *stats, const void *logits, const int32_t *tgt, int N, int V, int Vp);
   void (*xent_grad)(void *logits, const float *lse, const int32_t *tgt, int N, int V, int Vp,
                     float grad_scale);
+
+  /* Peak memory this process has used so far, in bytes (trainer/memory.c reports it next to
+   * the estimate). CPU: peak resident set (getrusage). CUDA: the largest device memory in use
+   * (cudaMemGetInfo, context included) seen at an allocation or at this call. */
+  size_t (*mem_peak)(void);
 } ct_ops;
 
 /* The CPU reference table (always available). `threads` <= 0 keeps the OpenMP default. */

@@ -120,6 +120,7 @@ struct ct_model {
   int tp, tpr;                       /* degree (1 = none) and rank in the tp group */
   ct_model_tp tpx;
   int32_t *host_tok;                 /* (max_B*max_T) tokens mapped to this rank's wte rows */
+  size_t arena_bytes;                /* activation arena size (trainer/memory.c) */
 };
 
 /* ---- parameter table ---- */
@@ -306,6 +307,7 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
   m->d_atty = take(&top, N * Hhd, ab);
   m->d_fch = take(&top, N * Fw, ab);
   m->d_act = take(&top, N * m->F, ab);
+  m->arena_bytes = top;
   m->acts = ops->alloc(top);
   m->tok = ops->alloc(N * sizeof(int32_t));
   m->tgt = ops->alloc(N * sizeof(int32_t));
@@ -692,6 +694,7 @@ void ct_model_set_tp(ct_model *m, const ct_model_tp *tp) {
   else memset(&m->tpx, 0, sizeof m->tpx);
 }
 int ct_model_tp_size(const ct_model *m) { return m->tp; }
+size_t ct_model_arena_bytes(const ct_model *m) { return m->arena_bytes; }
 
 float *ct_model_attach_params(ct_model *m, float *w) {
   float *old = m->w;

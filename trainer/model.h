@@ -139,6 +139,10 @@ void ct_model_set_unit(ct_model *m, int u, char *weights, float *grads);
 void ct_model_set_hooks(ct_model *m, const ct_model_hooks *h); /* NULL clears */
 void ct_model_set_tp(ct_model *m, const ct_model_tp *tp);
 int ct_model_tp_size(const ct_model *m); /* 1 without tensor parallelism */
+/* Bytes of the activation arena (what forward keeps for backward plus backward scratch). With
+ * an op table whose alloc hands out no real memory (trainer/memory.c), a model can be created
+ * just to size a layout. */
+size_t ct_model_arena_bytes(const ct_model *m);
 /* Frees the full gradient buffer (grads) and/or the full master + working weights (params);
  * afterwards ct_model_grads / ct_model_params return NULL and every unit must have been
  * repointed with ct_model_set_unit. ZeRO-2 drops grads, ZeRO-3 both. */

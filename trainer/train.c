@@ -18,6 +18,7 @@
 #include "trainer/data.h"
 #include "trainer/device.h"
 #include "trainer/generate.h"
+#include "trainer/memory.h"
 #include "trainer/metrics.h"
 #include "trainer/model.h"
 #include "trainer/tokenizer.h"
@@ -413,6 +414,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
               " tokens per step", cfg->data.train, (long long)ct_loader_info(r.train)->n_tokens,
               r.val ? ", val " : "", r.val ? cfg->data.val : "", B, T, t->grad_accum, world,
               B * T * t->grad_accum * world);
+  ct_mem_estimate mem;
+  const bool have_mem = ct_memory_estimate(cfg, r.env.world_size, r.be.ops, &mem) == CT_OK;
+  if (writer && have_mem) ct_memory_print(cfg, &mem, r.be.ops->name, stderr);
   ct_log_info("start-up %.2f s; writing %s/metrics.jsonl", ct_now() - t_start, t->out_dir);
 
   const double tokens_per_step = (double)B * T * t->grad_accum * world;
@@ -574,6 +578,11 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   res->seconds = ct_now() - t_start;
   ct_log_info("done: %d steps in %.1f s, %.0f tokens/s, final loss %.4f%s", res->steps,
               res->seconds, res->tokens_per_s, res->final_loss, "");
+  if (have_mem && r.be.ops->mem_peak) /* every rank: its own measured peak */
+    ct_log_info("memory: estimated %.1f MiB per rank (model state %.1f MiB), measured peak %.1f MiB"
+                " (%s)", mem.total / 1048576.0, ct_memory_model_state(&mem) / 1048576.0,
+                r.be.ops->mem_peak() / 1048576.0,
+                r.be.cuda ? "device memory in use, CUDA context included" : "peak RSS of the process");
   if (writer && !isnan(res->final_val_loss)) printf("final val_loss %.4f\n", res->final_val_loss);
   fflush(stdout);
   if (writer && !res->stop_signal && (zstage == 3 || r.T > 1) && t->sample_tokens > 0)

@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "kernels/ops.h"
 
@@ -676,6 +677,11 @@ static void add_fwd(void *out_, const void *a_, const void *b_, size_t n) {
   for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+static size_t mem_peak(void) {
+  struct rusage ru;
+  return getrusage(RUSAGE_SELF, &ru) == 0 ? (size_t)ru.ru_maxrss * 1024 : 0; /* Linux: KiB */
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* vocab-parallel cross-entropy pieces (see ops.h)                                          */
 
@@ -860,6 +866,7 @@ static const ct_ops cpu_ops = {
     .scale = scale,
     .xent_stats = xent_stats,
     .xent_grad = xent_grad,
+    .mem_peak = mem_peak,
 };
 
 /* Every sgemm here is issued by an OpenMP thread on its own slice (see matmul), so OpenMP is

@@ -1105,6 +1105,18 @@ bool lt_matmul_bias(E *out, const E *inp, const E *w, const E *bias, int N, int 
 // ---------------------------------------------------------------------------------------------
 // launchers: the table's functions
 
+// Largest device memory in use (cudaMemGetInfo: total - free, context included) seen so far.
+static size_t mem_peak_bytes;
+static void mem_sample() {
+  size_t fr = 0, tot = 0;
+  if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && tot - fr > mem_peak_bytes) mem_peak_bytes = tot - fr;
+  else cudaGetLastError();
+}
+size_t cu_mem_peak(void) {
+  if (g.ready) mem_sample();
+  return mem_peak_bytes;
+}
+
 void *cu_alloc(size_t bytes) {
   if (!g.ready) return NULL;
   size_t n = bytes ? (bytes + 255) / 256 * 256 : 256;
@@ -1118,6 +1130,7 @@ void *cu_alloc(size_t bytes) {
     cudaFree(p);
     return NULL;
   }
+  mem_sample();
   return p;
 }
 
@@ -3206,6 +3219,7 @@ template <typename A> ct_ops make_table() {
   t.scale = cu_scale;
   t.xent_stats = cu_xent_stats<A>;
   t.xent_grad = cu_xent_grad<A>;
+  t.mem_peak = cu_mem_peak;
   return t;
 }
 const ct_ops cuda_ops = make_table<float>();

@@ -79,5 +79,24 @@ resume "zero3@2 -> ddp@1" 2 "parallel.data=zero3" 1 "train.grad_accum=2"
 resume "ddp@1 -> zero3@2" 1 "train.grad_accum=2" 2 "parallel.data=zero3"
 resume "zero2@2 -> zero1@2" 2 "parallel.data=zero2" 2 "parallel.data=zero1"
 resume "zero3@2 -> ddp@2" 2 "parallel.data=zero3" 2 "parallel.data=ddp"
+# memory accounting: zero3 keeps ~1/N of ddp's model state (plus the embedding and final units
+# and two gathered layers); the log prints the estimate and the measured peak
+state() { "$CTRAIN" memory "$SRC/configs/$1" --world "$2" "parallel.data=$3" | awk '/= model state/ { print $4 }'; }
+ratio_below() { # ratio_below CONFIG WORLD MAX: zero3 / ddp model state
+  local z d
+  z=$(state "$1" "$2" zero3); d=$(state "$1" "$2" ddp)
+  awk -v z="$z" -v d="$d" -v max="$3" 'BEGIN { printf "  zero3 %s MiB / ddp %s MiB = %.3f (want < %s)\n", z, d, z / d, max; exit !(d > 0 && z / d < max) }'
+}
+check "ctrain memory: gpt2-124m zero3 on 4 ranks < 0.45 x ddp's model state" ratio_below gpt2-124m.toml 4 0.45
+check "ctrain memory: qwen3-0.6b zero3 on 8 ranks < 0.25 x ddp's model state" ratio_below qwen3-0.6b.toml 8 0.25
+check "ctrain memory: zero2 between zero1 and zero3 (gpt2-124m, 4 ranks)" bash -c \
+  "z1=\$('$CTRAIN' memory '$SRC/configs/gpt2-124m.toml' --world 4 parallel.data=zero1 | awk '/= model state/ {print \$4}');
+   z2=\$('$CTRAIN' memory '$SRC/configs/gpt2-124m.toml' --world 4 parallel.data=zero2 | awk '/= model state/ {print \$4}');
+   z3=\$('$CTRAIN' memory '$SRC/configs/gpt2-124m.toml' --world 4 parallel.data=zero3 | awk '/= model state/ {print \$4}');
+   awk -v a=\$z1 -v b=\$z2 -v c=\$z3 'BEGIN { exit !(a > b && b > c) }'"
+expect_fail 2 'parallel\.tensor = 2 does not divide the world size 3' -- "$CTRAIN" memory "$SRC/configs/gpt2-124m.toml" --world 3 parallel.tensor=2
+two parallel.data=zero3 "train.out_dir=$TMP/mem"
+check "training logs the estimate and the measured peak" \
+  bash -c "grep -q 'memory per rank: 2 ranks' '$TMP/last.log' && grep -qE 'estimated [0-9.]+ MiB per rank .* measured peak [0-9.]+ MiB' '$TMP/last.log'"
 check "the checkpoint records its layout" bash -c "h5dump -a /parallel_data '$TMP/r-zero3@2 -> ddp@2/ckpt/step_00000005/state.h5' | grep -q zero3"
 finish
