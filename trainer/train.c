@@ -578,11 +578,10 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   res->seconds = ct_now() - t_start;
   ct_log_info("done: %d steps in %.1f s, %.0f tokens/s, final loss %.4f%s", res->steps,
               res->seconds, res->tokens_per_s, res->final_loss, "");
-  if (have_mem && r.be.ops->mem_peak) /* every rank: its own measured peak */
-    ct_log_info("memory: estimated %.1f MiB per rank (model state %.1f MiB), measured peak %.1f MiB"
-                " (%s)", mem.total / 1048576.0, ct_memory_model_state(&mem) / 1048576.0,
-                r.be.ops->mem_peak() / 1048576.0,
-                r.be.cuda ? "device memory in use, CUDA context included" : "peak RSS of the process");
+  if (have_mem && r.be.ops->mem_peak) /* every rank has its own measured peak to report */
+    fprintf(stderr, "memory: rank %d: estimated %.1f MiB per rank (model state %.1f MiB), measured peak %.1f MiB"
+                " (%s)\n", r.env.rank, mem.total / 1048576.0, ct_memory_model_state(&mem) / 1048576.0,
+                r.be.ops->mem_peak() / 1048576.0, r.be.cuda ? "device memory in use, CUDA context included" : "peak RSS of the process");
   if (writer && !isnan(res->final_val_loss)) printf("final val_loss %.4f\n", res->final_val_loss);
   fflush(stdout);
   if (writer && !res->stop_signal && (zstage == 3 || r.T > 1) && t->sample_tokens > 0)
