@@ -34,6 +34,8 @@ struct ct_zero {
   float *lent;                  /* stage 3: full master lent to the model for a checkpoint */
   float *scratch;               /* (2) device floats for the norm all-reduce over NCCL */
   ct_comm *tp;                  /* tensor-parallel group (2-D mesh): the norm sums over it too */
+  ct_comm *gc;                  /* stage 3: a copy of the dp group for weight gathers, in
+                                 * overlap mode (NCCL: its own stream, joined before use) */
 };
 
 int ct_zero_numel_multiple(int world) { return 16 * world; }
@@ -68,7 +70,7 @@ static ct_status gather(ct_zero *z, int u) {
   if (z->gathered[u] && (global_unit(z, u) || !z->reshard || z->slot_holds[u % SLOTS] == u))
     return CT_OK;
   char *dst = weights_of(z, u);
-  ct_status st = ct_comm_all_gather(z->c, z->swk + shard_at(z, u) * z->ab, dst, slice(z, u), z->wdt);
+  ct_status st = ct_comm_all_gather(z->gc, z->swk + shard_at(z, u) * z->ab, dst, slice(z, u), z->wdt);
   CT_TRY(ctx(st, z, "all-gather of weights", u));
   if (!global_unit(z, u) && z->reshard) {
     int prev = z->slot_holds[u % SLOTS];
@@ -80,9 +82,13 @@ static ct_status gather(ct_zero *z, int u) {
   return CT_OK;
 }
 
+/* The gathers run on gc's stream (NCCL): each waits for the compute work queued before it (so a
+ * slot is overwritten only after the layer that used it), and the compute stream joins before it
+ * reads a gathered unit; the prefetch issued after the join overlaps the unit's compute. */
 static ct_status z3_pre_forward(void *p, int u) {
   ct_zero *z = p;
   CT_TRY(gather(z, u));
+  CT_TRY(ct_comm_join(z->gc));
   if (u >= 1 && u + 1 <= z->L) CT_TRY(gather(z, u + 1)); /* prefetch the next layer */
   return CT_OK;
 }
@@ -110,6 +116,7 @@ static ct_status z_pre_backward(void *p, int u) {
   }
   if (z->stage == 3) {
     CT_TRY(gather(z, u));
+    CT_TRY(ct_comm_join(z->gc));
     if (u >= 2 && u <= z->L) CT_TRY(gather(z, u - 1)); /* prefetch the layer below */
   }
   return CT_OK;
@@ -198,6 +205,10 @@ ct_status ct_zero_create(ct_model *m, ct_comm *c, int stage, bool reshard_after_
                       o->name);
     goto fail;
   }
+  if (stage == 3) { /* weight gathers get a group of their own to overlap on */
+    CT_TRY_GOTO(ct_comm_split(c, 0, z->rank, &z->gc), fail);
+    CT_TRY_GOTO(ct_comm_set_overlap(z->gc, true), fail);
+  }
   if (stage == 3) { /* the master shard from the full master, then the full copies go */
     const float *w = ct_model_params(m);
     for (int u = 0; u < z->U; u++) {
@@ -232,6 +243,10 @@ void ct_zero_destroy(ct_zero *z) {
     if (bufs[i]) o->free(bufs[i]);
   if (z->swk && z->swk != (char *)z->sw) o->free(z->swk);
   if (z->sw) o->free(z->sw);
+  if (z->gc) {
+    ct_comm_set_overlap(z->gc, false);
+    ct_comm_destroy(z->gc);
+  }
   free(z->uoff);
   free(z->un);
   free(z->gathered);
@@ -259,6 +274,7 @@ ct_status ct_zero_finish_grads(ct_zero *z) {
       CT_TRY(ctx(st, z, "gradient reduce-scatter", u));
     }
   }
+  if (z->gc) CT_TRY(ct_comm_sync(z->gc)); /* prefetches issued and not used (none normally) */
   return ct_comm_sync(z->c); /* bounded wait: a dead peer is an error, not a hang */
 }
 

@@ -17,6 +17,9 @@
  *            next layer is prefetched) and again before its backward; with
  *            reshard_after_forward = false every layer keeps its gathered weights from forward
  *            to backward instead (a full working copy). The global units stay gathered.
+ *            The gathers go through a copy of the group (ct_comm_split) in overlap mode: over
+ *            NCCL they run on a stream of their own, so the prefetch of the next layer overlaps
+ *            this layer's compute (the compute stream joins before it reads a gathered layer).
  *
  * Gradient accumulation under stages 2/3: each backward's reduce-scatter SUMS, and the rank's
  * accumulated shard is added by placing it in its own block of the unit's gradient buffer
