@@ -85,11 +85,22 @@ static ct_status gather(ct_zero *z, int u) {
 /* The gathers run on gc's stream (NCCL): each waits for the compute work queued before it (so a
  * slot is overwritten only after the layer that used it), and the compute stream joins before it
  * reads a gathered unit; the prefetch issued after the join overlaps the unit's compute. */
+/* Stages 2/3: a micro-batch's forward starts after the bounded wait for the previous backward's
+ * reduce-scatters (the host reads this forward's loss, an unbounded stream wait otherwise). */
+static ct_status z2_pre_forward(void *p, int u) {
+  ct_zero *z = p;
+  return u == 0 ? ct_comm_sync(z->c) : CT_OK;
+}
+
 static ct_status z3_pre_forward(void *p, int u) {
   ct_zero *z = p;
+  if (u == 0) CT_TRY(ct_comm_sync(z->c));
   CT_TRY(gather(z, u));
   CT_TRY(ct_comm_join(z->gc));
   if (u >= 1 && u + 1 <= z->L) CT_TRY(gather(z, u + 1)); /* prefetch the next layer */
+  /* the loss comes next and the host reads it (an unbounded stream wait): first the bounded
+   * wait for every gather, so a dead peer is an error here and not a hang there */
+  if (u == z->U - 1) CT_TRY(ct_comm_sync(z->gc));
   return CT_OK;
 }
 
@@ -220,6 +231,7 @@ ct_status ct_zero_create(ct_model *m, ct_comm *c, int stage, bool reshard_after_
   if (stage >= 2) ct_model_drop_full(m, stage == 3, true);
   ct_model_hooks h = {.ctx = z};
   if (stage >= 2) {
+    h.pre_forward = z2_pre_forward;
     h.pre_backward = z_pre_backward;
     h.post_backward = z_post_backward;
   }
