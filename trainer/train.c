@@ -407,10 +407,11 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   r.inputs = ct_malloc(sizeof(int32_t) * (size_t)B * T, "batch");
   r.targets = ct_malloc(sizeof(int32_t) * (size_t)B * T, "batch");
   if (!r.inputs || !r.targets) { st = CT_ERR_NOMEM; goto done; }
-  ct_log_info("model: %s, %.2fM parameters, %d layers, d_model %d, %d heads (%d kv), vocab %d",
-              cfg->model.arch, ct_model_count_params(r.model) / 1e6, cfg->model.n_layer,
+  ct_log_info("model: %s, %.2fM parameters%s, %d layers, d_model %d, %d heads (%d kv), vocab %d",
+              cfg->model.arch, ct_model_count_params(r.model) / 1e6,
+              r.T > 1 ? " on this tensor-parallel rank" : "", cfg->model.n_layer,
               cfg->model.d_model, cfg->model.n_head, cfg->model.n_kv_head, cfg->model.vocab_size);
-  ct_log_info("data: %s (%lld tokens)%s%s; %d x %d tokens x %d accumulation x %d ranks = %d"
+  ct_log_info("data: %s (%lld tokens)%s%s; %d x %d tokens x %d accumulation x %d data-parallel ranks = %d"
               " tokens per step", cfg->data.train, (long long)ct_loader_info(r.train)->n_tokens,
               r.val ? ", val " : "", r.val ? cfg->data.val : "", B, T, t->grad_accum, world,
               B * T * t->grad_accum * world);
