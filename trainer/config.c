@@ -94,6 +94,11 @@ static const key_def KEYS[] = {
   {"parallel", "bucket_mb", K_FLOAT, F(parallel, bucket_mb), 0, NULL, "all-reduce bucket (MiB)"},
   {"parallel", "timeout_s", K_FLOAT, F(parallel, timeout_s), 0, NULL,
    "rendezvous / collective timeout"},
+  {"attention", "implementation", K_ENUM, F(kernels, attention), S(kernels, attention),
+   "auto|sdpa|eager|flash|cudnn", "attention kernels (auto/sdpa: fastest available)"},
+  {"kernels", "use_kernels", K_BOOL, F(kernels, use_kernels), 0, NULL,
+   "optimized kernel variants (false: the reference ones)"},
+  /* + [kernels] DEVICE.MODE.OP = "VARIANT" entries, checked against kernels/registry.c */
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -123,6 +128,9 @@ void ct_config_defaults(ct_config *c) {
   c->parallel.timeout_s = 600;
   c->parallel.reshard_after_forward = true;
   c->parallel.tensor = 1;
+  c->kernels.use_kernels = true;
+  snprintf(c->kernels.attention, sizeof c->kernels.attention, "auto");
+  c->kernels.n = 0;
 }
 
 static const key_def *find_key(const char *section, const char *name) {
@@ -215,6 +223,41 @@ static void locate(char *out, size_t cap, const char *file, int line, int col) {
   else snprintf(out, cap, "%s", file);
 }
 
+/* [kernels] DEVICE.MODE.OP = "VARIANT": the device's table holds mode tables of op strings.
+ * A later entry for the same device/mode/op replaces the earlier one (overrides). */
+static ct_status apply_kernel_entries(ct_config *c, const ct_toml_entry *dev, const char *where) {
+  const ct_toml_value *modes = dev->value;
+  for (int i = 0; i < modes->u.table.n; i++) {
+    const ct_toml_entry *me = &modes->u.table.items[i];
+    if (me->value->type != CT_TOML_TABLE)
+      return ct_set_error(CT_ERR_CONFIG, "%s: kernels.%s.%s: expected a table of op = \"variant\""
+                          " (e.g. kernels.cuda.train.attention = \"flash\")", where, dev->key, me->key);
+    for (int j = 0; j < me->value->u.table.n; j++) {
+      const ct_toml_entry *oe = &me->value->u.table.items[j];
+      if (oe->value->type != CT_TOML_STRING)
+        return ct_set_error(CT_ERR_CONFIG, "%s: kernels.%s.%s.%s: expected a variant name (string)",
+                            where, dev->key, me->key, oe->key);
+      ct_status st = ct_registry_check(dev->key, me->key, oe->key, oe->value->u.s);
+      if (st != CT_OK) return ct_add_context(st, "%s: ", where);
+      ct_kernels_cfg *k = &c->kernels;
+      int slot = k->n;
+      for (int x = 0; x < k->n; x++)
+        if (!strcmp(k->entries[x].device, dev->key) && !strcmp(k->entries[x].mode, me->key) &&
+            !strcmp(k->entries[x].op, oe->key))
+          slot = x;
+      if (slot == (int)(sizeof k->entries / sizeof k->entries[0]))
+        return ct_set_error(CT_ERR_CONFIG, "%s: too many [kernels] entries", where);
+      ct_kernel_entry *en = &k->entries[slot];
+      snprintf(en->device, sizeof en->device, "%s", dev->key);
+      snprintf(en->mode, sizeof en->mode, "%s", me->key);
+      snprintf(en->op, sizeof en->op, "%s", oe->key);
+      snprintf(en->variant, sizeof en->variant, "%s", oe->value->u.s);
+      if (slot == k->n) k->n++;
+    }
+  }
+  return CT_OK;
+}
+
 /* Applies every key of the document; `origin` names the file (or the override) in messages. */
 static ct_status apply_doc(ct_config *c, const ct_toml_value *root, const char *origin) {
   char where[512], sug[128], full[256];
@@ -228,14 +271,18 @@ static ct_status apply_doc(ct_config *c, const ct_toml_value *root, const char *
                           sug, sug[0] ? "?" : "");
     }
     if (strcmp(sec->key, "model") && strcmp(sec->key, "data") && strcmp(sec->key, "train") &&
-        strcmp(sec->key, "parallel"))
-      return ct_set_error(CT_ERR_CONFIG, "%s: [%s]: unknown section (expected model, data, train"
-                          " or parallel)", where, sec->key);
+        strcmp(sec->key, "parallel") && strcmp(sec->key, "attention") && strcmp(sec->key, "kernels"))
+      return ct_set_error(CT_ERR_CONFIG, "%s: [%s]: unknown section (expected model, data, train,"
+                          " parallel, attention or kernels)", where, sec->key);
     const ct_toml_value *t = sec->value;
     for (int j = 0; j < t->u.table.n; j++) {
       const ct_toml_entry *e = &t->u.table.items[j];
       snprintf(full, sizeof full, "%s.%s", sec->key, e->key);
       locate(where, sizeof where, origin, e->line, e->col);
+      if (!strcmp(sec->key, "kernels") && e->value->type == CT_TOML_TABLE) {
+        CT_TRY(apply_kernel_entries(c, e, where));
+        continue;
+      }
       const key_def *k = find_key(sec->key, e->key);
       if (!k) {
         suggest(full, sug, sizeof sug);
@@ -396,6 +443,11 @@ void ct_config_print(const ct_config *c, FILE *f) {
     snprintf(full, sizeof full, "%s.%s", KEYS[i].section, KEYS[i].name);
     fprintf(f, "  %-24s %-28s %s\n", full, val, KEYS[i].help);
   }
+  for (int i = 0; i < c->kernels.n; i++) {
+    const ct_kernel_entry *e = &c->kernels.entries[i];
+    snprintf(full, sizeof full, "kernels.%s.%s.%s", e->device, e->mode, e->op);
+    fprintf(f, "  %-24s \"%s\"\n", full, e->variant);
+  }
 }
 
 char *ct_config_to_toml(const ct_config *c) {
@@ -430,6 +482,11 @@ char *ct_config_to_toml(const ct_config *c) {
       if (!grown) { free(out); return NULL; }
       out = grown;
     }
+  }
+  /* the last schema section is [kernels]: its entries follow as dotted keys */
+  for (int i = 0; i < c->kernels.n && n + 256 < cap; i++) {
+    const ct_kernel_entry *e = &c->kernels.entries[i];
+    n += snprintf(out + n, cap - n, "%s.%s.%s = \"%s\"\n", e->device, e->mode, e->op, e->variant);
   }
   return out;
 }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 
 #include "common/status.h"
+#include "kernels/registry.h"
 
 #define CT_STR 256
 
@@ -90,6 +91,8 @@ typedef struct ct_config {
   ct_data_cfg data;
   ct_train_cfg train;
   ct_parallel_cfg parallel;
+  ct_kernels_cfg kernels; /* [attention] implementation, [kernels] use_kernels and the
+                           * device.mode.op = "variant" entries (kernels/registry.h) */
   char name[CT_STR];    /* config file base name without .toml */
   char path[CT_STR];    /* the config file */
 } ct_config;

@@ -1,5 +1,7 @@
 #include "trainer/device.h"
 
+#include "kernels/registry.h"
+
 #include <H5public.h>
 #include <dlfcn.h>
 #include <omp.h>
@@ -160,4 +162,14 @@ void ct_env_print(FILE *f) {
   fprintf(f, "attention backends: cpu: eager%s\n",
           CT_HAVE_CUDA ? "; cuda fp32: eager (cuBLAS batched); cuda bf16: flash (own FA2-style"
                          " kernel, head dims 64/128; others fall back to eager)" : "");
+  fprintf(f, "attention.implementation choices: %s (cudnn: not in this build)\n",
+          ct_registry_attention_available());
+  /* the default kernel tables ([kernels] and use_kernels in a config change them) */
+  ct_kernels_cfg kc = {.use_kernels = true, .attention = "auto"};
+  ct_kernel_table kt;
+  for (int d = CT_HAVE_CUDA ? 0 : 1; d < 2; d++)
+    if (ct_registry_resolve(d ? "cpu" : "cuda", &kc, &kt) == CT_OK) {
+      fprintf(f, "kernels %s (use_kernels = true, no [kernels] entries):\n", kt.device);
+      ct_registry_print(&kt, f, "  ");
+    }
 }

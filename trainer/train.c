@@ -26,6 +26,7 @@
 typedef struct run {
   const ct_config *cfg;
   ct_backend be;
+  ct_kernel_table kt;        /* kernel variants for train and eval (kernels/registry.h) */
   ct_model *model;
   ct_adamw opt;
   ct_loader *train, *val;
@@ -246,18 +247,46 @@ static void dist_teardown(run *r) {
   if (r->server) ct_store_server_stop_when_idle(r->server, r->cfg->parallel.timeout_s);
 }
 
+/* Validation runs with the eval kernel variants (model.eval()), training resumes with the train
+ * ones (model.train()), also when evaluation fails. */
 static ct_status evaluate(run *r, double *val_loss) {
   const ct_train_cfg *t = &r->cfg->train;
   double sum = 0;
   ct_loader_reset(r->val);
-  for (int i = 0; i < t->eval_steps; i++) {
+  CT_TRY(ct_registry_apply(&r->kt, CT_KMODE_EVAL));
+  ct_status st = CT_OK;
+  for (int i = 0; i < t->eval_steps && st == CT_OK; i++) {
     float loss = 0;
-    CT_TRY(ct_loader_next(r->val, t->micro_batch, r->inputs, r->targets));
-    CT_TRY(ct_model_forward(r->model, r->inputs, r->targets, t->micro_batch, t->seq_len, 0.0f, &loss));
+    st = ct_loader_next(r->val, t->micro_batch, r->inputs, r->targets);
+    if (st == CT_OK)
+      st = ct_model_forward(r->model, r->inputs, r->targets, t->micro_batch, t->seq_len, 0.0f, &loss);
     sum += loss;
   }
+  ct_status back = ct_registry_apply(&r->kt, CT_KMODE_TRAIN);
+  CT_TRY(st);
+  CT_TRY(back);
   *val_loss = sum / t->eval_steps;
   return dp_mean(r, val_loss);
+}
+
+/* The kernel table for this run's device, applied for training. The activation arena holds the
+ * attention state of the train variant; when the eval variant needs more (eager's probabilities
+ * against flash's log-sum-exp), the model is sized under the eval table. */
+static ct_status kernels_setup(run *r, const ct_model_cfg *mc, int B, int T, ct_kmode *size_mode) {
+  CT_TRY(ct_registry_resolve(r->be.cuda ? "cuda" : "cpu", &r->cfg->kernels, &r->kt));
+  const int H = mc->n_head, KV = mc->n_kv_head ? mc->n_kv_head : mc->n_head;
+  const int hd = mc->head_dim ? mc->head_dim : mc->d_model / mc->n_head;
+  CT_TRY(ct_registry_apply(&r->kt, CT_KMODE_EVAL));
+  const size_t s_eval = r->be.ops->attention_state_floats(B, T, H, KV, hd);
+  CT_TRY(ct_registry_apply(&r->kt, CT_KMODE_TRAIN));
+  const size_t s_train = r->be.ops->attention_state_floats(B, T, H, KV, hd);
+  *size_mode = s_eval > s_train ? CT_KMODE_EVAL : CT_KMODE_TRAIN;
+  if (r->env.rank == 0) {
+    fprintf(stderr, "kernels (%s, use_kernels = %s, attention.implementation = %s):\n",
+            r->kt.device, r->cfg->kernels.use_kernels ? "true" : "false", r->cfg->kernels.attention);
+    ct_registry_print(&r->kt, stderr, "  ");
+  }
+  return CT_OK;
 }
 
 static ct_status sample(run *r) {
@@ -279,7 +308,8 @@ static ct_status sample(run *r) {
     s.seed = t->seed;
     s.stop_id = ct_tokenizer_eot_id(r->tok);
     int n = 0;
-    st = ct_generate(r->model, ids, (int)n_ids, &s, out, &n, NULL, NULL);
+    st = ct_registry_apply(&r->kt, CT_KMODE_EVAL); /* generation is eval: the eval variants */
+    if (st == CT_OK) st = ct_generate(r->model, ids, (int)n_ids, &s, out, &n, NULL, NULL);
     printf("sample (temperature 0.8, top_k 40):\n%s", t->sample_prompt);
     for (int i = 0; st == CT_OK && i < n; i++) {
       size_t k = ct_tokenizer_decode_stream(r->tok, &ds, out[i], buf, cap);
@@ -338,7 +368,11 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   if (sharded) mcfg.numel_multiple = ct_zero_numel_multiple(world); /* equal unit slices */
   mcfg.tp_size = r.T;
   mcfg.tp_rank = r.tp_rank;
+  ct_kmode size_mode;
+  CT_TRY_GOTO(kernels_setup(&r, &mcfg, B, T, &size_mode), done);
+  CT_TRY_GOTO(ct_registry_apply(&r.kt, size_mode), done);
   CT_TRY_GOTO(ct_model_create(&mcfg, r.be.ops, B, T, &r.model), done);
+  CT_TRY_GOTO(ct_registry_apply(&r.kt, CT_KMODE_TRAIN), done);
   /* tensor parallel: initial weights and checkpoints are whole tensors, made or read in a full
    * model on the host and cut into this rank's slice */
   ct_model *fm = NULL;

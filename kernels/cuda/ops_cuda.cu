@@ -82,6 +82,8 @@ struct cuda_state {
   int cc;                  // compute capability, major * 10 + minor (flash needs 80+)
   int attn_variant;        // ATTN_*: CT_CUDA_ATTN or ct_cuda_set_variant("attention", ...)
   int matmul_lt;           // 16-bit matmul_fwd with a bias through cuBLASLt's BIAS epilogue
+  // kernel registry switches (kernels/registry.c; 1 = the optimized variant, the default)
+  int gelu_epilogue, norm_bwd_fused, add_norm_fused, xent_smem, embed_sorted;
   size_t attn_scratch_cap; // attention backward's dP chunk, bytes (CT_CUDA_ATTN_SCRATCH_MB)
   cudaStream_t stream;
   cublasHandle_t blas;
@@ -1754,7 +1756,7 @@ void cu_embed_bwd(float *dwte, float *dwpe, const void *dout, const int32_t *tok
   OP("embed_bwd");
   long N = (long)B * T;
   if (N <= 0 || C <= 0) return;
-  if (dwte && !embed_bwd_sorted<act_t>(dwte, (const act_t *)dout, tok, (int)N, C)) {
+  if (dwte && !(g.embed_sorted && embed_bwd_sorted<act_t>(dwte, (const act_t *)dout, tok, (int)N, C))) {
     embed_bwd_wte_kernel<act_t><<<(unsigned)N, EMB_THREADS, 0, g.stream>>>(
         dwte, (const act_t *)dout, tok, (int)N, C);
     CK_LAUNCH(embed_bwd_wte_kernel);
@@ -1825,7 +1827,7 @@ void cu_layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const 
                       const void *w, const float *mean, const float *rstd, int N, int C) {
   OP("layernorm_bwd");
   if (N <= 0 || C <= 0) return;
-  if (norm_bwd_fused<act_t, false>((act_t *)dinp, dw, db, (const act_t *)dout, (const act_t *)inp,
+  if (g.norm_bwd_fused && norm_bwd_fused<act_t, false>((act_t *)dinp, dw, db, (const act_t *)dout, (const act_t *)inp,
                                    (const act_t *)w, mean, rstd, N, C, N, (long)N * C))
     return;
   if (dinp) {
@@ -1858,7 +1860,7 @@ void cu_rmsnorm_bwd(void *dinp, float *dw, const void *dout, const void *inp, co
   OP("rmsnorm_bwd");
   if (N <= 0 || C <= 0) return;
   if (rpg <= 0) rpg = N;
-  if (norm_bwd_fused<act_t, true>((act_t *)dinp, dw, NULL, (const act_t *)dout, (const act_t *)inp,
+  if (g.norm_bwd_fused && norm_bwd_fused<act_t, true>((act_t *)dinp, dw, NULL, (const act_t *)dout, (const act_t *)inp,
                                   (const act_t *)w, NULL, rstd, N, C, rpg, gs))
     return;
   if (dinp) {
@@ -2168,7 +2170,7 @@ void cu_matmul_gelu_fwd(void *act, void *pre, const void *inp, const void *w, co
   if (N <= 0 || OC <= 0) return;
   PROF_DETAIL("%dx%dx%d", N, IC, OC);
   if constexpr (is16<act_t>()) {
-    if (g.matmul_lt && lt_matmul_gelu<act_t>((act_t *)act, (act_t *)pre, (const act_t *)inp,
+    if (g.matmul_lt && g.gelu_epilogue && lt_matmul_gelu<act_t>((act_t *)act, (act_t *)pre, (const act_t *)inp,
                                              (const act_t *)w, (const act_t *)bias, N, IC, OC))
       return;
   }
@@ -2189,7 +2191,7 @@ void cu_matmul_dgelu_bwd(void *dpre, const void *dout, const void *w, const void
   if (N <= 0 || IC <= 0) return;
   PROF_DETAIL("%dx%dx%d", N, IC, OC);
   if constexpr (is16<act_t>()) {
-    if (g.matmul_lt && lt_matmul_dgelu<act_t>((act_t *)dpre, (const act_t *)dout, (const act_t *)w,
+    if (g.matmul_lt && g.gelu_epilogue && lt_matmul_dgelu<act_t>((act_t *)dpre, (const act_t *)dout, (const act_t *)w,
                                               (const act_t *)pre, N, IC, OC))
       return;
   }
@@ -2241,7 +2243,7 @@ void cu_add_norm_fwd(void *res, void *out, float *mean, float *rstd, const void 
                      const void *w, const void *bias, int N, int C, float eps, int rms) {
   OP("add_norm_fwd");
   if (N <= 0 || C <= 0) return;
-  const bool vec = C % 8 == 0 && C <= NB_MAX_C && aligned16(res) && aligned16(out) &&
+  const bool vec = g.add_norm_fused && C % 8 == 0 && C <= NB_MAX_C && aligned16(res) && aligned16(out) &&
                    aligned16(a) && aligned16(b) && aligned16(w) && (!bias || aligned16(bias));
   const unsigned grid = (unsigned)((N + NB_WARPS - 1) / NB_WARPS);
   const int ng = (C / 8 + 31) / 32;
@@ -2286,7 +2288,7 @@ void cu_xent_fwd_bwd(float *losses, void *logits, const int32_t *targets, int N,
   OP("xent_fwd_bwd");
   if (N <= 0) return;
   const size_t row_bytes = (size_t)Vp * sizeof(act_t);
-  if (row_bytes <= XS_MAX_BYTES && row_bytes % 16 == 0 && aligned16(logits)) {
+  if (g.xent_smem && row_bytes <= XS_MAX_BYTES && row_bytes % 16 == 0 && aligned16(logits)) {
     if (row_bytes > 48 * 1024 &&
         !CK(cudaFuncSetAttribute(xent_smem_kernel<act_t>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)row_bytes)))
@@ -4010,6 +4012,22 @@ int set_variant(const char *op, const char *v) {
     else return -1;
     return 0;
   }
+  // two-way switches: {op, optimized name, reference name, flag}
+  struct sw {
+    const char *op, *on, *off;
+    int *flag;
+  } const sws[] = {{"mlp", "epilogue", "separate", &g.gelu_epilogue},
+                   {"norm_bwd", "fused", "twopass", &g.norm_bwd_fused},
+                   {"add_norm", "fused", "separate", &g.add_norm_fused},
+                   {"xent", "smem", "rowloop", &g.xent_smem},
+                   {"embed_bwd", "sorted", "blocks", &g.embed_sorted}};
+  for (const sw &w : sws) {
+    if (strcmp(op, w.op)) continue;
+    if (!strcmp(v, w.on) || !strcmp(v, "default")) *w.flag = 1;
+    else if (!strcmp(v, w.off)) *w.flag = 0;
+    else return -1;
+    return 0;
+  }
   return -1;
 }
 
@@ -4101,6 +4119,7 @@ extern "C" int ct_cuda_init(int device, char *err, size_t errcap) {
   if (attn && attn[0] && set_variant("attention", attn) != 0)
     INIT_FAIL("CT_CUDA_ATTN=%s: unknown attention variant (batched, perhead, flash, flash2, flash2b)", attn);
   g.matmul_lt = !(getenv("CT_CUDA_LT") && !env_on("CT_CUDA_LT"));
+  g.gelu_epilogue = g.norm_bwd_fused = g.add_norm_fused = g.xent_smem = g.embed_sorted = 1;
   const char *cap = getenv("CT_CUDA_ATTN_SCRATCH_MB");
   g.attn_scratch_cap = (size_t)(cap && atol(cap) > 0 ? atol(cap) : 256) << 20;
   g.device = device;

@@ -73,10 +73,12 @@ const ct_ops *ct_ops_cuda_bf16(void);
 const ct_ops *ct_ops_cuda_fp16(void);
 
 /* Switches a variant at run time, as the environment does at init (tests and benchmarks compare
- * variants in one process): op "attention" with "default", "batched", "perhead", "flash",
- * "flash2", "flash2b"; op
- * "matmul" with "lt" (default) or "gemmex". attention_state_floats follows the attention
- * variant, so switch it only while no attention state is live. Returns 0, or -1 if unknown. */
+ * variants in one process; kernels/registry.c maps the config's names onto these): op
+ * "attention" with "default", "batched", "perhead", "flash", "flash2", "flash2b"; "matmul" with
+ * "lt" (default) or "gemmex"; "mlp" epilogue|separate, "norm_bwd" fused|twopass, "add_norm"
+ * fused|separate, "xent" smem|rowloop, "embed_bwd" sorted|blocks (the first is the default;
+ * "default" also names it). attention_state_floats follows the attention variant, so switch it
+ * only while no attention state is live. Returns 0, or -1 if unknown. */
 int ct_cuda_set_variant(const char *op, const char *variant);
 
 /* Waits for all queued work. Returns 0 if no op has failed so far, else -1 with the first

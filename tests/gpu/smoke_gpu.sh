@@ -33,4 +33,24 @@ for arch in gpt2 llama; do
   check "$arch: CUDA-graph training losses equal the op-by-op losses exactly" \
     test -n "$(losses "$TMP/graph_${arch}_on")" -a "$(losses "$TMP/graph_${arch}_on")" = "$(losses "$TMP/graph_${arch}_off")"
 done
+# kernel registry on CUDA: the reference variants (use_kernels = false) train to the same loss
+# within 2%; a different eval attention variant changes nothing in training (the mode switch
+# round trip leaves the training losses bit-identical) and gives the same validation losses
+# within 1e-2
+"$CTRAIN" train "${args[@]}" train.precision=bf16 train.max_steps=30 kernels.use_kernels=false \
+  "train.out_dir=$TMP/ref_kernels" >/dev/null 2>&1
+"$CTRAIN" train "${args[@]}" train.precision=bf16 train.max_steps=30 "train.out_dir=$TMP/opt_kernels" >/dev/null 2>&1
+last() { grep '"loss"' "$1/metrics.jsonl" | tail -1 | grep -o '"loss": [0-9.]*' | cut -d' ' -f2; }
+check "use_kernels = false trains to the optimized set's loss within 2% ($(last "$TMP/ref_kernels") vs $(last "$TMP/opt_kernels"))" \
+  awk -v a="$(last "$TMP/ref_kernels")" -v b="$(last "$TMP/opt_kernels")" 'BEGIN{d = a - b; if (d < 0) d = -d; exit !(b > 0 && d <= 0.02 * b)}'
+for ev in flash eager; do
+  "$CTRAIN" train "${args[@]}" train.precision=bf16 train.max_steps=12 train.eval_every=4 train.eval_steps=2 \
+    "kernels.cuda.eval.attention=$ev" "train.out_dir=$TMP/eval_$ev" >/dev/null 2>&1
+done
+check "eval attention = eager: training losses bit-identical to eval = flash" \
+  test -n "$(losses "$TMP/eval_flash")" -a "$(losses "$TMP/eval_flash")" = "$(losses "$TMP/eval_eager")"
+vals() { grep -o '"val_loss": [0-9.]*' "$1/metrics.jsonl" | cut -d' ' -f2 | tr '\n' ' '; }
+check "eval attention = eager: validation losses within 1e-2 of flash ($(vals "$TMP/eval_eager")vs $(vals "$TMP/eval_flash"))" \
+  python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); sys.exit(not (a and len(a) == len(b) and all(abs(float(x) - float(y)) <= 1e-2 * abs(float(y)) for x, y in zip(a, b))))" \
+  "$(vals "$TMP/eval_eager")" "$(vals "$TMP/eval_flash")"
 finish

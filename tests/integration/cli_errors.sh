@@ -18,6 +18,10 @@ expect_fail 2 'unknown\.toml:2:1: model\.n_layers: unknown key; did you mean mod
   "$CTRAIN" train "$TMP/unknown.toml"
 expect_fail 2 'model\.n_layers: unknown key; did you mean model\.n_layer\?' -- "${base[@]}" model.n_layers=2
 expect_fail 2 '\[modle\]: unknown section' -- "${base[@]}" modle.n_layer=2
+# kernel registry: unavailable attention implementations and unknown variants name the valid ones
+expect_fail 2 'no cuDNN attention .*available: auto, sdpa, eager, flash' -- "${base[@]}" attention.implementation=cudnn
+expect_fail 2 'on the CPU the available implementations are auto, sdpa and eager' -- "${base[@]}" attention.implementation=flash
+expect_fail 2 "kernels.cuda.train.norm_bwd: unknown variant 'fast' \\(valid: fused, twopass\\)" -- "${base[@]}" kernels.cuda.train.norm_bwd=fast
 # wrong type
 printf '[train]\nlr = "fast"\n' >"$TMP/type.toml"
 expect_fail 2 'type\.toml:2:6: train\.lr: expected a number, got string' -- "$CTRAIN" train "$TMP/type.toml"

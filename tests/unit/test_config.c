@@ -71,6 +71,52 @@ int main(void) {
   CHECK(ct_config_load(p, 0, NULL, &c) == CT_OK);
   CHECK(c.model.head_dim == 128);
 
+  /* [attention] and [kernels]: entries by device.mode.op, overrides replace, round trip below */
+  p = write_cfg("k.toml", "[attention]\nimplementation = \"eager\"\n[kernels]\nuse_kernels = false\n"
+                "cuda.train.attention = \"flash\"\ncuda.eval.xent = \"rowloop\"\n");
+  char *kov[] = {"kernels.cuda.train.attention=eager", "kernels.cpu.eval.matmul=blas"};
+  CHECK(ct_config_load(p, 2, kov, &c) == CT_OK);
+  CHECK(!strcmp(c.kernels.attention, "eager") && !c.kernels.use_kernels);
+  CHECK_MSG(c.kernels.n == 3, "%d kernel entries", c.kernels.n);
+  CHECK(!strcmp(c.kernels.entries[0].op, "attention") && !strcmp(c.kernels.entries[0].variant, "eager"));
+  CHECK(!strcmp(c.kernels.entries[1].mode, "eval") && !strcmp(c.kernels.entries[1].variant, "rowloop"));
+  {
+    char *kt = ct_config_to_toml(&c);
+    ct_config kb;
+    CHECK(kt && ct_config_from_toml_text(kt, "kt", &kb) == CT_OK);
+    CHECK(kb.kernels.n == 3 && !memcmp(&kb.kernels, &c.kernels, sizeof c.kernels));
+    free(kt);
+    /* resolution: use_kernels = false takes the reference variants, entries override per mode */
+    ct_kernel_table t;
+    CHECK(ct_registry_resolve("cuda", &c.kernels, &t) == CT_OK);
+    for (int i = 0; i < t.n_ops; i++) {
+      if (!strcmp(t.op[i], "attention"))
+        CHECK(!strcmp(t.variant[CT_KMODE_TRAIN][i], "eager") && !strcmp(t.variant[CT_KMODE_EVAL][i], "eager"));
+      if (!strcmp(t.op[i], "xent"))
+        CHECK(!strcmp(t.variant[CT_KMODE_TRAIN][i], "rowloop") && !strcmp(t.variant[CT_KMODE_EVAL][i], "rowloop"));
+      if (!strcmp(t.op[i], "norm_bwd")) CHECK(!strcmp(t.variant[CT_KMODE_TRAIN][i], "twopass"));
+    }
+    ct_kernels_cfg on = {.use_kernels = true, .attention = "auto", .n = 1,
+                         .entries = {{"cuda", "eval", "attention", "eager"}}};
+    CHECK(ct_registry_resolve("cuda", &on, &t) == CT_OK);
+    CHECK(!strcmp(t.op[0], "attention") && !strcmp(t.variant[CT_KMODE_TRAIN][0], "flash") &&
+          !strcmp(t.variant[CT_KMODE_EVAL][0], "eager"));
+    snprintf(on.attention, sizeof on.attention, "cudnn");
+    CHECK(ct_registry_resolve("cuda", &on, &t) == CT_ERR_CONFIG);
+    CHECK(strstr(ct_last_error(), "available: auto, sdpa, eager, flash") != NULL);
+    snprintf(on.attention, sizeof on.attention, "flash");
+    CHECK(ct_registry_resolve("cpu", &on, &t) == CT_ERR_CONFIG);
+    CHECK(strstr(ct_last_error(), "on the CPU the available implementations are auto, sdpa and eager"));
+  }
+  expect_error("", "kernels.cuda.train.attenton=flash", CT_ERR_CONFIG,
+               "unknown op 'attenton' (ops with variants on cuda: attention, matmul, mlp");
+  expect_error("", "kernels.cuda.train.attention=flash3", CT_ERR_CONFIG,
+               "unknown variant 'flash3' (valid: flash, flash1, flash2b, eager)");
+  expect_error("", "kernels.tpu.train.attention=flash", CT_ERR_CONFIG, "unknown device 'tpu'");
+  expect_error("", "kernels.cuda.infer.attention=flash", CT_ERR_CONFIG, "unknown mode 'infer'");
+  expect_error("", "attention.implementation=xformers", CT_ERR_CONFIG,
+               "\"xformers\" is not one of auto|sdpa|eager|flash|cudnn");
+
   /* round trip through the checkpoint's TOML text */
   p = write_cfg("rt.toml", "[model]\narch=\"llama\"\nn_layer=2\nqk_norm=true\n[train]\nlr=1.5e-3\n"
                 "sample_prompt = \"a \\\"quoted\\\" \\\\ prompt\\n\"\n");
