@@ -56,64 +56,147 @@ int32_t ct_sample_logits(const float *logits, int V, const ct_sample_cfg *s, uin
   return id;
 }
 
-ct_status ct_generate_batch(ct_model *m, int n_seq, const int32_t *const *prompts,
+/* Prefill of every prompt: prompts of equal length go together, as many per forward as the
+ * engine's rows hold; a prompt longer than the rows is prefilled alone in chunks. next[i]
+ * receives each prompt's first new token. */
+static ct_status prefill_all(ct_infer *e, int n_seq, const int32_t *const *p, const int *len,
+                             const ct_sample_cfg *s, int V, int Vp, int32_t *next) {
+  const int R = ct_infer_max_rows(e);
+  int *order = malloc(sizeof(int) * (size_t)n_seq), *slots = malloc(sizeof(int) * (size_t)n_seq);
+  int32_t *toks = malloc(sizeof(int32_t) * (size_t)R), *ids = malloc(sizeof(int32_t) * (size_t)n_seq);
+  float *logits = s->temperature > 0 ? malloc(sizeof(float) * (size_t)n_seq * Vp) : NULL;
+  ct_status st = (order && slots && toks && ids && (logits || s->temperature <= 0))
+                     ? CT_OK : ct_set_error(CT_ERR_NOMEM, "out of memory");
+  for (int i = 0; i < n_seq; i++) order[i] = i;
+  for (int i = 1; i < n_seq; i++) /* stable insertion sort by length */
+    for (int j = i; j > 0 && len[order[j - 1]] > len[order[j]]; j--) {
+      int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
+    }
+  for (int g = 0; st == CT_OK && g < n_seq;) {
+    const int n = len[order[g]];
+    int k = 1; /* sequences in this forward */
+    if (n <= R)
+      while (g + k < n_seq && len[order[g + k]] == n && (long)(k + 1) * n <= R) k++;
+    for (int at = 0; st == CT_OK && at < n; at += R) {
+      const int c = n - at < R ? n - at : R;
+      for (int b = 0; b < k; b++) {
+        slots[b] = order[g + b];
+        memcpy(toks + (size_t)b * c, p[order[g + b]] + at, sizeof(int32_t) * (size_t)c);
+      }
+      const bool end = at + c == n;
+      st = ct_infer_prefill(e, k, slots, toks, c, end ? logits : NULL, end ? ids : NULL);
+    }
+    for (int b = 0; st == CT_OK && b < k; b++) {
+      const int i = order[g + b];
+      next[i] = logits ? ct_sample_logits(logits + (size_t)b * Vp, V, s, s->seed + (uint64_t)i, 0)
+                       : ids[b];
+    }
+    g += k;
+  }
+  free(order);
+  free(slots);
+  free(toks);
+  free(ids);
+  free(logits);
+  return st;
+}
+
+ct_status ct_generate_infer(ct_infer *e, int n_seq, const int32_t *const *prompts,
                             const int *prompt_lens, const ct_sample_cfg *s, int32_t **outs,
-                            int *n_outs, ct_token_cb on_token, void *user) {
-  const ct_model_cfg *cfg = ct_model_config(m);
+                            int *n_outs, ct_token_cb on_token, void *user, ct_gen_stats *stats) {
+  const ct_model_cfg *cfg = ct_model_config(ct_infer_model(e));
   const int Vp = ct_model_padded_vocab(cfg), V = cfg->vocab_size, ctx = cfg->max_seq_len;
-  ct_kv_cache *cache = NULL;
-  float *row = ct_malloc(sizeof(float) * (size_t)Vp, "logits row");
-  int32_t *next = ct_calloc((size_t)n_seq, sizeof(int32_t), "next tokens");
-  bool *done = ct_calloc((size_t)n_seq, sizeof(bool), "sequence flags");
-  ct_status st = (row && next && done) ? CT_OK : CT_ERR_NOMEM;
-  if (st == CT_OK) st = ct_kv_cache_create(m, n_seq, ctx, &cache);
+  const int cap = ct_infer_capacity(e);
+  ct_gen_stats gs = {0};
+  const double t0 = ct_now();
+  const int32_t **p = calloc((size_t)n_seq, sizeof *p);
+  int *len = calloc((size_t)n_seq, sizeof(int)), *slots = calloc((size_t)n_seq, sizeof(int));
+  int32_t *next = calloc((size_t)n_seq, sizeof(int32_t)), *feed = calloc((size_t)n_seq, sizeof(int32_t));
+  int32_t *ids = calloc((size_t)n_seq, sizeof(int32_t)), start = s->stop_id;
+  bool *done = calloc((size_t)n_seq, sizeof(bool));
+  float *logits = s->temperature > 0 ? malloc(sizeof(float) * (size_t)n_seq * Vp) : NULL;
+  ct_status st = (p && len && slots && next && feed && ids && done &&
+                  (logits || s->temperature <= 0)) ? CT_OK : ct_set_error(CT_ERR_NOMEM, "out of memory");
   for (int i = 0; st == CT_OK && i < n_seq; i++) {
     n_outs[i] = 0;
-    const int32_t *p = prompts[i];
-    int len = prompt_lens[i];
-    int32_t start = s->stop_id;
-    if (len == 0) {
+    ct_infer_reset(e, i);
+    p[i] = prompts[i];
+    len[i] = prompt_lens[i];
+    if (len[i] == 0) {
       if (s->stop_id < 0) {
         st = ct_set_error(CT_ERR_USAGE, "generate: prompt %d is empty and there is no"
                           " end-of-text id to start from", i);
         break;
       }
-      p = &start;
-      len = 1;
+      p[i] = &start;
+      len[i] = 1;
     }
-    if (len >= ctx) {
+    if (len[i] >= ctx || len[i] >= cap)
       st = ct_set_error(CT_ERR_USAGE, "generate: prompt %d has %d tokens; the context"
-                        " (model.max_seq_len) is %d", i, len, ctx);
-      break;
-    }
-    /* prefill in chunks the activations hold */
-    int chunk = ct_model_max_T(m);
-    for (int at = 0; st == CT_OK && at < len; at += chunk)
-      st = ct_model_forward_cached(m, cache, i, p + at, len - at < chunk ? len - at : chunk, row);
-    if (st == CT_OK) next[i] = ct_sample_logits(row, V, s, s->seed + (uint64_t)i, 0);
+                        " (model.max_seq_len) is %d and the cache holds %d", i, len[i], ctx, cap);
+    gs.prompt_tokens += len[i];
   }
+  if (st == CT_OK) st = prefill_all(e, n_seq, p, len, s, V, Vp, next);
+  gs.ttft_s = ct_now() - t0;
+  const double t1 = ct_now();
   for (int k = 0; st == CT_OK && k < s->max_new_tokens; k++) {
-    bool any = false;
-    for (int i = 0; i < n_seq && st == CT_OK; i++) {
+    int nb = 0;
+    for (int i = 0; i < n_seq; i++) {
       if (done[i]) continue;
-      int32_t id = next[i];
+      const int32_t id = next[i];
       outs[i][n_outs[i]++] = id;
       if (on_token) on_token(i, id, user);
-      if (id == s->stop_id || n_outs[i] == s->max_new_tokens ||
-          ct_kv_cache_len(cache, i) + 1 >= ctx) {
+      if (id == s->stop_id || n_outs[i] == s->max_new_tokens || ct_infer_len(e, i) + 1 >= ctx ||
+          ct_infer_len(e, i) + 1 > cap ||
+          (s->should_stop && s->should_stop(i, outs[i], n_outs[i], s->stop_user))) {
         done[i] = true;
         continue;
       }
-      st = ct_model_forward_cached(m, cache, i, &id, 1, row);
-      if (st == CT_OK) next[i] = ct_sample_logits(row, V, s, s->seed + (uint64_t)i, (uint64_t)k + 1);
-      any = true;
+      slots[nb] = i;
+      feed[nb++] = id;
     }
-    if (!any) break;
+    if (!nb) break;
+    st = ct_infer_decode(e, nb, slots, feed, logits, logits ? NULL : ids);
+    for (int b = 0; st == CT_OK && b < nb; b++) {
+      const int i = slots[b];
+      next[i] = logits ? ct_sample_logits(logits + (size_t)b * Vp, V, s, s->seed + (uint64_t)i,
+                                          (uint64_t)k + 1)
+                       : ids[b];
+    }
+    gs.decode_steps++;
+    gs.decode_tokens += nb;
   }
-  ct_kv_cache_destroy(cache);
-  free(row);
+  gs.decode_s = ct_now() - t1;
+  gs.graph_steps = ct_infer_graph_steps(e);
+  if (stats) *stats = gs;
+  free(p);
+  free(len);
+  free(slots);
   free(next);
+  free(feed);
+  free(ids);
   free(done);
+  free(logits);
+  return st;
+}
+
+ct_status ct_generate_batch(ct_model *m, int n_seq, const int32_t *const *prompts,
+                            const int *prompt_lens, const ct_sample_cfg *s, int32_t **outs,
+                            int *n_outs, ct_token_cb on_token, void *user) {
+  const ct_model_cfg *cfg = ct_model_config(m);
+  int longest = 1;
+  for (int i = 0; i < n_seq; i++)
+    if (prompt_lens[i] > longest) longest = prompt_lens[i];
+  ct_infer_cfg ic = CT_INFER_CFG_INIT;
+  ic.max_seqs = n_seq > 0 ? n_seq : 1;
+  ic.max_len = longest + (s->max_new_tokens > 0 ? s->max_new_tokens : 1);
+  if (ic.max_len > cfg->max_seq_len) ic.max_len = cfg->max_seq_len;
+  ic.max_rows = ct_model_max_T(m);
+  ct_infer *e = NULL;
+  CT_TRY(ct_infer_create(m, ct_model_ops(m), &ic, &e));
+  ct_status st = ct_generate_infer(e, n_seq, prompts, prompt_lens, s, outs, n_outs, on_token,
+                                   user, NULL);
+  ct_infer_destroy(e);
   return st;
 }
 
