@@ -222,38 +222,79 @@ static void stream_token(int seq, int32_t id, void *user) {
   fflush(stdout);
 }
 
+/* Stop strings: a sequence ends once its generated text contains one of them. The text is
+ * decoded again after each token (O(n^2) in the generated length; fine for stop checks). */
+typedef struct stop_ctx {
+  const ct_tokenizer *tok;
+  char **stops;
+  int n_stops;
+} stop_ctx;
+
+static bool stop_string_hit(int seq, const int32_t *ids, int n, void *user) {
+  (void)seq;
+  stop_ctx *c = user;
+  char *text = NULL;
+  size_t len = 0;
+  if (ct_tokenizer_decode(c->tok, ids, (size_t)n, &text, &len) != CT_OK) return false;
+  bool hit = false;
+  for (int i = 0; i < c->n_stops && !hit; i++) hit = strstr(text, c->stops[i]) != NULL;
+  free(text);
+  return hit;
+}
+
 static const char *USAGE =
     "usage: ctrain generate --model PATH [--prompt TEXT]... [--prompt-file FILE]...\n"
     "                       [--max_new_tokens N] [--temperature T] [--top_k K] [--top_p P]\n"
-    "                       [--seed S] [--greedy] [--precision auto|fp32|bf16]\n"
-    "  PATH: a checkpoint step directory, <out_dir>/ckpt/latest, <out_dir>, or a Hugging Face\n"
-    "        model directory (config.json + safetensors). Several prompts run as one batch;\n"
-    "        a single prompt streams its tokens as they are produced. Generation stops at\n"
-    "        end-of-text, at --max_new_tokens, or when the context is full.\n";
+    "                       [--seed S] [--greedy] [--precision auto|fp32|bf16|fp16]\n"
+    "                       [--stop TEXT]... [--ignore_eos] [--device_map auto|balanced|\n"
+    "                       sequential|cuda:N] [--max_memory 0=20GiB,1=40GiB]\n"
+    "                       [--cuda_graphs auto|on|off] [--prompt_ids N] [--batch B]\n"
+    "                       [--print_ids]\n"
+    "  PATH: a checkpoint step directory, <out_dir>/ckpt/latest, <out_dir>, a Hugging Face\n"
+    "        model directory (config.json + safetensors), or a CONFIG.toml: random weights\n"
+    "        (seeded by --seed; for benchmarks). Several prompts run as one batch (one forward\n"
+    "        per step for all of them); a single prompt streams its tokens as they are produced.\n"
+    "        Generation stops at end-of-text (unless --ignore_eos), at a --stop string, at\n"
+    "        --max_new_tokens, or when the context is full.\n"
+    "  --device_map: where the layers live on the GPUs (auto: GPU 0 if the model fits, else\n"
+    "        balanced over all visible GPUs); --max_memory caps each GPU's share.\n"
+    "  --cuda_graphs: capture each decode step once its batch size is steady and replay it.\n"
+    "  --prompt_ids N: B random prompts of N token ids (no tokenizer needed), B = --batch\n"
+    "        (default 1); --batch B also repeats text prompts B times. --print_ids prints ids.\n";
 
 ct_status ct_cmd_generate(int argc, char **argv) {
-  const char *model_path = NULL, *precision = NULL;
+  const char *model_path = NULL, *precision = NULL, *device_map = NULL, *max_memory = NULL;
   char **prompts = calloc((size_t)argc + 1, sizeof(char *));
+  char **stops = calloc((size_t)argc + 1, sizeof(char *));
   bool *owned = calloc((size_t)argc + 1, sizeof(bool));
-  int n_prompts = 0;
+  int n_prompts = 0, n_stops = 0, graphs = -1, prompt_ids = 0, batch = 1;
+  bool ignore_eos = false, print_ids = false;
   ct_sample_cfg s = CT_SAMPLE_INIT;
   s.max_new_tokens = 200;
   s.temperature = 0.8f;
   s.top_k = 40;
-  ct_status st = prompts && owned ? CT_OK : ct_set_error(CT_ERR_NOMEM, "out of memory");
+  ct_status st = prompts && owned && stops ? CT_OK : ct_set_error(CT_ERR_NOMEM, "out of memory");
   for (int i = 0; st == CT_OK && i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     bool takes = !strcmp(a, "--model") || !strcmp(a, "--prompt") || !strcmp(a, "--prompt-file") ||
                  !strcmp(a, "--max_new_tokens") || !strcmp(a, "--temperature") ||
                  !strcmp(a, "--top_k") || !strcmp(a, "--top_p") || !strcmp(a, "--seed") ||
-                 !strcmp(a, "--precision");
+                 !strcmp(a, "--precision") || !strcmp(a, "--stop") ||
+                 !strcmp(a, "--device_map") || !strcmp(a, "--max_memory") ||
+                 !strcmp(a, "--cuda_graphs") || !strcmp(a, "--prompt_ids") || !strcmp(a, "--batch");
     if (takes && !v) { st = ct_set_error(CT_ERR_USAGE, "generate: %s needs a value\n%s", a, USAGE); break; }
     if (takes) i++;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(USAGE, stdout); goto done; }
     else if (!strcmp(a, "--greedy")) s.temperature = 0;
+    else if (!strcmp(a, "--ignore_eos")) ignore_eos = true;
+    else if (!strcmp(a, "--print_ids")) print_ids = true;
     else if (!strcmp(a, "--model")) model_path = v;
     else if (!strcmp(a, "--prompt")) prompts[n_prompts++] = (char *)v;
+    else if (!strcmp(a, "--stop")) {
+      if (!v[0]) st = ct_set_error(CT_ERR_USAGE, "generate: --stop needs a non-empty string");
+      stops[n_stops++] = (char *)v;
+    }
     else if (!strcmp(a, "--prompt-file")) {
       char *text = NULL;
       size_t len = 0;
@@ -265,6 +306,16 @@ ct_status ct_cmd_generate(int argc, char **argv) {
     else if (!strcmp(a, "--top_k")) s.top_k = atoi(v);
     else if (!strcmp(a, "--top_p")) s.top_p = (float)atof(v);
     else if (!strcmp(a, "--seed")) s.seed = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--device_map")) device_map = v;
+    else if (!strcmp(a, "--max_memory")) max_memory = v;
+    else if (!strcmp(a, "--prompt_ids")) prompt_ids = atoi(v);
+    else if (!strcmp(a, "--batch")) batch = atoi(v);
+    else if (!strcmp(a, "--cuda_graphs")) {
+      if (!strcmp(v, "auto")) graphs = -1;
+      else if (!strcmp(v, "on")) graphs = 1;
+      else if (!strcmp(v, "off")) graphs = 0;
+      else st = ct_set_error(CT_ERR_USAGE, "generate: --cuda_graphs %s: expected auto, on or off", v);
+    }
     else if (!strcmp(a, "--precision")) {
       if (strcmp(v, "auto") && strcmp(v, "fp32") && strcmp(v, "bf16") && strcmp(v, "fp16"))
         st = ct_set_error(CT_ERR_USAGE, "generate: --precision %s: expected auto, fp32, bf16 or fp16", v);
@@ -276,69 +327,147 @@ ct_status ct_cmd_generate(int argc, char **argv) {
   if (st == CT_OK && (s.max_new_tokens < 0 || s.top_k < 0 || s.top_p <= 0 || s.top_p > 1))
     st = ct_set_error(CT_ERR_USAGE, "generate: --max_new_tokens and --top_k must be >= 0 and"
                       " --top_p in (0, 1]");
+  if (st == CT_OK && (batch < 1 || prompt_ids < 0 || (prompt_ids && n_prompts)))
+    st = ct_set_error(CT_ERR_USAGE, "generate: --batch must be >= 1, --prompt_ids >= 0, and"
+                      " --prompt_ids replaces --prompt");
   if (st != CT_OK) goto done;
-  if (n_prompts == 0) prompts[n_prompts++] = "";
+  if (n_prompts == 0 && !prompt_ids) prompts[n_prompts++] = "";
+  const int n_text = n_prompts;
+  const int n_seq = (prompt_ids ? 1 : n_text) * batch;
 
   ct_config cfg;
   ct_backend be = {0};
   ct_model *m = NULL;
+  ct_infer *e = NULL;
   ct_tokenizer *tok = NULL;
-  int32_t **ids = calloc((size_t)n_prompts, sizeof *ids), **outs = calloc((size_t)n_prompts, sizeof *outs);
-  int *lens = calloc((size_t)n_prompts, sizeof(int)), *n_out = calloc((size_t)n_prompts, sizeof(int));
+  int *layer_dev = NULL;
+  int32_t **ids = calloc((size_t)n_seq, sizeof *ids), **outs = calloc((size_t)n_seq, sizeof *outs);
+  int *lens = calloc((size_t)n_seq, sizeof(int)), *n_out = calloc((size_t)n_seq, sizeof(int));
   char hf_config[4200], file[4096];
   snprintf(hf_config, sizeof hf_config, "%s/config.json", model_path);
-  bool hf = ct_file_exists(hf_config);
+  const bool hf = ct_file_exists(hf_config);
+  const size_t pl = strlen(model_path);
+  const bool toml = pl > 5 && !strcmp(model_path + pl - 5, ".toml");
   if (!ids || !outs || !lens || !n_out) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
   if (hf) CT_TRY_GOTO(ct_hf_read_config(model_path, &cfg), cleanup);
+  else if (toml) CT_TRY_GOTO(ct_config_load(model_path, 0, NULL, &cfg), cleanup);
   else CT_TRY_GOTO(ct_checkpoint_read_config(model_path, &cfg, file, sizeof file), cleanup);
   if (precision) snprintf(cfg.train.precision, sizeof cfg.train.precision, "%s", precision);
-  st = ct_tokenizer_load(cfg.data.tokenizer, &tok);
-  if (st != CT_OK) { ct_add_context(st, "%s: data.tokenizer: ", model_path); goto cleanup; }
-  CT_TRY_GOTO(ct_backend_select(&cfg.train, 0, &be), cleanup);
-  /* activations for prefill chunks of up to 512 tokens (ct_generate_batch prefills in chunks);
-   * the KV cache still spans the whole context */
-  const int chunk = cfg.model.max_seq_len < 512 ? cfg.model.max_seq_len : 512;
-  if (hf) CT_TRY_GOTO(ct_hf_load(model_path, be.ops, 1, chunk, &cfg, &m), cleanup);
-  else {
-    CT_TRY_GOTO(ct_model_create(&cfg.model, be.ops, 1, chunk, &m), cleanup);
-    CT_TRY_GOTO(ct_checkpoint_load_params(file, m), cleanup);
+  if (!prompt_ids || n_stops) {
+    st = ct_tokenizer_load(cfg.data.tokenizer, &tok);
+    if (st != CT_OK) { ct_add_context(st, "%s: data.tokenizer: ", model_path); goto cleanup; }
   }
-  s.stop_id = ct_tokenizer_eot_id(tok);
-  size_t total = 0;
-  for (int i = 0; i < n_prompts; i++) {
+  CT_TRY_GOTO(ct_backend_select(&cfg.train, 0, &be), cleanup);
+  /* GPU: the model is read into host memory and the engine copies each layer to its device;
+   * CPU: the engine computes on the model's own weights */
+  const ct_ops *mops = be.cuda ? ct_ops_cpu() : be.ops;
+  const double tl = ct_now();
+  if (hf) CT_TRY_GOTO(ct_hf_load(model_path, mops, 1, 1, &cfg, &m), cleanup);
+  else {
+    CT_TRY_GOTO(ct_model_create(&cfg.model, mops, 1, 1, &m), cleanup);
+    if (toml) ct_model_init_weights(m, s.seed);
+    else CT_TRY_GOTO(ct_checkpoint_load_params(file, m), cleanup);
+  }
+  s.stop_id = ignore_eos || !tok ? -1 : ct_tokenizer_eot_id(tok);
+  ct_rng rng = {s.seed ^ 0x9e3779b97f4a7c15ull, 0};
+  int longest = 1;
+  for (int i = 0; i < n_seq; i++) {
     size_t n = 0;
-    CT_TRY_GOTO(ct_tokenizer_encode(tok, prompts[i], strlen(prompts[i]), &ids[i], &n), cleanup);
+    if (prompt_ids) {
+      ids[i] = malloc(sizeof(int32_t) * (size_t)prompt_ids);
+      if (!ids[i]) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
+      for (int t = 0; t < prompt_ids; t++)
+        ids[i][t] = (int32_t)(ct_rng_u64(&rng) % (uint64_t)cfg.model.vocab_size);
+      n = (size_t)prompt_ids;
+    } else {
+      const char *text = prompts[i % n_text];
+      CT_TRY_GOTO(ct_tokenizer_encode(tok, text, strlen(text), &ids[i], &n), cleanup);
+    }
     lens[i] = (int)n;
+    if (lens[i] > longest) longest = lens[i];
     outs[i] = malloc(sizeof(int32_t) * (size_t)(s.max_new_tokens + 1));
     if (!outs[i]) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
   }
-  stream_ctx sc = {.tok = tok, .state = CT_DECODE_STATE_INIT, .cap = ct_tokenizer_stream_cap(tok)};
-  sc.buf = malloc(sc.cap);
-  if (!sc.buf) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
-  double t0 = ct_now();
-  if (n_prompts == 1) fputs(prompts[0], stdout);
-  st = ct_generate_batch(m, n_prompts, (const int32_t *const *)ids, lens, &s, outs, n_out,
-                         n_prompts == 1 ? stream_token : NULL, &sc);
-  double dt = ct_now() - t0;
-  if (st == CT_OK && n_prompts == 1) {
+  ct_infer_cfg ic = CT_INFER_CFG_INIT;
+  ic.max_seqs = n_seq;
+  ic.max_len = longest + (s.max_new_tokens > 0 ? s.max_new_tokens : 1);
+  if (ic.max_len > cfg.model.max_seq_len) ic.max_len = cfg.model.max_seq_len;
+  /* prefill rows: every prompt in one forward when they fit 8192 rows, else chunks of 512 */
+  ic.max_rows = (long)longest * n_seq <= 8192 ? longest * n_seq : 512;
+  if (ic.max_rows < 512) ic.max_rows = 512;
+  if (ic.max_rows > cfg.model.max_seq_len * n_seq) ic.max_rows = cfg.model.max_seq_len * n_seq;
+  ic.graphs = graphs;
+  if (be.cuda) {
+    char report[1024];
+    layer_dev = calloc((size_t)cfg.model.n_layer, sizeof(int));
+    if (!layer_dev) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
+    CT_TRY_GOTO(ct_infer_plan(m, be.ops, device_map, max_memory, ic.max_seqs, ic.max_len,
+                              ic.max_rows, layer_dev, report, sizeof report), cleanup);
+    ct_log_info("%s", report);
+    ic.layer_dev = layer_dev;
+  } else if ((device_map && strcmp(device_map, "auto")) || (max_memory && max_memory[0])) {
+    st = ct_set_error(CT_ERR_USAGE, "generate: --device_map %s / --max_memory need a CUDA device"
+                      " (running on %s)", device_map ? device_map : "", be.device);
+    goto cleanup;
+  }
+  CT_TRY_GOTO(ct_infer_create(m, be.ops, &ic, &e), cleanup);
+  CT_TRY_GOTO(ct_backend_check(&be), cleanup);
+  {
+    char desc[2048];
+    ct_infer_describe(e, desc, sizeof desc);
+    ct_log_info("model ready in %.2f s; placement:\n%s", ct_now() - tl, desc);
+  }
+  stop_ctx stc = {.tok = tok, .stops = stops, .n_stops = n_stops};
+  if (n_stops) {
+    s.should_stop = stop_string_hit;
+    s.stop_user = &stc;
+  }
+  stream_ctx sc = {.tok = tok, .state = CT_DECODE_STATE_INIT, .cap = tok ? ct_tokenizer_stream_cap(tok) : 0};
+  sc.buf = tok ? malloc(sc.cap) : NULL;
+  if (tok && !sc.buf) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
+  const bool stream = n_seq == 1 && tok && !print_ids;
+  if (stream) fputs(prompts[0], stdout);
+  ct_gen_stats gs;
+  st = ct_generate_infer(e, n_seq, (const int32_t *const *)ids, lens, &s, outs, n_out,
+                         stream ? stream_token : NULL, &sc, &gs);
+  if (st == CT_OK) st = ct_backend_check(&be);
+  if (st == CT_OK && stream) {
     size_t n = ct_tokenizer_decode_flush(tok, &sc.state, sc.buf, sc.cap);
     fwrite(sc.buf, 1, n, stdout);
     fputc('\n', stdout);
   }
-  for (int i = 0; st == CT_OK && n_prompts > 1 && i < n_prompts; i++) {
+  for (int i = 0; st == CT_OK && !stream && i < n_seq; i++) {
+    if (print_ids || !tok) {
+      printf("=== sequence %d: %d new tokens\n", i, n_out[i]);
+      if (print_ids) {
+        for (int k = 0; k < n_out[i]; k++) printf("%s%d", k ? " " : "", outs[i][k]);
+        putchar('\n');
+      }
+      continue;
+    }
     char *text = NULL;
-    size_t tl = 0;
-    CT_TRY_GOTO(ct_tokenizer_decode(tok, outs[i], (size_t)n_out[i], &text, &tl), cleanup);
-    printf("=== prompt %d ===\n%s%s\n", i, prompts[i], text);
+    size_t tl2 = 0;
+    CT_TRY_GOTO(ct_tokenizer_decode(tok, outs[i], (size_t)n_out[i], &text, &tl2), cleanup);
+    printf("=== prompt %d ===\n%s%s\n", i, prompts[i % n_text], text);
     free(text);
   }
-  for (int i = 0; i < n_prompts; i++) total += (size_t)n_out[i];
   free(sc.buf);
-  if (st == CT_OK)
-    ct_log_info("generated %zu tokens for %d prompt(s) in %.2f s (%.1f tokens/s)", total, n_prompts,
-                dt, total / (dt > 0 ? dt : 1));
+  if (st == CT_OK) {
+    size_t total = 0;
+    for (int i = 0; i < n_seq; i++) total += (size_t)n_out[i];
+    ct_log_info("generated %zu tokens for %d sequence(s): time to first token %.2f ms (prefill"
+                " %ld tokens, %.0f tokens/s), decode %ld steps %.0f tokens/s%s", total, n_seq,
+                gs.ttft_s * 1e3, gs.prompt_tokens, gs.prompt_tokens / (gs.ttft_s > 0 ? gs.ttft_s : 1),
+                gs.decode_steps, gs.decode_tokens / (gs.decode_s > 0 ? gs.decode_s : 1),
+                gs.graph_steps ? " (CUDA graphs)" : "");
+    fprintf(stderr, "stats: batch=%d prompt_tokens=%ld ttft_ms=%.3f prefill_tok_s=%.1f decode_steps=%ld"
+           " decode_tokens=%ld decode_s=%.6f decode_tok_s=%.1f graph_steps=%ld\n", n_seq,
+           gs.prompt_tokens, gs.ttft_s * 1e3, gs.prompt_tokens / (gs.ttft_s > 0 ? gs.ttft_s : 1),
+           gs.decode_steps, gs.decode_tokens, gs.decode_s,
+           gs.decode_tokens / (gs.decode_s > 0 ? gs.decode_s : 1), gs.graph_steps);
+  }
 cleanup:
-  for (int i = 0; i < n_prompts; i++) {
+  for (int i = 0; i < n_seq; i++) {
     if (ids) free(ids[i]);
     if (outs) free(outs[i]);
   }
@@ -346,6 +475,8 @@ cleanup:
   free(outs);
   free(lens);
   free(n_out);
+  free(layer_dev);
+  ct_infer_destroy(e);
   ct_tokenizer_destroy(tok);
   ct_model_destroy(m);
   ct_backend_shutdown(&be);
@@ -354,5 +485,6 @@ done:
     if (owned && owned[i]) free(prompts[i]);
   free(prompts);
   free(owned);
+  free(stops);
   return st;
 }

@@ -291,8 +291,8 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
                          const int32_t *slot, const int32_t *pos, int N, int H, int KV, int hd,
                          int max_T) {
   if (N <= 0 || H <= 0) return;
-  if (hd > 32 * DEC_MAXD || hd % 32 || H % KV) {
-    ct_cuda_report("attention_decode", "shape check", "head_dim must be a multiple of 32 up to"
+  if (hd > 32 * DEC_MAXD || H % KV) {
+    ct_cuda_report("attention_decode", "shape check", "head_dim must be at most"
                    " 256 and n_head a multiple of n_kv_head", __FILE__, __LINE__);
     return;
   }
