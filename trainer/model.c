@@ -720,7 +720,8 @@ struct ct_infer {
   int *at;                 /* (L) index into d[] of each layer */
   char **kc, **vc;         /* (L) caches (S, KV, max_T, hd) on the layer's device */
   int *len;                /* (S) */
-  int32_t *h_tok, *h_pos, *h_slot, *h_ids; /* (R) host staging (pinned where possible) */
+  int32_t *h_tok, *h_pos, *h_slot, *h_ids; /* host staging (pinned where possible): tok, pos,
+                                              slot in one block laid out like the arena's */
   bool pinned;
   int graphs;              /* -1 auto, 0 off, 1 on */
   long graph_steps;
@@ -757,10 +758,8 @@ void ct_infer_destroy(ct_infer *e) {
   }
   if (e->n_dev) infer_set(e, &e->d[0]);
   void (*hf)(void *) = e->pinned ? o->host_free : free;
-  hf(e->h_tok);
-  hf(e->h_pos);
-  hf(e->h_slot);
-  hf(e->h_ids);
+  if (e->h_tok) hf(e->h_tok); /* h_pos, h_slot point into it */
+  if (e->h_ids) hf(e->h_ids);
   free(e->at);
   free(e->kc);
   free(e->vc);
@@ -904,11 +903,12 @@ ct_status ct_infer_create(ct_model *m, const ct_ops *ops, const ct_infer_cfg *cf
   infer_set(e, &e->d[0]);
   e->pinned = ops->host_alloc && ops->host_free;
   void *(*ha)(size_t) = e->pinned ? ops->host_alloc : malloc;
-  e->h_tok = ha(sizeof(int32_t) * (size_t)e->R);
-  e->h_pos = ha(sizeof(int32_t) * (size_t)e->R);
-  e->h_slot = ha(sizeof(int32_t) * (size_t)e->R);
+  const infer_acts *a0 = &e->d[0].a; /* every device has the same layout */
+  e->h_tok = ha(a0->ids - a0->tok);   /* tok, pos, slot as in the arena */
   e->h_ids = ha(sizeof(int32_t) * (size_t)e->R);
-  if (!e->h_tok || !e->h_pos || !e->h_slot || !e->h_ids) { st = CT_ERR_NOMEM; goto fail; }
+  if (!e->h_tok || !e->h_ids) { st = CT_ERR_NOMEM; goto fail; }
+  e->h_pos = (int32_t *)((char *)e->h_tok + (a0->pos - a0->tok));
+  e->h_slot = (int32_t *)((char *)e->h_tok + (a0->slot - a0->tok));
   *out = e;
   return CT_OK;
 fail:
@@ -1038,12 +1038,10 @@ static ct_status infer_check_tokens(const ct_infer *e, const int32_t *t, int n) 
   return CT_OK;
 }
 
-/* Uploads tokens / positions / slots (the host staging buffers, N rows) to device d. */
+/* Uploads tokens / positions / slots (N rows) to device d: the host staging buffer mirrors the
+ * arena's tok, pos, slot span, so this is one copy (one synchronization) per step. */
 static void infer_upload_rows(ct_infer *e, infer_dev *d, int N) {
-  const ct_ops *o = e->ops;
-  if (d->first) o->to_device(DAI(d, tok), e->h_tok, sizeof(int32_t) * (size_t)N);
-  o->to_device(DAI(d, pos), e->h_pos, sizeof(int32_t) * (size_t)N);
-  o->to_device(DAI(d, slot), e->h_slot, sizeof(int32_t) * (size_t)N);
+  e->ops->to_device(DA(d, tok), e->h_tok, d->a.slot - d->a.tok + sizeof(int32_t) * (size_t)N);
 }
 
 static void infer_hop(ct_infer *e, infer_dev *d, int N) {
