@@ -32,21 +32,31 @@ for i in range(25):
     if i >= 5: ts.append(s.elapsed_time(e) / 1e3)
 print("copy_bw_GBps %.1f" % (2 * a.numel() * 2 / statistics.median(ts) / 1e9))
 PY
-for B in $BATCHES; do
-  for g in auto off; do
-    [ "$g" = off ] && [ "$B" != 1 ] && continue
-    "$CTRAIN" generate --model "$CFG" --prompt_ids $P --batch "$B" --max_new_tokens $NEW \
-      --ignore_eos --greedy --precision bf16 --cuda_graphs $g >/dev/null 2>"$OUT/ctrain_b${B}_$g.log"
-    echo "ctrain graphs=$g $(grep '^stats:' "$OUT/ctrain_b${B}_$g.log" || tail -3 "$OUT/ctrain_b${B}_$g.log")" | tee -a "$LOG"
-  done
-done
+# one process for every batch size (the random model is built once); CTRAIN_GRAPHS_OFF=1 adds
+# a batch-1 run without CUDA graphs
+"$CTRAIN" generate --model "$CFG" --prompt_ids $P --batch "$(echo $BATCHES | tr ' ' ,)" \
+  --max_new_tokens $NEW --ignore_eos --greedy --precision bf16 --cuda_graphs auto \
+  >/dev/null 2>"$OUT/ctrain_auto.log"
+grep '^stats:' "$OUT/ctrain_auto.log" | sed 's/^stats:/ctrain graphs=auto/' | tee -a "$LOG"
+grep -q '^stats:' "$OUT/ctrain_auto.log" || tail -3 "$OUT/ctrain_auto.log"
+if [ "${CTRAIN_GRAPHS_OFF:-0}" = 1 ]; then
+  "$CTRAIN" generate --model "$CFG" --prompt_ids $P --batch 1 --max_new_tokens $NEW --ignore_eos \
+    --greedy --precision bf16 --cuda_graphs off >/dev/null 2>"$OUT/ctrain_off.log"
+  grep '^stats:' "$OUT/ctrain_off.log" | sed 's/^stats:/ctrain graphs=off/' | tee -a "$LOG"
+fi
 # Transformers: eager at every batch size; static cache + torch.compile (its compile takes a
-# minute or more per batch size) at COMPILE_BATCHES, each under its own time limit
-PYTHONUNBUFFERED=1 timeout 240 python3 "$HERE/torch_decode_ref.py" --batch $BATCHES --prompt $P \
-  --new $NEW --modes eager --reps 1 2>"$OUT/torch_eager.err" | tee -a "$LOG"
-PYTHONUNBUFFERED=1 timeout "${COMPILE_TIMEOUT:-300}" python3 "$HERE/torch_decode_ref.py" \
-  --batch ${COMPILE_BATCHES:-1 8 64} --prompt $P --new $NEW --modes static_compile --reps 1 \
-  2>"$OUT/torch_compile.err" | tee -a "$LOG"
+# minute or more per batch size) at COMPILE_BATCHES, each under its own time limit. TORCH_LOG=FILE
+# reuses the JSON lines of an earlier run instead (say so when reporting).
+if [ -n "${TORCH_LOG:-}" ]; then
+  echo "transformers results from $TORCH_LOG (an earlier run)" | tee -a "$LOG"
+  grep '^{' "$TORCH_LOG" | tee -a "$LOG"
+else
+  PYTHONUNBUFFERED=1 timeout 240 python3 "$HERE/torch_decode_ref.py" --batch $BATCHES --prompt $P \
+    --new $NEW --modes eager --reps 1 2>"$OUT/torch_eager.err" | tee -a "$LOG"
+  PYTHONUNBUFFERED=1 timeout "${COMPILE_TIMEOUT:-300}" python3 "$HERE/torch_decode_ref.py" \
+    --batch ${COMPILE_BATCHES:-1 8 64} --prompt $P --new $NEW --modes static_compile --reps 1 \
+    2>"$OUT/torch_compile.err" | tee -a "$LOG"
+fi
 python3 - "$LOG" "$CFG" <<'PY' | tee "$OUT/gpu_decode.txt"
 import json, re, sys
 log, cfg = open(sys.argv[1]).read().splitlines(), open(sys.argv[2]).read()
@@ -58,7 +68,7 @@ bw = next(float(l.split()[1]) for l in log if l.startswith("copy_bw_GBps"))
 ct, tr = {}, {}
 for l in log:
     if l.startswith("ctrain"):
-        kv = dict(x.split("=") for x in l.split()[1:] if "=" in x)
+        kv = dict(x.split("=", 1) for x in l.split()[1:] if "=" in x)
         if "decode_tok_s" in kv: ct[(int(kv["batch"]), kv["graphs"])] = kv
     elif l.startswith("{") and '"impl"' in l:
         r = json.loads(l)

@@ -267,7 +267,7 @@ ct_status ct_cmd_generate(int argc, char **argv) {
   char **prompts = calloc((size_t)argc + 1, sizeof(char *));
   char **stops = calloc((size_t)argc + 1, sizeof(char *));
   bool *owned = calloc((size_t)argc + 1, sizeof(bool));
-  int n_prompts = 0, n_stops = 0, graphs = -1, prompt_ids = 0, batch = 1;
+  int n_prompts = 0, n_stops = 0, graphs = -1, prompt_ids = 0, batches[16] = {1}, nb = 1;
   bool ignore_eos = false, print_ids = false;
   ct_sample_cfg s = CT_SAMPLE_INIT;
   s.max_new_tokens = 200;
@@ -309,7 +309,13 @@ ct_status ct_cmd_generate(int argc, char **argv) {
     else if (!strcmp(a, "--device_map")) device_map = v;
     else if (!strcmp(a, "--max_memory")) max_memory = v;
     else if (!strcmp(a, "--prompt_ids")) prompt_ids = atoi(v);
-    else if (!strcmp(a, "--batch")) batch = atoi(v);
+    else if (!strcmp(a, "--batch")) { /* B or a list B1,B2,... (one run each, one model load) */
+      nb = 0;
+      for (const char *q = v; *q && nb < 16; q = strchr(q, ',') ? strchr(q, ',') + 1 : q + strlen(q))
+        batches[nb++] = atoi(q);
+      for (int b = 0; b < nb; b++)
+        if (batches[b] < 1) st = ct_set_error(CT_ERR_USAGE, "generate: --batch %s: expected B or B1,B2,... (each >= 1)", v);
+    }
     else if (!strcmp(a, "--cuda_graphs")) {
       if (!strcmp(v, "auto")) graphs = -1;
       else if (!strcmp(v, "on")) graphs = 1;
@@ -327,13 +333,16 @@ ct_status ct_cmd_generate(int argc, char **argv) {
   if (st == CT_OK && (s.max_new_tokens < 0 || s.top_k < 0 || s.top_p <= 0 || s.top_p > 1))
     st = ct_set_error(CT_ERR_USAGE, "generate: --max_new_tokens and --top_k must be >= 0 and"
                       " --top_p in (0, 1]");
-  if (st == CT_OK && (batch < 1 || prompt_ids < 0 || (prompt_ids && n_prompts)))
-    st = ct_set_error(CT_ERR_USAGE, "generate: --batch must be >= 1, --prompt_ids >= 0, and"
+  if (st == CT_OK && (nb < 1 || prompt_ids < 0 || (prompt_ids && n_prompts)))
+    st = ct_set_error(CT_ERR_USAGE, "generate: --batch needs a value, --prompt_ids >= 0, and"
                       " --prompt_ids replaces --prompt");
   if (st != CT_OK) goto done;
   if (n_prompts == 0 && !prompt_ids) prompts[n_prompts++] = "";
   const int n_text = n_prompts;
-  const int n_seq = (prompt_ids ? 1 : n_text) * batch;
+  int max_batch = 1;
+  for (int b = 0; b < nb; b++)
+    if (batches[b] > max_batch) max_batch = batches[b];
+  const int n_max = (prompt_ids ? 1 : n_text) * max_batch;
 
   ct_config cfg;
   ct_backend be = {0};
@@ -341,8 +350,8 @@ ct_status ct_cmd_generate(int argc, char **argv) {
   ct_infer *e = NULL;
   ct_tokenizer *tok = NULL;
   int *layer_dev = NULL;
-  int32_t **ids = calloc((size_t)n_seq, sizeof *ids), **outs = calloc((size_t)n_seq, sizeof *outs);
-  int *lens = calloc((size_t)n_seq, sizeof(int)), *n_out = calloc((size_t)n_seq, sizeof(int));
+  int32_t **ids = calloc((size_t)n_max, sizeof *ids), **outs = calloc((size_t)n_max, sizeof *outs);
+  int *lens = calloc((size_t)n_max, sizeof(int)), *n_out = calloc((size_t)n_max, sizeof(int));
   char hf_config[4200], file[4096];
   snprintf(hf_config, sizeof hf_config, "%s/config.json", model_path);
   const bool hf = ct_file_exists(hf_config);
@@ -369,6 +378,17 @@ ct_status ct_cmd_generate(int argc, char **argv) {
     else CT_TRY_GOTO(ct_checkpoint_load_params(file, m), cleanup);
   }
   s.stop_id = ignore_eos || !tok ? -1 : ct_tokenizer_eot_id(tok);
+  layer_dev = calloc((size_t)cfg.model.n_layer, sizeof(int));
+  if (!layer_dev) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
+  for (int bi = 0; bi < nb; bi++) {
+  const int n_seq = (prompt_ids ? 1 : n_text) * batches[bi];
+  for (int i = 0; i < n_max; i++) {
+    free(ids[i]);
+    free(outs[i]);
+    ids[i] = outs[i] = NULL;
+  }
+  ct_infer_destroy(e);
+  e = NULL;
   ct_rng rng = {s.seed ^ 0x9e3779b97f4a7c15ull, 0};
   int longest = 1;
   for (int i = 0; i < n_seq; i++) {
@@ -399,8 +419,6 @@ ct_status ct_cmd_generate(int argc, char **argv) {
   ic.graphs = graphs;
   if (be.cuda) {
     char report[1024];
-    layer_dev = calloc((size_t)cfg.model.n_layer, sizeof(int));
-    if (!layer_dev) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
     CT_TRY_GOTO(ct_infer_plan(m, be.ops, device_map, max_memory, ic.max_seqs, ic.max_len,
                               ic.max_rows, layer_dev, report, sizeof report), cleanup);
     ct_log_info("%s", report);
@@ -466,8 +484,10 @@ ct_status ct_cmd_generate(int argc, char **argv) {
            gs.decode_steps, gs.decode_tokens, gs.decode_s,
            gs.decode_tokens / (gs.decode_s > 0 ? gs.decode_s : 1), gs.graph_steps);
   }
+  if (st != CT_OK) break;
+  } /* batches */
 cleanup:
-  for (int i = 0; i < n_seq; i++) {
+  for (int i = 0; ids && outs && i < n_max; i++) {
     if (ids) free(ids[i]);
     if (outs) free(outs[i]);
   }

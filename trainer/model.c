@@ -731,7 +731,9 @@ static int infer_set(ct_infer *e, const infer_dev *d) {
   return (d->dev >= 0 && e->ops->set_device) ? e->ops->set_device(d->dev) : 0;
 }
 
-#define DW(d, l, r) ((d)->w + (m->off[l][r] - (d)->lo) * m->ab)
+/* working weights and activations use the ENGINE's dtype (ops->act_bytes), not the model's:
+ * a model built on the CPU table (fp32) feeds a bf16 engine */
+#define DW(d, l, r) ((d)->w + (m->off[l][r] - (d)->lo) * (size_t)e->ops->act_bytes)
 #define DWO(d, l, r) (m->off[l][r] == NONE ? NULL : DW(d, l, r))
 #define DA(d, x) ((d)->arena + (d)->a.x)
 #define DAF(d, x) ((float *)((d)->arena + (d)->a.x))
@@ -961,7 +963,7 @@ static void infer_layer(ct_infer *e, infer_dev *d, int l, int N, bool decode, in
   const ct_model *m = e->m;
   const ct_ops *o = e->ops;
   const int C = m->C, H = m->H, KV = m->KV, hd = m->hd, W = m->W, F = m->F;
-  const size_t ab = m->ab;
+  const size_t ab = (size_t)e->ops->act_bytes;
   const float eps = (float)m->cfg.norm_eps;
   char *x = DA(d, x), *ln = DA(d, ln), *qkv = DA(d, qkv), *res2 = DA(d, res2), *tmp = DA(d, tmp);
   const int32_t *pos = DAI(d, pos), *slot = DAI(d, slot);
@@ -1012,7 +1014,7 @@ static void infer_segment(ct_infer *e, infer_dev *d, int N, bool decode, int nse
   const ct_model *m = e->m;
   const ct_ops *o = e->ops;
   const int G = m->cfg.n_layer, C = m->C;
-  const size_t ab = m->ab;
+  const size_t ab = (size_t)e->ops->act_bytes;
   if (d->first)
     o->embed_pos_fwd(DA(d, x), DAI(d, tok), DAI(d, pos), DW(d, G, P_WTE), DWO(d, G, P_WPE), N, C);
   for (int l = d->l0; l < d->l1; l++) infer_layer(e, d, l, N, decode, nseq, n, p0, slots);
@@ -1047,7 +1049,7 @@ static void infer_upload_rows(ct_infer *e, infer_dev *d, int N) {
 static void infer_hop(ct_infer *e, infer_dev *d, int N) {
   infer_dev *next = d + 1;
   e->ops->copy_peer(DA(next, x), next->dev, DA(d, x), d->dev,
-                    (size_t)N * e->m->C * e->m->ab);
+                    (size_t)N * e->m->C * (size_t)e->ops->act_bytes);
 }
 
 static ct_status infer_outputs(ct_infer *e, int nseq, float *logits, int32_t *ids) {

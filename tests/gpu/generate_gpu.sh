@@ -4,7 +4,8 @@
 # (bf16 and fp32); a batch of prompts of different lengths gives each prompt's solo tokens
 # (greedy and sampled); with 2+ GPUs, --device_map balanced / sequential (--max_memory) equal
 # one GPU; bad --device_map / --max_memory input fails with a message. Usage:
-#   generate_gpu.sh CTRAIN [FIXTURES_DIR]      (exits 77 without a CUDA device)
+#   generate_gpu.sh CTRAIN [FIXTURES_DIR]      (exits 77 without a CUDA device; FIXTURES="qwen3"
+#   limits the models)
 source "$(dirname "$0")/../integration/lib.sh"
 SRC=${CT_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 FIX=${2:-$SRC/tests/fixtures/hf}
@@ -14,7 +15,7 @@ gen() { "$CTRAIN" generate --model "$FIX/$1" --max_new_tokens 24 "${@:2}" 2>>"$T
 same() { [ -n "$1" ] && [ "$1" = "$2" ]; }
 P=(--prompt "The" --prompt "Once upon a time there was a" --prompt "A b")
 
-for m in gpt2 llama_gqa qwen3 qwen2; do
+for m in ${FIXTURES:-gpt2 llama_gqa qwen3 qwen2}; do
   g=$(gen $m --prompt "The" --greedy --precision fp32 | od -An -tx1 | tr -d ' \n')
   c=$(CUDA_VISIBLE_DEVICES= gen $m --prompt "The" --greedy | od -An -tx1 | tr -d ' \n')
   check "$m: greedy on the GPU (fp32) = CPU backend" same "$g" "$c"

@@ -3,7 +3,11 @@
  * append by (slot, position), attention of each row over its own slot's cache (lengths from 1
  * to past one split), embedding at per-row positions, row argmax — for the fp32 and bf16
  * tables; and a decode op sequence captured as a CUDA graph and replayed after the host
- * rewrites the positions equals running the ops directly, bit for bit. Exits 77 without a GPU. */
+ * rewrites the positions equals running the ops directly, bit for bit. Model level: the
+ * inference engine on the fp32 and bf16 CUDA tables (weights copied from a model built on the
+ * CPU table; head_dim 128, so prefill runs the flash kernels) gives the CPU engine's logits for
+ * a prefill and batched decode steps, also with the layers split over 2 GPUs. Exits 77 without
+ * a GPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +16,8 @@
 #include "tests/unit/ct_test.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
+#include "trainer/config.h"
+#include "trainer/model.h"
 
 enum { N = 5, H = 8, KV = 2, hd = 128, maxT = 300, S = 6, W = (H + 2 * KV) * hd, C = 64, V = 1000 };
 
@@ -127,6 +133,80 @@ static void run(const ct_ops *o, double tol) {
   free(e); free(lg);
 }
 
+/* prefill 3 prompts (lengths 20, 7, 20: two go together), then 4 batched decode steps; logits
+ * of every output row appended to out (rows x Vp) */
+static void engine_logits(ct_model *m, const ct_ops *o, const int *layer_dev, float *out) {
+  ct_infer_cfg ic = CT_INFER_CFG_INIT;
+  ic.max_seqs = 3;
+  ic.max_len = 40;
+  ic.max_rows = 64;
+  ic.layer_dev = layer_dev;
+  ic.device = o == ct_ops_cpu() ? -1 : 0;
+  ic.graphs = o == ct_ops_cpu() ? 0 : 1;
+  ct_infer *e = NULL;
+  CHECK(ct_infer_create(m, o, &ic, &e) == CT_OK);
+  if (!e) return;
+  const int Vp = ct_model_padded_vocab(ct_model_config(m));
+  int32_t toks[40];
+  for (int i = 0; i < 40; i++) toks[i] = (i * 37 + 11) % 300;
+  const int s02[2] = {0, 2}, s1 = 1;
+  int32_t pair[40];
+  memcpy(pair, toks, 20 * 4);
+  memcpy(pair + 20, toks + 20, 20 * 4);
+  CHECK(ct_infer_prefill(e, 2, s02, pair, 20, out, NULL) == CT_OK);
+  CHECK(ct_infer_prefill(e, 1, &s1, toks + 5, 7, out + 2 * (size_t)Vp, NULL) == CT_OK);
+  for (int step = 0; step < 4; step++) {
+    const int slots[3] = {2, 0, 1};
+    int32_t t[3] = {toks[step], toks[step + 9], toks[step + 17]};
+    CHECK(ct_infer_decode(e, 3, slots, t, out + (size_t)(3 + 3 * step) * Vp, NULL) == CT_OK);
+  }
+  ct_infer_destroy(e);
+}
+
+static void test_engine(void) {
+  ct_config c;
+  ct_config_defaults(&c);
+  snprintf(c.model.arch, sizeof c.model.arch, "llama");
+  c.model.n_layer = 2;
+  c.model.d_model = 256;
+  c.model.n_head = 2;
+  c.model.n_kv_head = 1;
+  c.model.vocab_size = 300;
+  c.model.max_seq_len = 64;
+  c.model.qk_norm = true;
+  c.model.init_std = 0.05;
+  c.train.seq_len = 64;
+  CHECK(ct_config_validate(&c) == CT_OK);
+  ct_model *m = NULL;
+  CHECK(ct_model_create(&c.model, ct_ops_cpu(), 1, 1, &m) == CT_OK);
+  if (!m) return;
+  ct_model_init_weights(m, 3);
+  const size_t Vp = (size_t)ct_model_padded_vocab(&c.model), rows = 15;
+  float *ref = calloc(rows * Vp, 4), *got = calloc(rows * Vp, 4), *one = calloc(rows * Vp, 4);
+  engine_logits(m, ct_ops_cpu(), NULL, ref);
+  const ct_ops *tabs[2] = {ct_ops_cuda(), ct_ops_cuda_bf16()};
+  const double tol[2] = {1e-4, 3e-2};
+  for (int t = 0; t < 2; t++) {
+    char what[96];
+    memset(got, 0, rows * Vp * 4);
+    engine_logits(m, tabs[t], NULL, got);
+    snprintf(what, sizeof what, "engine %s vs CPU engine (prefill + batched decode)", tabs[t]->name);
+    double err = ct_check_close(what, got, ref, rows * Vp, tol[t], 1e-6);
+    printf("%s: normalized error %.2e\n", what, err);
+    if (tabs[t]->device_count() >= 2) {
+      const int split[2] = {0, 1};
+      memcpy(one, got, rows * Vp * 4);
+      engine_logits(m, tabs[t], split, got);
+      CHECK_MSG(!memcmp(one, got, rows * Vp * 4), "engine %s: layers on 2 GPUs differ from one GPU",
+                tabs[t]->name);
+    }
+  }
+  free(ref);
+  free(got);
+  free(one);
+  ct_model_destroy(m);
+}
+
 int main(void) {
   char err[512];
   const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -142,6 +222,7 @@ int main(void) {
     run(o, 2e-2);
     CHECK(o->set_device(0) == 0);
   }
+  test_engine();
   ct_cuda_shutdown();
   return ct_test_finish();
 }
