@@ -377,6 +377,7 @@ ct_status ct_cmd_generate(int argc, char **argv) {
     if (toml) ct_model_init_weights(m, s.seed);
     else CT_TRY_GOTO(ct_checkpoint_load_params(file, m), cleanup);
   }
+  ct_log_info("model loaded in %.2f s", ct_now() - tl);
   s.stop_id = ignore_eos || !tok ? -1 : ct_tokenizer_eot_id(tok);
   layer_dev = calloc((size_t)cfg.model.n_layer, sizeof(int));
   if (!layer_dev) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto cleanup; }
@@ -428,12 +429,14 @@ ct_status ct_cmd_generate(int argc, char **argv) {
                       " (running on %s)", device_map ? device_map : "", be.device);
     goto cleanup;
   }
+  const double te = ct_now();
   CT_TRY_GOTO(ct_infer_create(m, be.ops, &ic, &e), cleanup);
   CT_TRY_GOTO(ct_backend_check(&be), cleanup);
   {
     char desc[2048];
     ct_infer_describe(e, desc, sizeof desc);
-    ct_log_info("model ready in %.2f s; placement:\n%s", ct_now() - tl, desc);
+    ct_log_info("engine for %d sequence(s) of up to %d tokens ready in %.2f s; placement:\n%s",
+                n_seq, ic.max_len, ct_now() - te, desc);
   }
   stop_ctx stc = {.tok = tok, .stops = stops, .n_stops = n_stops};
   if (n_stops) {
@@ -506,5 +509,66 @@ done:
   free(prompts);
   free(owned);
   free(stops);
+  return st;
+}
+
+/* `ctrain env [--model PATH [--device_map SPEC] [--max_memory SPEC] [--batch B] [--max_len N]
+ *  [--precision P]]`: the environment report, then where the model's layers would go. The model
+ * is built on the host without reading its weights (untouched pages cost no memory). */
+ct_status ct_cmd_env(int argc, char **argv) {
+  ct_env_print(stdout);
+  if (argc == 0) return CT_OK;
+  const char *model_path = NULL, *device_map = NULL, *max_memory = NULL, *precision = NULL;
+  int batch = 1, max_len = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!v) return ct_set_error(CT_ERR_USAGE, "env: %s needs a value", a);
+    i++;
+    if (!strcmp(a, "--model")) model_path = v;
+    else if (!strcmp(a, "--device_map")) device_map = v;
+    else if (!strcmp(a, "--max_memory")) max_memory = v;
+    else if (!strcmp(a, "--precision")) precision = v;
+    else if (!strcmp(a, "--batch")) batch = atoi(v);
+    else if (!strcmp(a, "--max_len")) max_len = atoi(v);
+    else return ct_set_error(CT_ERR_USAGE, "env: unknown argument %s (env [--model PATH"
+                             " [--device_map SPEC] [--max_memory SPEC] [--batch B] [--max_len N]"
+                             " [--precision P]])", a);
+  }
+  if (!model_path) return ct_set_error(CT_ERR_USAGE, "env: placement needs --model PATH");
+  if (batch < 1 || max_len < 0) return ct_set_error(CT_ERR_USAGE, "env: --batch >= 1, --max_len >= 0");
+  ct_config cfg;
+  char hf_config[4200], file[4096];
+  snprintf(hf_config, sizeof hf_config, "%s/config.json", model_path);
+  const size_t pl = strlen(model_path);
+  if (ct_file_exists(hf_config)) CT_TRY(ct_hf_read_config(model_path, &cfg));
+  else if (pl > 5 && !strcmp(model_path + pl - 5, ".toml")) CT_TRY(ct_config_load(model_path, 0, NULL, &cfg));
+  else CT_TRY(ct_checkpoint_read_config(model_path, &cfg, file, sizeof file));
+  if (precision) snprintf(cfg.train.precision, sizeof cfg.train.precision, "%s", precision);
+  if (!max_len || max_len > cfg.model.max_seq_len) max_len = cfg.model.max_seq_len;
+  ct_backend be = {0};
+  ct_model *m = NULL;
+  int *layer_dev = NULL;
+  ct_status st = ct_backend_select(&cfg.train, 0, &be);
+  if (st == CT_OK) st = ct_model_create(&cfg.model, ct_ops_cpu(), 1, 1, &m);
+  if (st == CT_OK && !be.cuda && ((device_map && strcmp(device_map, "auto")) || max_memory)) {
+    int one = 0; /* checks the spelling, then says that a device map needs a GPU */
+    st = ct_infer_plan(m, be.ops, device_map, max_memory, batch, max_len, 512, &one, NULL, 0);
+    if (st == CT_OK) st = ct_set_error(CT_ERR_USAGE, "env: --device_map needs a CUDA device");
+  } else if (st == CT_OK && !be.cuda) {
+    printf("placement of %s: %s, all %d layers (no CUDA device)\n", model_path, be.device,
+           cfg.model.n_layer);
+  } else if (st == CT_OK) {
+    char report[2048];
+    layer_dev = calloc((size_t)cfg.model.n_layer, sizeof(int));
+    if (!layer_dev) st = ct_set_error(CT_ERR_NOMEM, "out of memory");
+    else st = ct_infer_plan(m, be.ops, device_map, max_memory, batch, max_len, 512, layer_dev,
+                            report, sizeof report);
+    if (st == CT_OK)
+      printf("placement of %s (%s, %d sequence(s) x %d tokens): %s\n", model_path, be.precision,
+             batch, max_len, report);
+  }
+  free(layer_dev);
+  ct_model_destroy(m);
+  ct_backend_shutdown(&be);
   return st;
 }

@@ -65,4 +65,8 @@ int32_t ct_sample_logits(const float *logits, int V, const ct_sample_cfg *s, uin
  *  [--top_k K] [--top_p P] [--seed S] [--greedy]` */
 ct_status ct_cmd_generate(int argc, char **argv);
 
+/* `ctrain env [--model PATH [--device_map SPEC] [--max_memory SPEC] [--batch B] [--max_len N]
+ *  [--precision P]]`: devices and libraries, then the model's placement over the GPUs. */
+ct_status ct_cmd_env(int argc, char **argv);
+
 #endif

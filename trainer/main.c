@@ -23,7 +23,8 @@ static const char *USAGE =
     "  import-hf DIR OUT_CKPT                Hugging Face model dir -> ctrain checkpoint\n"
     "  export-hf CKPT DIR [--dtype bf16]     ctrain checkpoint -> Hugging Face model dir\n"
     "  import-gguf FILE.gguf OUT_CKPT        llama GGUF (llama.cpp) model -> ctrain checkpoint\n"
-    "  env                                   devices, precision, backends, libraries\n"
+    "  env [--model PATH [--device_map M]]   devices, precision, backends, libraries\n"
+    "                                        (and where the model's layers would go)\n"
     "  help                                  this text\n";
 
 int main(int argc, char **argv) {
@@ -39,7 +40,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(cmd, "import-hf")) st = ct_cmd_import_hf(argc - 2, argv + 2);
   else if (!strcmp(cmd, "export-hf")) st = ct_cmd_export_hf(argc - 2, argv + 2);
   else if (!strcmp(cmd, "import-gguf")) st = ct_cmd_import_gguf(argc - 2, argv + 2);
-  else if (!strcmp(cmd, "env")) { ct_env_print(stdout); st = CT_OK; }
+  else if (!strcmp(cmd, "env")) st = ct_cmd_env(argc - 2, argv + 2);
   else if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) { fputs(USAGE, stdout); st = CT_OK; }
   else st = ct_set_error(CT_ERR_USAGE, "unknown command \"%s\"\n%s", cmd, USAGE);
   if (st != CT_OK) {
