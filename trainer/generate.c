@@ -512,6 +512,131 @@ done:
   return st;
 }
 
+/* Reads the config of PATH (checkpoint, HF dir or CONFIG.toml), picks the backend and builds the
+ * model in host memory: weights loaded (or seeded random for a .toml) when `load`, else left
+ * zero (placement only). */
+static ct_status open_model(const char *path, const char *precision, bool load, uint64_t seed,
+                            ct_config *cfg, ct_backend *be, ct_model **m) {
+  char hf_config[4200], file[4096];
+  snprintf(hf_config, sizeof hf_config, "%s/config.json", path);
+  const size_t pl = strlen(path);
+  const bool hf = ct_file_exists(hf_config), toml = pl > 5 && !strcmp(path + pl - 5, ".toml");
+  if (hf) CT_TRY(ct_hf_read_config(path, cfg));
+  else if (toml) CT_TRY(ct_config_load(path, 0, NULL, cfg));
+  else CT_TRY(ct_checkpoint_read_config(path, cfg, file, sizeof file));
+  if (precision) snprintf(cfg->train.precision, sizeof cfg->train.precision, "%s", precision);
+  CT_TRY(ct_backend_select(&cfg->train, 0, be));
+  const ct_ops *mops = be->cuda ? ct_ops_cpu() : be->ops;
+  if (hf && load) return ct_hf_load(path, mops, 1, 1, cfg, m);
+  CT_TRY(ct_model_create(&cfg->model, mops, 1, 1, m));
+  if (!load) return CT_OK;
+  if (toml) {
+    ct_model_init_weights(*m, seed);
+    return CT_OK;
+  }
+  return ct_checkpoint_load_params(file, *m);
+}
+
+/* `ctrain eval --model PATH --data FILE.h5 [--seq_len T] [--batch B] [--max_batches N]
+ *  [--device_map SPEC] [--max_memory SPEC] [--precision P]`: mean token loss and perplexity of
+ * consecutive windows of the token file, through the inference engine (so across GPUs with a
+ * device map). */
+ct_status ct_cmd_eval(int argc, char **argv) {
+  const char *model_path = NULL, *data = NULL, *device_map = NULL, *max_memory = NULL;
+  const char *precision = NULL;
+  int T = 0, B = 4, max_batches = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      puts("usage: ctrain eval --model PATH --data FILE.h5 [--seq_len T] [--batch B]"
+           " [--max_batches N] [--device_map auto|balanced|sequential|cuda:N]"
+           " [--max_memory 0=20GiB,...] [--precision auto|fp32|bf16|fp16]");
+      return CT_OK;
+    }
+    if (!v) return ct_set_error(CT_ERR_USAGE, "eval: %s needs a value", a);
+    i++;
+    if (!strcmp(a, "--model")) model_path = v;
+    else if (!strcmp(a, "--data")) data = v;
+    else if (!strcmp(a, "--seq_len")) T = atoi(v);
+    else if (!strcmp(a, "--batch")) B = atoi(v);
+    else if (!strcmp(a, "--max_batches")) max_batches = atoi(v);
+    else if (!strcmp(a, "--device_map")) device_map = v;
+    else if (!strcmp(a, "--max_memory")) max_memory = v;
+    else if (!strcmp(a, "--precision")) precision = v;
+    else return ct_set_error(CT_ERR_USAGE, "eval: unknown argument %s", a);
+  }
+  if (!model_path || !data) return ct_set_error(CT_ERR_USAGE, "eval: --model and --data are required");
+  if (T < 0 || B < 1 || max_batches < 0)
+    return ct_set_error(CT_ERR_USAGE, "eval: --seq_len >= 1, --batch >= 1, --max_batches >= 0");
+  ct_config cfg;
+  ct_backend be = {0};
+  ct_model *m = NULL;
+  ct_infer *e = NULL;
+  ct_loader *ld = NULL;
+  int *layer_dev = NULL;
+  int32_t *in = NULL, *tg = NULL;
+  ct_status st = open_model(model_path, precision, true, 1337, &cfg, &be, &m);
+  if (st != CT_OK) goto done;
+  if (!T) T = cfg.model.max_seq_len < 1024 ? cfg.model.max_seq_len : 1024;
+  if (T > cfg.model.max_seq_len) {
+    st = ct_set_error(CT_ERR_USAGE, "eval: --seq_len %d exceeds model.max_seq_len %d", T,
+                      cfg.model.max_seq_len);
+    goto done;
+  }
+  st = ct_loader_open(data, NULL, cfg.model.vocab_size, T, 0, 1, 0, CT_LOADER_SEQUENTIAL, &ld);
+  if (st != CT_OK) goto done;
+  const int64_t windows = (ct_loader_info(ld)->n_tokens - 1) / T;
+  int64_t batches = (windows + B - 1) / B;
+  if (max_batches && batches > max_batches) batches = max_batches;
+  ct_infer_cfg ic = CT_INFER_CFG_INIT;
+  ic.max_seqs = B;
+  ic.max_len = T;
+  ic.max_rows = B * T;
+  ic.logit_rows = B * T < 256 ? B * T : 256;
+  ic.graphs = 0;
+  if (be.cuda) {
+    char report[1024];
+    layer_dev = calloc((size_t)cfg.model.n_layer, sizeof(int));
+    if (!layer_dev) { st = ct_set_error(CT_ERR_NOMEM, "out of memory"); goto done; }
+    st = ct_infer_plan(m, be.ops, device_map, max_memory, B, T, B * T, layer_dev, report,
+                       sizeof report);
+    if (st != CT_OK) goto done;
+    ct_log_info("%s", report);
+    ic.layer_dev = layer_dev;
+  } else if ((device_map && strcmp(device_map, "auto")) || max_memory) {
+    st = ct_set_error(CT_ERR_USAGE, "eval: --device_map / --max_memory need a CUDA device");
+    goto done;
+  }
+  st = ct_infer_create(m, be.ops, &ic, &e);
+  in = malloc(sizeof(int32_t) * (size_t)B * T);
+  tg = malloc(sizeof(int32_t) * (size_t)B * T);
+  if (st == CT_OK && (!in || !tg)) st = ct_set_error(CT_ERR_NOMEM, "out of memory");
+  double sum = 0;
+  long count = 0;
+  const double t0 = ct_now();
+  for (int64_t k = 0; st == CT_OK && k < batches; k++) {
+    const int n = (int)(windows - k * B < B ? windows - k * B : B);
+    st = ct_loader_next(ld, n, in, tg);
+    if (st == CT_OK) st = ct_infer_loss(e, n, in, tg, T, &sum, &count);
+  }
+  if (st == CT_OK) st = ct_backend_check(&be);
+  if (st == CT_OK) {
+    const double dt = ct_now() - t0, mean = count ? sum / count : 0;
+    printf("eval: %ld tokens in %lld windows of %d: loss %.6f, perplexity %.4f (%.0f tokens/s)\n",
+           count, (long long)(batches * B < windows ? batches * B : windows), T, mean, exp(mean),
+           count / (dt > 0 ? dt : 1));
+  }
+done:
+  free(in);
+  free(tg);
+  free(layer_dev);
+  ct_loader_destroy(ld);
+  ct_infer_destroy(e);
+  ct_model_destroy(m);
+  ct_backend_shutdown(&be);
+  return st;
+}
+
 /* `ctrain env [--model PATH [--device_map SPEC] [--max_memory SPEC] [--batch B] [--max_len N]
  *  [--precision P]]`: the environment report, then where the model's layers would go. The model
  * is built on the host without reading its weights (untouched pages cost no memory). */
@@ -537,19 +662,11 @@ ct_status ct_cmd_env(int argc, char **argv) {
   if (!model_path) return ct_set_error(CT_ERR_USAGE, "env: placement needs --model PATH");
   if (batch < 1 || max_len < 0) return ct_set_error(CT_ERR_USAGE, "env: --batch >= 1, --max_len >= 0");
   ct_config cfg;
-  char hf_config[4200], file[4096];
-  snprintf(hf_config, sizeof hf_config, "%s/config.json", model_path);
-  const size_t pl = strlen(model_path);
-  if (ct_file_exists(hf_config)) CT_TRY(ct_hf_read_config(model_path, &cfg));
-  else if (pl > 5 && !strcmp(model_path + pl - 5, ".toml")) CT_TRY(ct_config_load(model_path, 0, NULL, &cfg));
-  else CT_TRY(ct_checkpoint_read_config(model_path, &cfg, file, sizeof file));
-  if (precision) snprintf(cfg.train.precision, sizeof cfg.train.precision, "%s", precision);
-  if (!max_len || max_len > cfg.model.max_seq_len) max_len = cfg.model.max_seq_len;
   ct_backend be = {0};
   ct_model *m = NULL;
   int *layer_dev = NULL;
-  ct_status st = ct_backend_select(&cfg.train, 0, &be);
-  if (st == CT_OK) st = ct_model_create(&cfg.model, ct_ops_cpu(), 1, 1, &m);
+  ct_status st = open_model(model_path, precision, false, 0, &cfg, &be, &m);
+  if (!max_len || max_len > cfg.model.max_seq_len) max_len = cfg.model.max_seq_len;
   if (st == CT_OK && !be.cuda && ((device_map && strcmp(device_map, "auto")) || max_memory)) {
     int one = 0; /* checks the spelling, then says that a device map needs a GPU */
     st = ct_infer_plan(m, be.ops, device_map, max_memory, batch, max_len, 512, &one, NULL, 0);
@@ -572,3 +689,4 @@ ct_status ct_cmd_env(int argc, char **argv) {
   ct_backend_shutdown(&be);
   return st;
 }
+

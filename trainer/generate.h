@@ -69,4 +69,9 @@ ct_status ct_cmd_generate(int argc, char **argv);
  *  [--precision P]]`: devices and libraries, then the model's placement over the GPUs. */
 ct_status ct_cmd_env(int argc, char **argv);
 
+/* `ctrain eval --model PATH --data FILE.h5 [--seq_len T] [--batch B] [--max_batches N]
+ *  [--device_map SPEC] [--max_memory SPEC] [--precision P]`: loss and perplexity through the
+ * inference engine (across GPUs with a device map). */
+ct_status ct_cmd_eval(int argc, char **argv);
+
 #endif

@@ -662,6 +662,7 @@ typedef struct infer_acts {
 } infer_acts;
 
 static infer_acts infer_layout(const ct_model *m, const ct_ops *ops, int R, int S) {
+  /* S: rows of the head (last, lnf, logits): decode rows, or logit_rows for ct_infer_loss */
   infer_acts a;
   size_t top = 0, ab = (size_t)ops->act_bytes;
   const size_t C = (size_t)m->C, W = (size_t)m->W, Hhd = (size_t)m->H * m->hd;
@@ -715,6 +716,7 @@ struct ct_infer {
   const ct_ops *ops;
   ct_infer_cfg cfg;
   int R, S, max_T;
+  int LR;                  /* rows of the head buffers (>= S) */
   int n_dev;
   infer_dev d[INFER_MAX_DEV];
   int *at;                 /* (L) index into d[] of each layer */
@@ -810,6 +812,8 @@ ct_status ct_infer_create(ct_model *m, const ct_ops *ops, const ct_infer_cfg *cf
   e->cfg = *cfg;
   e->S = cfg->max_seqs;
   e->R = cfg->max_rows > cfg->max_seqs ? cfg->max_rows : cfg->max_seqs;
+  e->LR = cfg->logit_rows > cfg->max_seqs ? cfg->logit_rows : cfg->max_seqs;
+  if (e->LR > e->R) e->LR = e->R; /* the norm statistics hold R rows */
   e->max_T = cfg->max_len;
   e->graphs = ops->graph_begin ? cfg->graphs : 0;
   if (cfg->graphs == 1 && !ops->graph_begin) {
@@ -882,7 +886,7 @@ ct_status ct_infer_create(ct_model *m, const ct_ops *ops, const ct_infer_cfg *cf
         CT_TRY_GOTO(infer_upload(e, d, d->head, m->off[G][P_WTE], m->off[G][P_WTE] + n), fail);
       }
     }
-    d->a = infer_layout(m, ops, e->R, e->S);
+    d->a = infer_layout(m, ops, e->R, e->LR);
     d->arena = ops->alloc(d->a.bytes);
     d->graph = ct_calloc((size_t)e->S + 1, sizeof(void *), "graphs");
     d->seen = ct_calloc((size_t)e->S + 1, 1, "graph flags");
@@ -1159,6 +1163,76 @@ ct_status ct_infer_decode(ct_infer *e, int nseq, const int *slots, const int32_t
   }
   for (int b = 0; b < nseq; b++) e->len[slots[b]]++;
   return infer_outputs(e, nseq, logits, ids);
+}
+
+ct_status ct_infer_loss(ct_infer *e, int nseq, const int32_t *inputs, const int32_t *targets,
+                        int T, double *sum, long *count) {
+  const ct_model *m = e->m;
+  const ct_ops *o = e->ops;
+  const int N = nseq * T, C = m->C, G = m->cfg.n_layer, V = m->cfg.vocab_size;
+  if (nseq <= 0 || T <= 0 || nseq > e->S || N > e->R || T > e->max_T)
+    return ct_set_error(CT_ERR_RUNTIME, "evaluation of %d x %d tokens: at most %d sequences,"
+                        " %d rows and %d tokens each", nseq, T, e->S, e->R, e->max_T);
+  CT_TRY(infer_check_tokens(e, inputs, N));
+  for (int i = 0; i < N; i++)
+    if (targets[i] >= V)
+      return ct_set_error(CT_ERR_INPUT, "target token %d outside the vocabulary [0, %d)",
+                          targets[i], V);
+  int *slots = malloc(sizeof(int) * (size_t)nseq);
+  float *losses = malloc(sizeof(float) * (size_t)N);
+  if (!slots || !losses) {
+    free(slots);
+    free(losses);
+    return ct_set_error(CT_ERR_NOMEM, "out of memory");
+  }
+  for (int b = 0; b < nseq; b++) {
+    slots[b] = b;
+    e->len[b] = 0;
+  }
+  memcpy(e->h_tok, inputs, sizeof(int32_t) * (size_t)N);
+  for (int b = 0; b < nseq; b++)
+    for (int t = 0; t < T; t++) {
+      e->h_pos[b * T + t] = t;
+      e->h_slot[b * T + t] = b;
+    }
+  ct_status st = CT_OK;
+  for (int i = 0; i < e->n_dev && st == CT_OK; i++) {
+    infer_dev *d = &e->d[i];
+    if (infer_set(e, d) != 0) { st = ct_set_error(CT_ERR_RUNTIME, "cannot use device %d", d->dev); break; }
+    infer_upload_rows(e, d, N);
+    if (d->first)
+      o->embed_pos_fwd(DA(d, x), DAI(d, tok), DAI(d, pos), DW(d, G, P_WTE), DWO(d, G, P_WPE), N, C);
+    for (int l = d->l0; l < d->l1; l++) infer_layer(e, d, l, N, false, nseq, T, 0, slots);
+    if (!d->last) {
+      infer_hop(e, d, N);
+      continue;
+    }
+    /* the head over every row, LR rows at a time; losses land in qn (R*H floats) */
+    const size_t ab = (size_t)o->act_bytes;
+    float *dl = DAF(d, qn);
+    int32_t *dt = DAI(d, ids);
+    o->to_device(dt, targets, sizeof(int32_t) * (size_t)N);
+    const char *head = m->cfg.tie_embeddings ? (d->head ? d->head : DW(d, G, P_WTE))
+                                             : DW(d, G, P_LM_HEAD);
+    for (int r = 0; r < N; r += e->LR) {
+      const int k = N - r < e->LR ? N - r : e->LR;
+      infer_norm(e, d, DA(d, lnf), DA(d, x) + (size_t)r * C * ab, DW(d, G, P_LNF_W),
+                 DWO(d, G, P_LNF_B), k);
+      o->matmul_fwd(DA(d, logits), DA(d, lnf), head, NULL, k, C, m->Vp);
+      o->xent_fwd_bwd(dl + r, DA(d, logits), dt + r, k, V, m->Vp, 0.0f);
+    }
+    o->to_host(losses, dl, sizeof(float) * (size_t)N);
+  }
+  infer_set(e, &e->d[0]);
+  for (int b = 0; b < nseq; b++) e->len[b] = 0;
+  for (int i = 0; st == CT_OK && i < N; i++)
+    if (targets[i] >= 0) {
+      *sum += losses[i];
+      (*count)++;
+    }
+  free(slots);
+  free(losses);
+  return st;
 }
 
 /* ---- device map ---- */

@@ -115,8 +115,9 @@ typedef struct ct_infer_cfg {
   int device;            /* the device when layer_dev is NULL (-1: the backend's current one) */
   int graphs;            /* CUDA graphs for decode steps: 1 on, 0 off, -1 auto (on where the
                             backend has them; dropped with a warning if a capture fails) */
+  int logit_rows;        /* rows of logits computed at once (ct_infer_loss); 0: max_seqs */
 } ct_infer_cfg;
-#define CT_INFER_CFG_INIT {1, 0, 512, NULL, -1, -1}
+#define CT_INFER_CFG_INIT {1, 0, 512, NULL, -1, -1, 0}
 
 ct_status ct_infer_create(ct_model *m, const ct_ops *ops, const ct_infer_cfg *cfg, ct_infer **out);
 void ct_infer_destroy(ct_infer *e);
@@ -141,6 +142,13 @@ ct_status ct_infer_prefill(ct_infer *e, int nseq, const int *slots, const int32_
  * position ct_infer_len(slots[b]); outputs as ct_infer_prefill. */
 ct_status ct_infer_decode(ct_infer *e, int nseq, const int *slots, const int32_t *tokens,
                           float *logits, int32_t *ids);
+
+/* Evaluation: nseq fresh sequences of T tokens (inputs and targets (nseq, T) row-major,
+ * nseq * T <= max_rows, nseq <= max_seqs) through the eval path; adds the token losses
+ * (natural log) of targets >= 0 to *sum and their count to *count. Uses (and resets) slots
+ * 0 .. nseq-1. Equals ct_model_forward's loss, computed across the engine's devices. */
+ct_status ct_infer_loss(ct_infer *e, int nseq, const int32_t *inputs, const int32_t *targets,
+                        int T, double *sum, long *count);
 
 /* Device map: assigns layers to devices for ct_infer_cfg.layer_dev. spec: "auto" (device 0 if
  * the model fits there, else balanced), "balanced" (layers spread evenly over the devices),

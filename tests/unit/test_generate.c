@@ -1,6 +1,7 @@
 /* Generation with a KV cache: cached logits equal a full forward's at every position (gpt2 and
  * llama with qk_norm + GQA), a batch of prompts of different lengths gives exactly what each
  * prompt gives alone, sampling is deterministic per seed, and top_k = 1 / tiny top_p are greedy. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -246,6 +247,29 @@ static void test_engine(const char *arch) {
     }
   }
   printf("%s: batched decode vs per-sequence decode, worst normalized error %.2e\n", arch, worst);
+  /* evaluation through the engine (two sequences, head in chunks of 4 rows) == the model's
+   * forward loss of each sequence */
+  {
+    int32_t in[16], tg[16];
+    for (int i = 0; i < 16; i++) in[i] = seq[i], tg[i] = seq[i + 1];
+    tg[5] = -1; /* ignored */
+    float l0 = 0, l1 = 0;
+    CHECK(ct_model_forward(m, in, tg, 1, 8, 0.0f, &l0) == CT_OK);
+    CHECK(ct_model_forward(m, in + 8, tg + 8, 1, 8, 0.0f, &l1) == CT_OK);
+    const double want = (7.0 * l0 + 8.0 * l1) / 15.0;
+    ct_infer_cfg lc = ic;
+    lc.logit_rows = 4;
+    ct_infer *le = NULL;
+    CHECK(ct_infer_create(m, ct_ops_cpu(), &lc, &le) == CT_OK);
+    double sum = 0;
+    long cnt = 0;
+    CHECK_MSG(ct_infer_loss(le, 2, in, tg, 8, &sum, &cnt) == CT_OK, "%s", ct_last_error());
+    CHECK(cnt == 15);
+    CHECK_MSG(fabs(sum / cnt - want) < 1e-5 * fabs(want) + 1e-6, "%s: engine loss %.7f vs forward %.7f",
+              arch, sum / cnt, want);
+    CHECK(ct_infer_loss(le, 3, in, tg, 8, &sum, &cnt) == CT_ERR_RUNTIME); /* 24 rows > 16 */
+    ct_infer_destroy(le);
+  }
   /* a full sequence is refused, as are repeated slots */
   const int twice[2] = {1, 1};
   CHECK(ct_infer_decode(e, 2, twice, ids, NULL, ids) == CT_ERR_RUNTIME);
