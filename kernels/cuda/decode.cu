@@ -256,7 +256,9 @@ void cu_kv_append(void *kc, void *vc, const void *qkv, const int32_t *slot, cons
   CKD_LAUNCH("kv_append", kv_append_kernel);
 }
 
-// The split buffer of each device, grown outside graph capture only.
+// The split buffer of each device, grown outside graph capture only. A replaced buffer is
+// never freed: graphs captured earlier (smaller batches) still write to it. Growth at least
+// doubles, so what is kept stays under twice the largest buffer.
 struct split_buf {
   float *p;
   size_t bytes;
@@ -275,15 +277,12 @@ float *split_scratch(size_t bytes) {
                    " uncaptured step of this shape first)", __FILE__, __LINE__);
     return NULL;
   }
-  if (b->p) {
-    CKD("attention_decode", cudaStreamSynchronize(stream()));
-    cudaFree(b->p);
-    b->p = NULL;
-    b->bytes = 0;
-  }
-  if (!CKD("attention_decode", cudaMalloc((void **)&b->p, bytes))) return NULL;
+  if (bytes < 2 * b->bytes) bytes = 2 * b->bytes;
+  float *p = NULL;
+  if (!CKD("attention_decode", cudaMalloc((void **)&p, bytes))) return NULL;
+  b->p = p;
   b->bytes = bytes;
-  return b->p;
+  return p;
 }
 
 template <typename T>
