@@ -68,6 +68,13 @@ typedef struct ct_ops {
   void (*rmsnorm_bwd)(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                       const float *rstd, int N, int C, int rows_per_group, long group_stride);
 
+  /* Residual add fused with the next norm: res = a + b (res may alias a or b), then
+   * out = norm(res) as layernorm_fwd (rms = 0; bias may be NULL) or rmsnorm_fwd (rms = 1, plain
+   * rows; bias and mean ignored). mean (layernorm) and rstd (N) saved for backward. */
+  void (*add_norm_fwd)(void *res, void *out, float *mean, float *rstd, const void *a,
+                       const void *b, const void *w, const void *bias, int N, int C, float eps,
+                       int rms);
+
   /* ---- matmul (fp32 accumulate) ----
    * out(N,OC) = inp(N,IC) @ w(OC,IC)^T + bias(OC)   (bias may be NULL; out overwritten) */
   void (*matmul_fwd)(void *out, const void *inp, const void *w, const void *bias,
@@ -109,6 +116,15 @@ typedef struct ct_ops {
   /* swiglu: inp (N, 2F) rows [gate | up]; out (N, F) = silu(gate) * up. */
   void (*swiglu_fwd)(void *out, const void *inp, int N, int F);
   void (*swiglu_bwd)(void *dinp, const void *dout, const void *inp, int N, int F);
+
+  /* ---- fused linear + GELU (GPT-2's MLP up projection) ----
+   * pre(N,OC) = inp @ w^T + bias (bias may be NULL); act = gelu(pre). Both written (=). */
+  void (*matmul_gelu_fwd)(void *act, void *pre, const void *inp, const void *w, const void *bias,
+                          int N, int IC, int OC);
+  /* dpre(N,IC) = (dout(N,OC) @ w(OC,IC)) * gelu'(pre), OVERWRITTEN (not accumulated): the input
+   * gradient of matmul(gelu(pre)) through both, without materializing d(gelu output). */
+  void (*matmul_dgelu_bwd)(void *dpre, const void *dout, const void *w, const void *pre, int N,
+                           int IC, int OC);
 
   /* out = a + b, n elements (out may alias a or b). */
   void (*add_fwd)(void *out, const void *a, const void *b, size_t n);
@@ -157,7 +173,7 @@ typedef struct ct_ops {
    * logits (N, Vp) in the working dtype, out (N) int32 backend memory. */
   void (*argmax_rows)(int32_t *out, const void *logits, int N, int V, int Vp);
 
-  /* ---- devices and graphs (inference across GPUs; NULL where the backend has none) ----
+  /* ---- devices (inference across GPUs; NULL where the backend has none) ----
    * set_device makes later ops (and alloc) run on device `dev` with that device's own stream
    * and library handles; returns 0, or -1 (the backend keeps the reason for its check). */
   int (*device_count)(void);
@@ -173,12 +189,16 @@ typedef struct ct_ops {
   /* dst_host = src (bytes), queued: valid after `sync`. */
   void (*to_host_async)(void *dst_host, const void *src, size_t bytes);
   void (*sync)(void);
-  /* Graphs: the ops queued between graph_begin and graph_end on the current device are
-   * recorded, not run; graph_launch replays them. graph_end returns NULL if capture failed
-   * (the ops recorded nothing usable; the backend stays usable). */
-  int (*graph_begin)(void);
+
+  /* ---- graph capture (optional: NULL where the backend has none, e.g. the CPU) ----
+   * Between graph_begin and graph_end the ops are recorded instead of run; graph_end returns the
+   * replayable graph (NULL on failure, the error recorded as for any op). graph_launch replays it
+   * with the same pointers and scalar arguments it was recorded with, so whatever changes between
+   * replays must live in device memory the graph reads (token ids, targets). Nothing in the
+   * recorded region may synchronize with the host (to_host, to_device, sumsq). */
+  void (*graph_begin)(void);
   void *(*graph_end)(void);
-  int (*graph_launch)(void *graph);
+  void (*graph_launch)(void *graph);
   void (*graph_destroy)(void *graph);
 } ct_ops;
 

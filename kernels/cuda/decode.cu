@@ -1,5 +1,5 @@
 // kernels/cuda/decode.cu — the batched-inference ops of the CUDA tables (kernels/ops.h, "batched
-// inference" and "devices and graphs"); the CPU references are in kernels/cpu/decode.c.
+// inference" and "devices"); the CPU references are in kernels/cpu/decode.c.
 //
 // Contract: activations and caches in the table's working type (float, bf16 or half); slot and
 // pos are int32 device arrays (N); a KV cache layer is (S, KV, max_T, hd). Every op is queued on
@@ -396,39 +396,6 @@ void cu_to_host_async(void *dst, const void *src, size_t bytes) {
 
 void cu_sync() { CKD("sync", cudaStreamSynchronize(stream())); }
 
-int cu_graph_begin() {
-  return CKD("graph_begin", cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal))
-             ? 0 : -1;
-}
-
-// A capture that failed (an op that may not be captured) is dropped and its error cleared, so
-// the caller can go on without graphs.
-void *cu_graph_end() {
-  cudaGraph_t graph = NULL;
-  cudaError_t e = cudaStreamEndCapture(stream(), &graph);
-  if (e != cudaSuccess || !graph) {
-    cudaGetLastError();
-    if (graph) cudaGraphDestroy(graph);
-    return NULL;
-  }
-  cudaGraphExec_t exec = NULL;
-  e = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return NULL;
-  }
-  return (void *)exec;
-}
-
-int cu_graph_launch(void *graph) {
-  return CKD("graph_launch", cudaGraphLaunch((cudaGraphExec_t)graph, stream())) ? 0 : -1;
-}
-
-void cu_graph_destroy(void *graph) {
-  if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
-}
-
 template <typename T> void fill(ct_ops *t) {
   t->embed_pos_fwd = cu_embed_pos_fwd<T>;
   t->rope_pos_fwd = cu_rope_pos_fwd<T>;
@@ -451,8 +418,4 @@ extern "C" void ct_cuda_decode_table(ct_ops *t) {
   t->host_free = cu_host_free;
   t->to_host_async = cu_to_host_async;
   t->sync = cu_sync;
-  t->graph_begin = cu_graph_begin;
-  t->graph_end = cu_graph_end;
-  t->graph_launch = cu_graph_launch;
-  t->graph_destroy = cu_graph_destroy;
 }

@@ -98,7 +98,7 @@ int ct_cuda_use_device(int device);
 void ct_cuda_release_other_devices(void);
 /* Records an error in the sticky state (for ops defined outside ops_cuda.cu). */
 void ct_cuda_report(const char *op, const char *call, const char *why, const char *file, int line);
-/* Fills the batched-inference, device and graph entries of a table (kernels/cuda/decode.cu);
+/* Fills the batched-inference and device entries of a table (kernels/cuda/decode.cu);
  * the table's act_bytes and dtype must be set. */
 void ct_cuda_decode_table(ct_ops *t);
 
