@@ -22,6 +22,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A slice of the flat parameter buffer for adamw_multi. */
+typedef struct ct_adamw_seg {
+  size_t off;  /* first float of the slice in param / grad */
+  uint32_t n;  /* floats */
+  float wd;    /* decoupled weight decay of the slice (0: none) */
+} ct_adamw_seg;
+
 typedef struct ct_ops {
   const char *name;  /* "cpu", "cuda", "cuda-bf16" */
   const char *dtype; /* working dtype of activations and working weights: "fp32", "bf16", "fp16" */
@@ -145,6 +152,13 @@ typedef struct ct_ops {
    * g is read as grad * grad_scale (for clipping and loss-scale unscaling). */
   void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                 float b1, float b2, float eps, float wd, float grad_scale, int step);
+  /* Multi-tensor AdamW: one launch for many slices. Segment s updates floats
+   * [off, off + n) of param/grad and [off - mv_base, ...) of m/v with weight decay wd, with the
+   * arithmetic of adamw. segs (nseg entries) lives in backend memory; the optimizer builds it
+   * once. */
+  void (*adamw_multi)(float *param, const float *grad, float *m, float *v, size_t mv_base,
+                      const struct ct_adamw_seg *segs, int nseg, float lr, float b1, float b2,
+                      float eps, float grad_scale, int step);
   /* sum of squares in double precision */
   double (*sumsq)(const float *x, size_t n);
   /* x *= s */
@@ -200,6 +214,21 @@ typedef struct ct_ops {
   void *(*graph_end)(void);
   void (*graph_launch)(void *graph);
   void (*graph_destroy)(void *graph);
+
+  /* ---- vocab-parallel cross-entropy (parallel/tp.c): each rank holds columns of the logits ----
+   * xent_stats: stats (3, N) fp32, for row n over its first V columns of logits (N, Vp):
+   *   stats[n] = max, stats[N + n] = sum exp(x - max) (0 and -inf max when V = 0),
+   *   stats[2N + n] = x[tgt[n]] (0 when tgt[n] < 0). Reads only.
+   * xent_grad: logits overwritten IN PLACE by grad_scale * (exp(x - lse[n]) - [j == tgt[n]]) for
+   *   j < V and 0 for the padding columns j >= V (lse[n] = +inf gives a zero row). */
+  void (*xent_stats)(float *stats, const void *logits, const int32_t *tgt, int N, int V, int Vp);
+  void (*xent_grad)(void *logits, const float *lse, const int32_t *tgt, int N, int V, int Vp,
+                    float grad_scale);
+
+  /* Peak memory this process has used so far, in bytes (trainer/memory.c reports it next to
+   * the estimate). CPU: peak resident set (getrusage). CUDA: the largest device memory in use
+   * (cudaMemGetInfo, context included) seen at an allocation or at this call. */
+  size_t (*mem_peak)(void);
 } ct_ops;
 
 /* The CPU reference table (always available). `threads` <= 0 keeps the OpenMP default. */

@@ -215,6 +215,18 @@ ct_status ct_comm_sync(ct_comm *c) {
   return after(c, c->ext->sync(c->impl));
 }
 
+ct_status ct_comm_set_overlap(ct_comm *c, bool on) {
+  CT_TRY(check_comm(c, "ct_comm_set_overlap"));
+  if (!c->ext || !c->ext->set_overlap) return CT_OK;
+  return after(c, c->ext->set_overlap(c->impl, on));
+}
+
+ct_status ct_comm_join(ct_comm *c) {
+  CT_TRY(check_comm(c, "ct_comm_join"));
+  if (!c->ext || !c->ext->join) return CT_OK;
+  return after(c, c->ext->join(c->impl));
+}
+
 /* Split, store side: every rank of the parent publishes "color key" under
  * <prefix>/split<n>/r<rank>, reads everyone's (O(size) gets; fine for the group sizes we run),
  * and the ranks of one color rendezvous again under <prefix>/split<n>/c<color>. */

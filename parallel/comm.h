@@ -43,6 +43,7 @@
 #ifndef CT_COMM_H
 #define CT_COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/status.h"
@@ -132,6 +133,15 @@ ct_status ct_comm_barrier(ct_comm *c);
  * covers all work queued on ct_cuda_stream() before the last collective. Gloo: returns at once. */
 ct_status ct_comm_sync(ct_comm *c);
 
+/* Overlap (NCCL): while on, this group's collectives run on a stream of their own; each first
+ * waits for the work queued on ct_cuda_stream() before the call, and runs concurrently with
+ * what is queued after it (DDP's bucket all-reduce during the rest of backward). The caller
+ * must not touch a buffer on the compute stream until ct_comm_join (or turning overlap off,
+ * which joins) has made later compute-stream work wait for the collectives. Not collective.
+ * Gloo (blocking calls): both return CT_OK and change nothing. */
+ct_status ct_comm_set_overlap(ct_comm *c, bool on);
+ct_status ct_comm_join(ct_comm *c);
+
 /* Frees the group and closes its connections. Not collective; NULL is ignored. */
 void ct_comm_destroy(ct_comm *c);
 
@@ -166,6 +176,9 @@ typedef struct ct_comm_backend_ext {
    * in the new group as comm.c computed it (the backend checks its own agrees). */
   ct_status (*split_all)(void *parent_impl, int color, int key, int rank, int size,
                          const char *prefix, void **out);
+  /* ct_comm_set_overlap / ct_comm_join (NULL: nothing to do) */
+  ct_status (*set_overlap)(void *impl, bool on);
+  ct_status (*join)(void *impl);
 } ct_comm_backend_ext;
 
 /* Gloo (gloo_adapter.cc): creates the state of one rank of a new group. */

@@ -59,7 +59,11 @@ typedef struct ngroup {
   int rank, size, device;
   double timeout_s;
   char *prefix;
-  cudaStream_t stream;
+  cudaStream_t stream;    /* where collectives are queued: compute, or side while overlapping */
+  cudaStream_t compute;   /* ct_cuda_stream() */
+  cudaStream_t side;      /* created on the first ct_comm_set_overlap(on) */
+  cudaEvent_t fence;      /* compute-stream point a side-stream collective waits for */
+  bool overlap;
   int32_t *one;           /* one device int: the barrier's all-reduce */
   ncclComm_t nocolor_out; /* where a CT_COMM_NO_COLOR split lets NCCL write (stays NULL) */
   pending ring[RING];
@@ -162,6 +166,8 @@ static ct_status check_async(ngroup *g, const char *what) {
 static void group_free(ngroup *g) {
   if (!g) return;
   for (int i = 0; i < g->nev; i++) cudaEventDestroy(g->ring[i].ev);
+  if (g->fence) cudaEventDestroy(g->fence);
+  if (g->side) cudaStreamDestroy(g->side);
   if (g->one) cudaFree(g->one);
   free(g->prefix);
   free(g);
@@ -181,7 +187,7 @@ static ct_status group_new(int rank, int size, const char *prefix, double timeou
     free(g);
     return ct_set_error(CT_ERR_NOMEM, "nccl group '%s': out of memory", prefix);
   }
-  g->stream = (cudaStream_t)ct_cuda_stream();
+  g->stream = g->compute = (cudaStream_t)ct_cuda_stream();
   ct_status st = CT_OK;
   if (!g->stream) {
     st = fail(g, "init", CT_ERR_USAGE, "the CUDA backend is not initialized: call "
@@ -340,6 +346,45 @@ static ct_status check_ptr(ngroup *g, const char *what, const char *which, const
   return CT_OK;
 }
 
+/* ---- overlap: collectives on a side stream ----
+ * While overlapping, each collective is queued on the group's side stream after an event on the
+ * compute stream, so it sees everything computed before the call and runs concurrently with
+ * what is computed after it; join makes the compute stream wait for the last collective. */
+static ct_status follow(ngroup *g, const char *what) {
+  if (!g->overlap) return CT_OK;
+  cudaError_t e = cudaEventRecord(g->fence, g->compute);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(g->side, g->fence, 0);
+  return e == cudaSuccess ? CT_OK : cuda_fail(g, what, "cudaStreamWaitEvent (overlap)", e);
+}
+
+static ct_status nccl_join(void *impl) {
+  ngroup *g = impl;
+  if (!g->overlap || g->issued == 0) return CT_OK;
+  cudaError_t e = cudaStreamWaitEvent(g->compute, g->ring[(g->issued - 1) % RING].ev, 0);
+  return e == cudaSuccess ? CT_OK : cuda_fail(g, "join", "cudaStreamWaitEvent", e);
+}
+
+static ct_status nccl_set_overlap(void *impl, bool on) {
+  ngroup *g = impl;
+  if (on == g->overlap) return CT_OK;
+  if (on && !g->side) {
+    cudaError_t e = cudaStreamCreateWithFlags(&g->side, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      g->side = NULL;
+      return cuda_fail(g, "set_overlap", "cudaStreamCreateWithFlags", e);
+    }
+    e = cudaEventCreateWithFlags(&g->fence, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      g->fence = NULL;
+      return cuda_fail(g, "set_overlap", "cudaEventCreateWithFlags", e);
+    }
+  }
+  if (!on) CT_TRY(nccl_join(g)); /* later compute-stream work sees every result */
+  g->overlap = on;
+  g->stream = on ? g->side : g->compute;
+  return CT_OK;
+}
+
 /* After ncclXxx returned r: wait out ncclInProgress, then record the watchdog's event. */
 static ct_status queued(ngroup *g, const char *what, const char *call, ncclResult_t r, double t0,
                         const char *desc) {
@@ -361,6 +406,7 @@ static ct_status nccl_all_reduce(void *impl, void *buf, size_t count, ct_dtype d
   static const char what[] = "all_reduce";
   CT_TRY(check_ptr(g, what, "buf", buf));
   CT_TRY(check_async(g, what));
+  CT_TRY(follow(g, what));
   char desc[96];
   snprintf(desc, sizeof desc, "all_reduce (%s %s, %zu elements)", ct_dtype_name(dt),
            ct_redop_name(op), count);
@@ -387,6 +433,7 @@ static ct_status nccl_reduce_scatter(void *impl, const void *send, void *recv, s
   CT_TRY(check_ptr(g, what, "send", send));
   CT_TRY(check_ptr(g, what, "recv", recv));
   CT_TRY(check_async(g, what));
+  CT_TRY(follow(g, what));
   char desc[96];
   snprintf(desc, sizeof desc, "reduce_scatter (%s %s, %zu elements per rank)", ct_dtype_name(dt),
            ct_redop_name(op), recv_count);
@@ -408,6 +455,7 @@ static ct_status nccl_all_gather(void *impl, const void *send, void *recv, size_
   CT_TRY(check_ptr(g, what, "send", send));
   CT_TRY(check_ptr(g, what, "recv", recv));
   CT_TRY(check_async(g, what));
+  CT_TRY(follow(g, what));
   char desc[96];
   snprintf(desc, sizeof desc, "all_gather (%s, %zu elements per rank)", ct_dtype_name(dt),
            send_count);
@@ -421,6 +469,7 @@ static ct_status nccl_broadcast(void *impl, void *buf, size_t count, ct_dtype dt
   static const char what[] = "broadcast";
   CT_TRY(check_ptr(g, what, "buf", buf));
   CT_TRY(check_async(g, what));
+  CT_TRY(follow(g, what));
   char desc[96];
   snprintf(desc, sizeof desc, "broadcast (%s, %zu elements, root %d)", ct_dtype_name(dt), count,
            root);
@@ -480,6 +529,7 @@ static ct_status nccl_barrier(void *impl) {
   ngroup *g = impl;
   static const char what[] = "barrier";
   CT_TRY(check_async(g, what));
+  CT_TRY(follow(g, what));
   double t0 = ct_now();
   ncclResult_t r = ncclAllReduce(g->one, g->one, 1, ncclInt32, ncclSum, g->comm, g->stream);
   CT_TRY(queued(g, what, "ncclAllReduce", r, t0, "barrier (all_reduce of one i32)"));
@@ -592,4 +642,4 @@ const ct_comm_backend_ops ct_comm_nccl_ops = {
     nccl_all_gather, nccl_broadcast,    nccl_barrier,    nccl_destroy,
 };
 
-const ct_comm_backend_ext ct_comm_nccl_ext = {nccl_sync, nccl_split_all};
+const ct_comm_backend_ext ct_comm_nccl_ext = {nccl_sync, nccl_split_all, nccl_set_overlap, nccl_join};

@@ -184,6 +184,8 @@ static ct_status write_state_file(const char *path, const ct_train_state *ts, ct
   CT_TRY_GOTO(write_i64(f, "rank", ts->rank), done);
   CT_TRY_GOTO(write_f64(f, "loss_scale", ts->loss_scale), done);
   CT_TRY_GOTO(write_i64(f, "scaler_good_steps", ts->scaler_good_steps), done);
+  CT_TRY_GOTO(write_string_attr(f, "parallel_data", ts->parallel_data[0] ? ts->parallel_data : "ddp"), done);
+  CT_TRY_GOTO(write_i64(f, "tensor_parallel", ts->tensor_parallel > 0 ? ts->tensor_parallel : 1), done);
   ct_model_ops(m)->to_host(host, ts->opt->m, numel * sizeof(float));
   CT_TRY_GOTO(write_tensors(f, path, "adam_m", m, host), done);
   ct_model_ops(m)->to_host(host, ts->opt->v, numel * sizeof(float));
@@ -356,6 +358,17 @@ ct_status ct_checkpoint_load_state(const char *model_file, ct_model *m, ct_train
   CT_TRY_GOTO(read_num_attr(f, "rank", H5T_NATIVE_LLONG, &rank, path), done);
   CT_TRY_GOTO(read_num_attr(f, "loss_scale", H5T_NATIVE_DOUBLE, &scale, path), done);
   CT_TRY_GOTO(read_num_attr(f, "scaler_good_steps", H5T_NATIVE_LLONG, &good, path), done);
+  long long tp = 1; /* layout attributes are newer than the format: optional */
+  if (H5Aexists(f, "tensor_parallel") > 0)
+    CT_TRY_GOTO(read_num_attr(f, "tensor_parallel", H5T_NATIVE_LLONG, &tp, path), done);
+  snprintf(ts->parallel_data, sizeof ts->parallel_data, "ddp");
+  if (H5Aexists(f, "parallel_data") > 0) {
+    char *mode = NULL;
+    CT_TRY_GOTO(read_string_attr(f, "parallel_data", path, &mode), done);
+    snprintf(ts->parallel_data, sizeof ts->parallel_data, "%s", mode);
+    free(mode);
+  }
+  ts->tensor_parallel = (int)tp;
   CT_TRY_GOTO(read_tensors(f, path, "adam_m", m, host), done);
   ct_model_ops(m)->to_device(ts->opt->m, host, numel * sizeof(float));
   CT_TRY_GOTO(read_tensors(f, path, "adam_v", m, host), done);

@@ -7,7 +7,10 @@
  *   state.h5   training state (absent in weights-only checkpoints such as import-hf output):
  *              groups adam_m/ and adam_v/ (one dataset per parameter, same names: a checkpoint
  *              is resharded by name, not by offset), root attributes step, adam_step,
- *              data_position, data_seed, world_size, rank, loss_scale, scaler_good_steps.
+ *              data_position, data_seed, world_size, rank, loss_scale, scaler_good_steps,
+ *              and the layout it was saved from: parallel_data ("ddp", "zero3", ...) and
+ *              tensor_parallel (informational: tensors are always whole, gathered from every
+ *              rank's shards before rank 0 writes, so any layout loads any checkpoint).
  * The directory is written as step_NNNNNNNN.tmp and renamed when complete; <out_dir>/ckpt/latest
  * (a symlink) is replaced atomically afterwards; older step directories beyond keep_last are
  * removed last. A crash at any point leaves the previous checkpoint intact and `latest`
@@ -32,6 +35,8 @@ typedef struct ct_train_state {
   int world_size, rank;
   double loss_scale;          /* fp16 dynamic loss scale (1 when unused) */
   int scaler_good_steps;
+  char parallel_data[8];      /* layout it was saved from: parallel.data ("" = ddp) */
+  int tensor_parallel;        /* ... and the tensor-parallel degree (0 = 1) */
   ct_adamw *opt;              /* moments are saved from / loaded into opt->m, opt->v */
 } ct_train_state;
 

@@ -85,8 +85,12 @@ static const key_def KEYS[] = {
    "stop after N steps this run, with a checkpoint (0 = off)"},
   {"train", "init_from", K_STR, F(train, init_from), S(train, init_from), NULL,
    "start from a checkpoint's weights"},
-  {"parallel", "data", K_ENUM, F(parallel, data), S(parallel, data), "ddp|zero1",
-   "ddp: replicated optimizer; zero1: optimizer state sharded"},
+  {"parallel", "data", K_ENUM, F(parallel, data), S(parallel, data), "ddp|zero1|zero2|zero3",
+   "ddp: replicated; zero1: optimizer state sharded; zero2: + gradients; zero3: + parameters"},
+  {"parallel", "tensor", K_INT, F(parallel, tensor), 0, NULL,
+   "tensor-parallel degree T (data parallel = world / T)"},
+  {"parallel", "reshard_after_forward", K_BOOL, F(parallel, reshard_after_forward), 0, NULL,
+   "zero3: free gathered layers after forward (false: keep them for backward)"},
   {"parallel", "bucket_mb", K_FLOAT, F(parallel, bucket_mb), 0, NULL, "all-reduce bucket (MiB)"},
   {"parallel", "timeout_s", K_FLOAT, F(parallel, timeout_s), 0, NULL,
    "rendezvous / collective timeout"},
@@ -117,6 +121,8 @@ void ct_config_defaults(ct_config *c) {
   snprintf(c->parallel.data, sizeof c->parallel.data, "ddp");
   c->parallel.bucket_mb = 25;
   c->parallel.timeout_s = 600;
+  c->parallel.reshard_after_forward = true;
+  c->parallel.tensor = 1;
 }
 
 static const key_def *find_key(const char *section, const char *name) {
@@ -354,6 +360,16 @@ ct_status ct_config_validate(ct_config *c) {
   REQUIRE(t->sample_tokens >= 0, "train.sample_tokens = %d: must not be negative", t->sample_tokens);
   REQUIRE(c->parallel.bucket_mb > 0, "parallel.bucket_mb = %g: must be positive", c->parallel.bucket_mb);
   REQUIRE(c->parallel.timeout_s > 0, "parallel.timeout_s = %g: must be positive", c->parallel.timeout_s);
+  {
+    const int T = c->parallel.tensor, kv = m->n_kv_head ? m->n_kv_head : m->n_head;
+    REQUIRE(T >= 1, "parallel.tensor = %d: must be at least 1", T);
+    REQUIRE(m->n_head % T == 0 && kv % T == 0, "parallel.tensor = %d must divide model.n_head (%d)"
+            " and model.n_kv_head (%d): each rank takes whole attention heads", T, m->n_head, kv);
+    REQUIRE(m->d_ff % T == 0, "parallel.tensor = %d must divide model.d_ff (%d)", T, m->d_ff);
+    REQUIRE(ct_model_padded_vocab(m) % T == 0, "parallel.tensor = %d must divide the padded"
+            " vocabulary (%d = model.vocab_size rounded up to model.vocab_pad)", T,
+            ct_model_padded_vocab(m));
+  }
   REQUIRE(c->data.train[0], "data.train: must name a token file (make one with `ctrain prepare`)");
   if (!t->out_dir[0]) snprintf(t->out_dir, CT_STR, "runs/%.240s", c->name[0] ? c->name : "default");
   return CT_OK;

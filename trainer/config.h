@@ -36,6 +36,8 @@ typedef struct ct_model_cfg {
   double init_std;
   int numel_multiple;   /* not a config key: the trainer pads the flat buffer to a multiple of
                          * this (ZeRO shards it into equal slices); 0 = no padding */
+  int tp_size, tp_rank; /* not config keys: tensor-parallel degree (0/1 = none) and this rank's
+                         * place in its tp group; the model then holds its slice (parallel/tp.h) */
 } ct_model_cfg;
 
 typedef struct ct_data_cfg {
@@ -76,7 +78,9 @@ typedef struct ct_train_cfg {
 } ct_train_cfg;
 
 typedef struct ct_parallel_cfg {
-  char data[8];         /* ddp (zero1/2/3 come with the multi-GPU issue) */
+  char data[8];         /* ddp | zero1 | zero2 | zero3 (parallel/zero.h) */
+  bool reshard_after_forward; /* zero3: gathered layers freed after forward (default true) */
+  int tensor;           /* tensor-parallel degree (1 = none); data parallel = world / tensor */
   double bucket_mb;     /* gradient all-reduce bucket size */
   double timeout_s;     /* rendezvous and collective timeout */
 } ct_parallel_cfg;

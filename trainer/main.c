@@ -10,6 +10,7 @@
 #include "trainer/generate.h"
 #include "trainer/gguf.h"
 #include "trainer/hf.h"
+#include "trainer/memory.h"
 #include "trainer/train.h"
 
 static const char *USAGE =
@@ -24,6 +25,7 @@ static const char *USAGE =
     "  import-hf DIR OUT_CKPT                Hugging Face model dir -> ctrain checkpoint\n"
     "  export-hf CKPT DIR [--dtype bf16]     ctrain checkpoint -> Hugging Face model dir\n"
     "  import-gguf FILE.gguf OUT_CKPT        llama GGUF (llama.cpp) model -> ctrain checkpoint\n"
+    "  memory CONFIG.toml [--world N]        per-rank memory estimate for the parallel layout\n"
     "  env [--model PATH [--device_map M]]   devices, precision, backends, libraries\n"
     "                                        (and where the model's layers would go)\n"
     "  help                                  this text\n";
@@ -41,6 +43,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(cmd, "eval")) st = ct_cmd_eval(argc - 2, argv + 2);
   else if (!strcmp(cmd, "import-hf")) st = ct_cmd_import_hf(argc - 2, argv + 2);
   else if (!strcmp(cmd, "export-hf")) st = ct_cmd_export_hf(argc - 2, argv + 2);
+  else if (!strcmp(cmd, "memory")) st = ct_cmd_memory(argc - 2, argv + 2);
   else if (!strcmp(cmd, "import-gguf")) st = ct_cmd_import_gguf(argc - 2, argv + 2);
   else if (!strcmp(cmd, "env")) st = ct_cmd_env(argc - 2, argv + 2);
   else if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) { fputs(USAGE, stdout); st = CT_OK; }

@@ -114,6 +114,21 @@ struct ct_model {
   void *graph;
   int graph_B, graph_T, graph_warm;
   float graph_scale;
+
+  /* Units (what ZeRO shards and ZeRO-3 gathers): 0 = embeddings (wte, wpe), 1..L = layers,
+   * L+1 = final norm (+ untied head). Weights and gradients of unit u are addressed through
+   * uw[u] / ug[u] (default: into wk / g at uoff[u]); parallel/zero.c repoints them. */
+  int n_units;                       /* L + 2 */
+  size_t *uoff, *un;                 /* (n_units) offset and floats (with padding) of a unit */
+  char **uw;                         /* (n_units) working-dtype base of each unit */
+  float **ug;                        /* (n_units) fp32 gradient base of each unit */
+  ct_model_hooks hooks;
+
+  /* tensor parallelism (parallel/tp.c): H, KV, F, W, Vp above are this rank's slice */
+  int tp, tpr;                       /* degree (1 = none) and rank in the tp group */
+  ct_model_tp tpx;
+  int32_t *host_tok;                 /* (max_B*max_T) tokens mapped to this rank's wte rows */
+  size_t arena_bytes;                /* activation arena size (trainer/memory.c) */
 };
 
 /* ---- parameter table ---- */
@@ -138,7 +153,18 @@ static ct_status add_param(ct_model *m, int *cap, int layer, role r, const char 
   p->layer = layer;
   p->init = init;
   p->decay = p->ndim == 2;
+  switch (r) {
+    case P_WTE: case P_LM_HEAD: p->tp_split = CT_TP_ROWS; break;
+    case P_QKV_W: case P_QKV_B: p->tp_split = CT_TP_QKV; break;
+    case P_FC_W: p->tp_split = m->gpt2 ? CT_TP_ROWS : CT_TP_GATE_UP; break;
+    case P_FC_B: p->tp_split = CT_TP_ROWS; break;
+    case P_ATTO_W: case P_PROJ_W: p->tp_split = CT_TP_COLS; break;
+    case P_QNORM: case P_KNORM: p->tp_split = CT_TP_PARTIAL; break;
+    default: p->tp_split = CT_TP_REPLICATED;
+  }
   m->numel += (p->numel + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS;
+  /* vocab-parallel embedding: tokens of other ranks' rows read one zero row after wte */
+  if (r == P_WTE && m->tp > 1) m->numel += ((size_t)cols + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS;
   m->off[layer >= 0 ? layer : m->cfg.n_layer][r] = p->offset;
   return CT_OK;
 }
@@ -154,21 +180,28 @@ static ct_status build_table(ct_model *m) {
     for (int r = 0; r < P_COUNT; r++) m->off[l][r] = NONE;
 #define X(r, name, rows, cols, init, present) \
   if (present) CT_TRY(add_param(m, &cap, layer, r, name, rows, cols, init));
+  /* ZeRO shards every unit into equal slices: each unit is padded to numel_multiple */
+  const size_t k = (size_t)(c->numel_multiple > 0 ? c->numel_multiple : 1);
+#define END_UNIT(u) \
+  do { m->numel = (m->numel + k - 1) / k * k; m->un[u] = m->numel - m->uoff[u]; \
+       if ((u) + 1 < m->n_units) m->uoff[(u) + 1] = m->numel; } while (0)
+  m->uoff[0] = 0;
   if (m->gpt2) {
     GPT2_PRE(X)
-    for (layer = 0; layer < c->n_layer; layer++) { GPT2_LAYER(X) }
+    END_UNIT(0);
+    for (layer = 0; layer < c->n_layer; layer++) { GPT2_LAYER(X) END_UNIT(layer + 1); }
     layer = -1;
     GPT2_POST(X)
   } else {
     LLAMA_PRE(X)
-    for (layer = 0; layer < c->n_layer; layer++) { LLAMA_LAYER(X) }
+    END_UNIT(0);
+    for (layer = 0; layer < c->n_layer; layer++) { LLAMA_LAYER(X) END_UNIT(layer + 1); }
     layer = -1;
     LLAMA_POST(X)
   }
+  END_UNIT(c->n_layer + 1);
+#undef END_UNIT
 #undef X
-  /* sharded optimizers split the buffer into equal contiguous slices: pad the tail */
-  const size_t k = (size_t)(c->numel_multiple > 0 ? c->numel_multiple : 1);
-  m->numel = (m->numel + k - 1) / k * k;
   return CT_OK;
 }
 
@@ -195,6 +228,21 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
   m->hd = cfg->head_dim ? cfg->head_dim : cfg->d_model / cfg->n_head;
   m->F = cfg->d_ff;
   m->Vp = ct_model_padded_vocab(cfg);
+  m->tp = cfg->tp_size > 1 ? cfg->tp_size : 1;
+  m->tpr = m->tp > 1 ? cfg->tp_rank : 0;
+  if (m->tp > 1) { /* this rank's slice: heads, MLP width and vocabulary rows */
+    const int T = m->tp;
+    if (m->H % T || m->KV % T || m->F % T || m->Vp % T) {
+      st = ct_set_error(CT_ERR_CONFIG, "parallel.tensor = %d must divide model.n_head (%d),"
+                        " model.n_kv_head (%d), model.d_ff (%d) and the padded vocabulary (%d)",
+                        T, m->H, m->KV, m->F, m->Vp);
+      goto fail;
+    }
+    m->H /= T;
+    m->KV /= T;
+    m->F /= T;
+    m->Vp /= T;
+  }
   m->W = (m->H + 2 * m->KV) * m->hd;
   m->max_B = max_B;
   m->max_T = max_T;
@@ -206,7 +254,12 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
   const int L = cfg->n_layer;
   m->off = ct_calloc((size_t)L + 1, sizeof *m->off, "parameter offsets");
   m->la = ct_calloc((size_t)L, sizeof *m->la, "activation offsets");
-  if (!m->off || !m->la) { st = CT_ERR_NOMEM; goto fail; }
+  m->n_units = L + 2;
+  m->uoff = ct_calloc((size_t)m->n_units, sizeof *m->uoff, "units");
+  m->un = ct_calloc((size_t)m->n_units, sizeof *m->un, "units");
+  m->uw = ct_calloc((size_t)m->n_units, sizeof *m->uw, "units");
+  m->ug = ct_calloc((size_t)m->n_units, sizeof *m->ug, "units");
+  if (!m->off || !m->la || !m->uoff || !m->un || !m->uw || !m->ug) { st = CT_ERR_NOMEM; goto fail; }
   CT_TRY_GOTO(build_table(m), fail);
 
   m->ab = (size_t)ops->act_bytes;
@@ -218,6 +271,10 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
     st = ct_set_error(CT_ERR_NOMEM, "out of memory for %zu parameters (+ gradients) on %s",
                       m->numel, ops->name);
     goto fail;
+  }
+  for (int u = 0; u < m->n_units; u++) {
+    m->uw[u] = m->wk + m->uoff[u] * m->ab;
+    m->ug[u] = m->g + m->uoff[u];
   }
 
   /* Activation arena: everything a forward keeps for backward, plus backward scratch. */
@@ -258,11 +315,13 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
   m->d_atty = take(&top, N * Hhd, ab);
   m->d_fch = take(&top, N * Fw, ab);
   m->d_act = take(&top, N * m->F, ab);
+  m->arena_bytes = top;
   m->acts = ops->alloc(top);
   m->tok = ops->alloc(N * sizeof(int32_t));
   m->tgt = ops->alloc(N * sizeof(int32_t));
   m->host_losses = ct_malloc(N * sizeof(float), "losses");
-  if (!m->acts || !m->tok || !m->tgt || !m->host_losses) {
+  m->host_tok = ct_malloc(N * sizeof(int32_t), "tokens");
+  if (!m->acts || !m->tok || !m->tgt || !m->host_losses || !m->host_tok) {
     st = ct_set_error(CT_ERR_NOMEM, "out of memory for activations (%.1f MiB for %d x %d tokens)"
                       " on %s", top / 1048576.0, max_B, max_T, ops->name);
     goto fail;
@@ -286,9 +345,14 @@ void ct_model_destroy(ct_model *m) {
     if (m->tgt) m->ops->free(m->tgt);
   }
   free(m->host_losses);
+  free(m->host_tok);
   free(m->params);
   free(m->off);
   free(m->la);
+  free(m->uoff);
+  free(m->un);
+  free(m->uw);
+  free(m->ug);
   free(m);
 }
 
@@ -345,7 +409,8 @@ float *ct_model_params(ct_model *m) {
 }
 
 static void refresh_working(ct_model *m) {
-  if (m->wk_stale && m->wk != (char *)m->w) m->ops->cast_params(m->wk, m->w, m->numel);
+  /* (no full master under ZeRO-3: zero.c casts and gathers the working weights itself) */
+  if (m->wk_stale && m->w && m->wk && m->wk != (char *)m->w) m->ops->cast_params(m->wk, m->w, m->numel);
   m->wk_stale = false;
 }
 
@@ -388,9 +453,18 @@ double ct_model_flops_per_token(const ct_model *m, int T) {
 
 /* Pointers: working-dtype weights and activations are char * (element size m->ab); fp32
  * buffers (gradients, norm statistics, attention state, losses) are float *. */
-#define PW(l, r) (m->wk + m->off[l][r] * m->ab)                  /* working weight by role */
+/* unit of a parameter: layer l -> l + 1; globals (row L) -> 0 (embeddings) or L + 1 */
+#define UNIT(l, r) ((l) < m->cfg.n_layer ? (l) + 1 : ((r) == P_WTE || (r) == P_WPE) ? 0 : (l) + 1)
+#define PW(l, r) (m->uw[UNIT(l, r)] + (m->off[l][r] - m->uoff[UNIT(l, r)]) * m->ab) /* weight */
 #define PWO(l, r) (m->off[l][r] == NONE ? NULL : PW(l, r))
-#define PG(l, r) (m->off[l][r] == NONE ? NULL : m->g + m->off[l][r]) /* fp32 gradient */
+#define PG(l, r) (m->off[l][r] == NONE ? NULL : m->ug[UNIT(l, r)] + (m->off[l][r] - m->uoff[UNIT(l, r)]))
+/* tensor parallelism: row-parallel biases are added on tp rank 0 only (before the all-reduce) */
+#define PWB(l, r) (m->tpr ? NULL : PWO(l, r))
+#define TP_AR(buf, n) \
+  do { if (m->tp > 1) CT_TRY(m->tpx.all_reduce(m->tpx.ctx, (buf), (n), false)); } while (0)
+/* optional per-unit hooks (ZeRO-2/3, overlapped DDP): a failing hook ends the pass */
+#define HOOK(fn, u) \
+  do { if (m->hooks.fn) CT_TRY(m->hooks.fn(m->hooks.ctx, (u))); } while (0)
 #define A(x) (m->acts + (x))                                    /* working-dtype activation */
 #define AF(x) ((float *)(m->acts + (x)))                        /* fp32 buffer */
 #define EL(p, n) ((char *)(p) + (size_t)(n) * m->ab)             /* element n of a working buffer */
@@ -437,7 +511,7 @@ static void mlp_fwd(ct_model *m, layer_acts *a, int l, void *out, int N) {
     o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), NULL, N, C, 2 * F);
     o->swiglu_fwd(A(a->act), A(a->fch), N, F);
   }
-  o->matmul_fwd(out, A(a->act), PW(l, P_PROJ_W), PWO(l, P_PROJ_B), N, F, C);
+  o->matmul_fwd(out, A(a->act), PW(l, P_PROJ_W), PWB(l, P_PROJ_B), N, F, C);
 }
 
 /* Checks a batch and copies it to the device (targets may be NULL). */
@@ -458,15 +532,22 @@ static ct_status load_batch(ct_model *m, const int32_t *inputs, const int32_t *t
   m->B = B;
   m->T = T;
   m->have_grad = false;
-  m->ops->to_device(m->tok, inputs, (size_t)N * sizeof(int32_t));
-  if (targets) m->ops->to_device(m->tgt, targets, (size_t)N * sizeof(int32_t));
+  if (m->tp > 1) { /* vocab-parallel embedding: other ranks' tokens read the zero row */
+    if (!m->tpx.all_reduce) return ct_set_error(CT_ERR_USAGE, "tensor-parallel model without a group");
+    const int v0 = m->tpr * m->Vp;
+    for (int i = 0; i < N; i++)
+      m->host_tok[i] = inputs[i] >= v0 && inputs[i] < v0 + m->Vp ? inputs[i] - v0 : m->Vp;
+  }
+  m->ops->to_device(m->tok, m->tp > 1 ? m->host_tok : inputs, (size_t)N * sizeof(int32_t));
+  if (targets && m->tp == 1) m->ops->to_device(m->tgt, targets, (size_t)N * sizeof(int32_t));
   return CT_OK;
 }
 
-/* Mean loss over the targets that count (>= 0), from the per-token losses on the device. */
+/* Mean loss over the targets that count (>= 0), from the per-token losses (on the device, or
+ * already on the host after a vocab-parallel cross-entropy). */
 static void read_loss(ct_model *m, const int32_t *targets, float *mean_loss) {
   const int N = m->B * m->T;
-  m->ops->to_host(m->host_losses, AF(m->losses), (size_t)N * sizeof(float));
+  if (m->tp == 1) m->ops->to_host(m->host_losses, AF(m->losses), (size_t)N * sizeof(float));
   double sum = 0;
   int counted = 0;
   for (int i = 0; i < N; i++)
@@ -476,18 +557,26 @@ static void read_loss(ct_model *m, const int32_t *targets, float *mean_loss) {
 
 /* The forward on the device for the loaded batch (m->B, m->T): only device work, nothing that
  * waits for the host, so it can be recorded into a graph. */
-static void forward_device(ct_model *m, bool with_targets, float grad_scale) {
+/* Hooks (ZeRO-3 gathers) and tensor-parallel all-reduces are host calls: graphs are only
+ * recorded without them (ct_model_train_micro). targets: host copy, read by the vocab-parallel
+ * cross-entropy only. */
+static ct_status forward_device(ct_model *m, const int32_t *targets, float grad_scale) {
   const ct_ops *o = m->ops;
   const int B = m->B, T = m->T;
   const int L = m->cfg.n_layer, N = B * T, C = m->C, H = m->H, KV = m->KV, hd = m->hd;
   const int G = L; /* G: row of global parameters in m->off */
-  o->embed_fwd(A(m->emb), m->tok, PW(G, P_WTE), PWO(G, P_WPE), B, T, C);
+  HOOK(pre_forward, 0);
+  o->embed_fwd(A(m->emb), m->tok, PW(G, P_WTE), PWB(G, P_WPE), B, T, C);
+  TP_AR(A(m->emb), (size_t)N * C);
 
   /* each residual add is fused with the norm that reads its result: the block's second norm,
    * then the next block's first norm (the final norm after the last block) */
   const char *x = A(m->emb);
   const float eps = (float)m->cfg.norm_eps;
   const int rms = !m->gpt2;
+  /* a unit's weights are gathered (pre_forward) before the first op that reads them: layer
+   * l + 1's first norm runs at the end of layer l */
+  HOOK(pre_forward, L ? 1 : L + 1);
   if (L) norm_fwd(m, A(m->la[0].ln1), AF(m->la[0].ln1_mean), AF(m->la[0].ln1_rstd), x,
                   PW(0, P_LN1_W), PWO(0, P_LN1_B), N);
   else norm_fwd(m, A(m->lnf), AF(m->lnf_mean), AF(m->lnf_rstd), x, PW(G, P_LNF_W),
@@ -496,10 +585,13 @@ static void forward_device(ct_model *m, bool with_targets, float grad_scale) {
     layer_acts *a = &m->la[l];
     qkv_fwd(m, a, l, A(a->ln1), B, T, 0);
     o->attention_fwd(A(a->atty), AF(a->att), A(a->qkv), B, T, H, KV, hd);
-    o->matmul_fwd(A(a->res2), A(a->atty), PW(l, P_ATTO_W), PWO(l, P_ATTO_B), N, H * hd, C);
+    o->matmul_fwd(A(a->res2), A(a->atty), PW(l, P_ATTO_W), PWB(l, P_ATTO_B), N, H * hd, C);
+    TP_AR(A(a->res2), (size_t)N * C);
     o->add_norm_fwd(A(a->res2), A(a->ln2), AF(a->ln2_mean), AF(a->ln2_rstd), A(a->res2), x,
                     PW(l, P_LN2_W), PWO(l, P_LN2_B), N, C, eps, rms);
     mlp_fwd(m, a, l, A(a->out), N);
+    TP_AR(A(a->out), (size_t)N * C);
+    HOOK(pre_forward, l + 2); /* the next layer, or the final norm (unit L + 1) */
     if (l + 1 < L) {
       layer_acts *n = &m->la[l + 1];
       o->add_norm_fwd(A(a->out), A(n->ln1), AF(n->ln1_mean), AF(n->ln1_rstd), A(a->out),
@@ -512,29 +604,30 @@ static void forward_device(ct_model *m, bool with_targets, float grad_scale) {
   }
   const char *head = m->cfg.tie_embeddings ? PW(G, P_WTE) : PW(G, P_LM_HEAD);
   o->matmul_fwd(A(m->logits), A(m->lnf), head, NULL, N, C, m->Vp);
-  if (with_targets)
-    o->xent_fwd_bwd(AF(m->losses), A(m->logits), m->tgt, N, m->cfg.vocab_size, m->Vp, grad_scale);
+  if (!targets) return CT_OK;
+  if (m->tp > 1)
+    return m->tpx.xent(m->tpx.ctx, m->host_losses, A(m->logits), targets, N, grad_scale);
+  o->xent_fwd_bwd(AF(m->losses), A(m->logits), m->tgt, N, m->cfg.vocab_size, m->Vp, grad_scale);
+  return CT_OK;
 }
 
 ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *targets, int B,
                            int T, float grad_scale, float *mean_loss) {
   CT_TRY(load_batch(m, inputs, targets, B, T));
   refresh_working(m);
-  forward_device(m, targets != NULL, grad_scale);
+  CT_TRY(forward_device(m, targets, grad_scale));
   if (!targets) return CT_OK;
   read_loss(m, targets, mean_loss);
   m->have_grad = grad_scale != 0.0f;
   return CT_OK;
 }
 
-static void backward_device(ct_model *m);
+static ct_status backward_device(ct_model *m);
 
 ct_status ct_model_backward(ct_model *m) {
   if (!m->have_grad)
     return ct_set_error(CT_ERR_RUNTIME, "backward without a forward that prepared gradients");
-  backward_device(m);
-  m->have_grad = false;
-  return CT_OK;
+  return backward_device(m);
 }
 
 void ct_model_set_graphs(ct_model *m, bool on) {
@@ -550,7 +643,8 @@ bool ct_model_graphs(const ct_model *m) { return m->graphs; }
 
 ct_status ct_model_train_micro(ct_model *m, const int32_t *inputs, const int32_t *targets, int B,
                                int T, float grad_scale, float *mean_loss) {
-  if (!m->graphs) {
+  const ct_model_hooks *h = &m->hooks;
+  if (!m->graphs || m->tp > 1 || h->pre_forward || h->pre_backward || h->post_backward) {
     CT_TRY(ct_model_forward(m, inputs, targets, B, T, grad_scale, mean_loss));
     return ct_model_backward(m);
   }
@@ -564,15 +658,16 @@ ct_status ct_model_train_micro(ct_model *m, const int32_t *inputs, const int32_t
   }
   if (!m->graph && m->graph_warm < 2) {
     /* the first calls run directly: scratch buffers and GEMM plans reach their steady sizes */
-    forward_device(m, true, grad_scale);
-    backward_device(m);
+    CT_TRY(forward_device(m, targets, grad_scale));
+    CT_TRY(backward_device(m));
     m->graph_warm++;
   } else {
     if (!m->graph) {
       o->graph_begin();
-      forward_device(m, true, grad_scale);
-      backward_device(m);
+      ct_status st = forward_device(m, targets, grad_scale);
+      if (st == CT_OK) st = backward_device(m);
       m->graph = o->graph_end();
+      if (st != CT_OK) return st;
       if (!m->graph)
         return ct_set_error(CT_ERR_RUNTIME, "recording the training step as a CUDA graph failed"
                             " (train.cuda_graphs = \"off\" runs without)");
@@ -584,7 +679,7 @@ ct_status ct_model_train_micro(ct_model *m, const int32_t *inputs, const int32_t
   return CT_OK;
 }
 
-static void backward_device(ct_model *m) {
+static ct_status backward_device(ct_model *m) {
   const ct_ops *o = m->ops;
   const int L = m->cfg.n_layer, B = m->B, T = m->T, N = B * T, C = m->C, H = m->H, KV = m->KV;
   const int hd = m->hd, W = m->W, F = m->F, G = L;
@@ -596,17 +691,22 @@ static void backward_device(ct_model *m) {
 
   /* head and final norm: dlogits sit in the logits buffer */
   const bool tie = m->cfg.tie_embeddings;
+  m->have_grad = false;
+  HOOK(pre_backward, L + 1); /* prepares both global units: a tied head writes wte's gradient */
   o->zero(dln, NC);
   o->matmul_bwd(dln, tie ? PG(G, P_WTE) : PG(G, P_LM_HEAD), NULL, A(m->logits), A(m->lnf),
                 tie ? PW(G, P_WTE) : PW(G, P_LM_HEAD), N, C, m->Vp);
+  TP_AR(dln, (size_t)N * C); /* column-parallel input gradient: partial sums over the tp group */
   const char *xL = L ? A(m->la[L - 1].out) : A(m->emb);
   o->zero(dres, NC);
   norm_bwd(m, dres, PG(G, P_LNF_W), PG(G, P_LNF_B), dln, xL, PW(G, P_LNF_W), AF(m->lnf_mean),
            AF(m->lnf_rstd), N);
+  HOOK(post_backward, L + 1);
 
   /* dres holds d(block output); each block adds its branch gradients and passes it down */
   for (int l = L - 1; l >= 0; l--) {
     layer_acts *a = &m->la[l];
+    HOOK(pre_backward, l + 1);
     const char *x = l ? A(m->la[l - 1].out) : A(m->emb);
     /* MLP branch */
     if (m->gpt2) { /* d(fc output) straight from d(block output) through proj and GELU */
@@ -624,6 +724,7 @@ static void backward_device(ct_model *m) {
       o->zero(dln, NC);
       o->matmul_bwd(dln, PG(l, P_FC_W), NULL, dfch, A(a->ln2), PW(l, P_FC_W), N, C, 2 * F);
     }
+    TP_AR(dln, (size_t)N * C);
     norm_bwd(m, dres, PG(l, P_LN2_W), PG(l, P_LN2_B), dln, A(a->res2), PW(l, P_LN2_W),
              AF(a->ln2_mean), AF(a->ln2_rstd), N);
     /* attention branch (dres is now d res2) */
@@ -639,20 +740,79 @@ static void backward_device(ct_model *m) {
       const size_t row = (size_t)W * m->ab, v0 = (size_t)(H + KV) * hd;
       o->zero(draw, (size_t)N * W * m->ab);
       o->copy2d(EL(draw, v0), row, EL(dqkv, v0), row, (size_t)KV * hd * m->ab, (size_t)N);
+      /* tp: each rank adds its heads' part; what the buffer held is scaled by 1/T first so
+       * the sum over the group keeps it once (exact: T is a power of two) */
+      if (m->tp > 1) {
+        o->scale(PG(l, P_QNORM), 1.0f / (float)m->tp, (size_t)hd);
+        o->scale(PG(l, P_KNORM), 1.0f / (float)m->tp, (size_t)hd);
+      }
       o->rmsnorm_bwd(draw, PG(l, P_QNORM), dqkv, raw, PW(l, P_QNORM), AF(a->qn_rstd), N * H, hd, H, W);
       o->rmsnorm_bwd(EL(draw, (size_t)H * hd), PG(l, P_KNORM), EL(dqkv, (size_t)H * hd),
                      EL(raw, (size_t)H * hd), PW(l, P_KNORM), AF(a->kn_rstd), N * KV, hd, KV, W);
+      if (m->tp > 1) {
+        CT_TRY(m->tpx.all_reduce(m->tpx.ctx, PG(l, P_QNORM), (size_t)hd, true));
+        CT_TRY(m->tpx.all_reduce(m->tpx.ctx, PG(l, P_KNORM), (size_t)hd, true));
+      }
       dproj = draw;
     }
     o->zero(dln, NC);
     o->matmul_bwd(dln, PG(l, P_QKV_W), PG(l, P_QKV_B), dproj, A(a->ln1), PW(l, P_QKV_W), N, C, W);
+    TP_AR(dln, (size_t)N * C);
     norm_bwd(m, dres, PG(l, P_LN1_W), PG(l, P_LN1_B), dln, x, PW(l, P_LN1_W), AF(a->ln1_mean),
              AF(a->ln1_rstd), N);
+    HOOK(post_backward, l + 1);
   }
+  HOOK(pre_backward, 0);
   o->embed_bwd(PG(G, P_WTE), PG(G, P_WPE), dres, m->tok, B, T, C);
+  if (m->tp > 1) /* the zero row collected other ranks' tokens: not a parameter */
+    o->zero(PG(G, P_WTE) + (size_t)m->Vp * C, (size_t)C * sizeof(float));
+  HOOK(post_backward, 0);
+  return CT_OK;
 }
 
-void ct_model_zero_grad(ct_model *m) { m->ops->zero(m->g, m->numel * sizeof(float)); }
+void ct_model_zero_grad(ct_model *m) {
+  if (m->g) m->ops->zero(m->g, m->numel * sizeof(float));
+}
+
+/* ---- units and hooks (parallel/zero.c, parallel/ddp.c) ---- */
+
+int ct_model_n_units(const ct_model *m) { return m->n_units; }
+void ct_model_unit(const ct_model *m, int u, size_t *offset, size_t *numel) {
+  *offset = m->uoff[u];
+  *numel = m->un[u];
+}
+void ct_model_set_unit(ct_model *m, int u, char *weights, float *grads) {
+  if (weights) m->uw[u] = weights;
+  if (grads) m->ug[u] = grads;
+}
+void ct_model_set_hooks(ct_model *m, const ct_model_hooks *h) {
+  if (h) m->hooks = *h;
+  else memset(&m->hooks, 0, sizeof m->hooks);
+}
+void ct_model_drop_full(ct_model *m, bool params, bool grads) {
+  if (grads && m->g) {
+    m->ops->free(m->g);
+    m->g = NULL;
+  }
+  if (params) {
+    if (m->wk && m->wk != (char *)m->w) m->ops->free(m->wk);
+    if (m->w) m->ops->free(m->w);
+    m->w = NULL;
+    m->wk = NULL;
+  }
+}
+void ct_model_set_tp(ct_model *m, const ct_model_tp *tp) {
+  if (tp) m->tpx = *tp;
+  else memset(&m->tpx, 0, sizeof m->tpx);
+}
+int ct_model_tp_size(const ct_model *m) { return m->tp; }
+size_t ct_model_arena_bytes(const ct_model *m) { return m->arena_bytes; }
+
+float *ct_model_attach_params(ct_model *m, float *w) {
+  float *old = m->w;
+  m->w = w;
+  return old;
+}
 
 /* ---- KV cache ---- */
 
@@ -957,6 +1117,15 @@ ct_status ct_infer_create(ct_model *m, const ct_ops *ops, const ct_infer_cfg *cf
   if (!share && m->ops != ct_ops_cpu()) {
     st = ct_set_error(CT_ERR_USAGE, "inference on %s across devices needs the model built on the"
                       " CPU table (the weights are copied to each device)", ops->name);
+    goto fail;
+  }
+  if (share && !m->wk) {
+    st = ct_set_error(CT_ERR_USAGE, "inference needs the model's full working weights (not a"
+                      " ZeRO-3 sharded model)");
+    goto fail;
+  }
+  if (!share && !m->w) {
+    st = ct_set_error(CT_ERR_USAGE, "inference needs the model's full fp32 weights");
     goto fail;
   }
   if (share) refresh_working(m);

@@ -33,9 +33,47 @@ typedef struct ct_param {
   int layer;         /* -1 for embeddings / final norm / head */
   ct_init init;
   bool decay;        /* weight decay applies (2-D parameters) */
+  int tp_split;      /* how tensor parallelism cuts it (ct_tp_split); shape is the local slice */
 } ct_param;
 
+/* Tensor-parallel cut of a parameter (Megatron): rank k of T holds
+ *   CT_TP_REPLICATED  all of it (norms, row-parallel biases, wpe; identical on every rank)
+ *   CT_TP_ROWS        rows [k R/T, (k+1) R/T) (gpt2 c_fc, vocab-parallel wte / lm_head)
+ *   CT_TP_COLS        columns [k C/T, (k+1) C/T) (row-parallel attention output, MLP down)
+ *   CT_TP_QKV         its q heads, then its k heads, then its v heads (fused qkv rows)
+ *   CT_TP_GATE_UP     rows [k F/T ..) of the gate half, then the same of the up half
+ *   CT_TP_PARTIAL     replicated, but each rank's gradient is a partial sum over its heads
+ *                     (q_norm / k_norm: summed over the tp group in backward) */
+enum ct_tp_split { CT_TP_REPLICATED, CT_TP_ROWS, CT_TP_COLS, CT_TP_QKV, CT_TP_GATE_UP, CT_TP_PARTIAL };
+
 typedef struct ct_model ct_model;
+
+/* Tensor parallelism (parallel/tp.c), set when cfg.tp_size > 1: the model holds its slice of
+ * every parameter (ct_param.tp_split) and calls these at the Megatron points. */
+typedef struct ct_model_tp {
+  void *ctx;
+  /* In place: n elements (working dtype, or fp32 when f32) become the sum over the tp group. */
+  ct_status (*all_reduce)(void *ctx, void *buf, size_t n, bool f32);
+  /* Vocab-parallel cross-entropy over this rank's logits columns (N, Vp / T; working dtype,
+   * backend memory) for host targets (N): host_losses[n] gets the full-vocabulary token loss;
+   * with grad_scale != 0 the logits become their gradient (as ops->xent_fwd_bwd). */
+  ct_status (*xent)(void *ctx, float *host_losses, void *logits, const int32_t *targets, int N,
+                    float grad_scale);
+} ct_model_tp;
+
+/* Per-unit hooks, called by ct_model_forward / ct_model_backward when set (NULL = none).
+ * Units: 0 = embeddings (wte, wpe), 1..L = layers, L+1 = final norm (+ untied head).
+ * pre_forward(u) before unit u's forward; pre_backward(u) before unit u's backward
+ * (pre_backward(L+1) comes first and stands for both global units, since a tied head writes
+ * wte's gradient); post_backward(u) once unit u's gradients are final for this backward
+ * (order L+1, L, ..., 1, 0: the reverse of the flat-buffer order). A non-OK status ends the
+ * pass with that status. The eval-only cached forward (generate) calls no hooks. */
+typedef struct ct_model_hooks {
+  void *ctx;
+  ct_status (*pre_forward)(void *ctx, int unit);
+  ct_status (*pre_backward)(void *ctx, int unit);
+  ct_status (*post_backward)(void *ctx, int unit);
+} ct_model_hooks;
 
 /* Builds the parameter table, allocates parameters and gradients (zeroed) through `ops`, and
  * activations for up to max_B sequences of max_T tokens. */
@@ -171,6 +209,28 @@ ct_status ct_infer_loss(ct_infer *e, int nseq, const int32_t *inputs, const int3
 ct_status ct_infer_plan(const ct_model *m, const ct_ops *ops, const char *spec,
                         const char *max_memory, int max_seqs, int max_len, int max_rows,
                         int *layer_dev, char *report, size_t report_cap);
+/* ---- units: what data-parallel sharding works on (parallel/zero.c, parallel/ddp.c) ----
+ * The flat buffer is the units in order; with cfg.numel_multiple = k each unit is padded to a
+ * multiple of k floats (ZeRO cuts each unit into equal slices). */
+int ct_model_n_units(const ct_model *m); /* n_layer + 2 */
+void ct_model_unit(const ct_model *m, int u, size_t *offset, size_t *numel);
+/* Repoints unit u's working weights (unit's numel elements of the working dtype) and/or fp32
+ * gradients (NULL keeps the current one). Not owned; the caller keeps them alive. */
+void ct_model_set_unit(ct_model *m, int u, char *weights, float *grads);
+void ct_model_set_hooks(ct_model *m, const ct_model_hooks *h); /* NULL clears */
+void ct_model_set_tp(ct_model *m, const ct_model_tp *tp);
+int ct_model_tp_size(const ct_model *m); /* 1 without tensor parallelism */
+/* Bytes of the activation arena (what forward keeps for backward plus backward scratch). With
+ * an op table whose alloc hands out no real memory (trainer/memory.c), a model can be created
+ * just to size a layout. */
+size_t ct_model_arena_bytes(const ct_model *m);
+/* Frees the full gradient buffer (grads) and/or the full master + working weights (params);
+ * afterwards ct_model_grads / ct_model_params return NULL and every unit must have been
+ * repointed with ct_model_set_unit. ZeRO-2 drops grads, ZeRO-3 both. */
+void ct_model_drop_full(ct_model *m, bool params, bool grads);
+/* Temporarily lends a full fp32 master buffer (numel floats, backend memory, not owned) as
+ * ct_model_params, e.g. for saving a checkpoint under ZeRO-3; returns the previous one. */
+float *ct_model_attach_params(ct_model *m, float *w);
 
 /* Parameter count excluding embedding padding rows. */
 size_t ct_model_count_params(const ct_model *m);

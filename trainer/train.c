@@ -12,10 +12,13 @@
 #include "parallel/comm.h"
 #include "parallel/ddp.h"
 #include "parallel/env.h"
+#include "parallel/tp.h"
+#include "parallel/zero.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data.h"
 #include "trainer/device.h"
 #include "trainer/generate.h"
+#include "trainer/memory.h"
 #include "trainer/metrics.h"
 #include "trainer/model.h"
 #include "trainer/tokenizer.h"
@@ -31,7 +34,13 @@ typedef struct run {
   ct_dist_env env;
   ct_store_server *server;   /* rank 0 under srun/mpirun hosts the store */
   ct_store *store;
-  ct_comm *comm;             /* data-parallel group; NULL at world size 1 */
+  ct_comm *comm;             /* data-parallel group; NULL when it would have one rank */
+  ct_comm *world;            /* every rank (== comm without tensor parallelism); NULL alone */
+  ct_comm *tp;               /* tensor-parallel group; NULL when parallel.tensor = 1 */
+  int T, tp_rank, dp_rank, dp_size; /* 2-D mesh: rank = dp_rank * T + tp_rank */
+  ct_zero *zero;             /* ZeRO-1/2/3 state; NULL for ddp */
+  ct_ddp *ddp;               /* overlapped bucketed all-reduce; NULL unless ddp with peers */
+  ct_tp *tpx;                /* tensor-parallel callbacks; NULL without */
   ct_tokenizer *tok;
   float *scratch;            /* a few device floats for host-value collectives over NCCL */
 } run;
@@ -46,17 +55,22 @@ static void on_stop_signal(int sig) {
 /* Where collectives read and write: NCCL reduces device buffers in place; Gloo reduces host
  * memory, so with the CUDA table and Gloo (CUDA build without NCCL peers) buffers are staged
  * through the host. */
-static bool comm_on_device(const run *r) { return r->be.cuda && !strcmp(ct_comm_backend(r->comm), "nccl"); }
+static bool comm_on_device(const run *r) { return r->be.cuda && !strcmp(ct_comm_backend(r->world), "nccl"); }
 
-/* All-reduce of a few host floats over the data-parallel ranks (identity at world size 1). */
-static ct_status dp_all_reduce_host(run *r, float *vals, int n, ct_redop op) {
-  if (!r->comm) return CT_OK;
-  if (!comm_on_device(r)) return ct_comm_all_reduce(r->comm, vals, (size_t)n, CT_F32, op);
+/* All-reduce of a few host floats over group c (identity without one). */
+static ct_status host_all_reduce(run *r, ct_comm *c, float *vals, int n, ct_redop op) {
+  if (!c) return CT_OK;
+  if (!comm_on_device(r)) return ct_comm_all_reduce(c, vals, (size_t)n, CT_F32, op);
   r->be.ops->to_device(r->scratch, vals, sizeof(float) * (size_t)n);
-  CT_TRY(ct_comm_all_reduce(r->comm, r->scratch, (size_t)n, CT_F32, op));
-  CT_TRY(ct_comm_sync(r->comm)); /* bounded wait before the host reads the result */
+  CT_TRY(ct_comm_all_reduce(c, r->scratch, (size_t)n, CT_F32, op));
+  CT_TRY(ct_comm_sync(c)); /* bounded wait before the host reads the result */
   r->be.ops->to_host(vals, r->scratch, sizeof(float) * (size_t)n);
   return CT_OK;
+}
+
+/* ... over the data-parallel ranks (tensor-parallel peers hold the same values already) */
+static ct_status dp_all_reduce_host(run *r, float *vals, int n, ct_redop op) {
+  return host_all_reduce(r, r->comm, vals, n, op);
 }
 
 static ct_status dp_mean(run *r, double *v) {
@@ -81,16 +95,6 @@ static void back_to_device(run *r, float *dev, float *host, size_t n) {
   free(host);
 }
 
-static ct_status reduce_grads(run *r, size_t bucket) {
-  float *g, *dev = ct_model_grads(r->model);
-  const size_t n = ct_model_numel(r->model);
-  CT_TRY(with_host_copy(r, dev, n, &g));
-  ct_status st = ct_ddp_reduce_grads(r->comm, g, n, bucket);
-  if (st == CT_OK) st = ct_comm_sync(r->comm); /* bounded wait: a dead peer is an error */
-  back_to_device(r, dev, g, n);
-  return st;
-}
-
 static ct_status broadcast_params(run *r) {
   float *w, *dev = ct_model_params(r->model);
   const size_t n = ct_model_numel(r->model);
@@ -101,73 +105,75 @@ static ct_status broadcast_params(run *r) {
   return st;
 }
 
-/* ---- ZeRO-1: each rank owns slice [lo, lo + S) of the flat buffer (S = numel / world, the
- * buffer padded so slices are equal) and keeps AdamW moments for it only. A step: gradients
- * reduce-scattered (averaged) so each rank holds its slice's mean gradient, the global norm from
- * per-slice sums of squares, AdamW on the slice, updated slices all-gathered into every rank's
- * parameters. Checkpoints gather the moments so rank 0 writes them whole, by parameter name:
- * a ZeRO-1 checkpoint loads at any world size and under ddp. */
-static bool zero1(const run *r) { return r->comm && !strcmp(r->cfg->parallel.data, "zero1"); }
-
-static ct_status zero_reduce_scatter_grads(run *r) {
-  float *g, *dev = ct_model_grads(r->model);
-  const size_t n = ct_model_numel(r->model), S = n / (size_t)r->env.world_size;
-  CT_TRY(with_host_copy(r, dev, n, &g));
-  ct_status st = ct_comm_reduce_scatter(r->comm, g, g + r->opt.lo, S, CT_F32, CT_AVG);
-  if (st == CT_OK) st = ct_comm_sync(r->comm);
-  back_to_device(r, dev, g, n);
-  return st;
+/* ZeRO-1/2/3 (parallel/zero.h): 0 for ddp or a single process. */
+static int zero_stage(const run *r) {
+  const char *d = r->cfg->parallel.data;
+  if (!r->comm || strncmp(d, "zero", 4)) return 0;
+  return d[4] - '0';
 }
 
-static ct_status zero_grad_norm(run *r, double *norm) {
-  const size_t S = r->opt.hi - r->opt.lo;
-  float sq = (float)r->be.ops->sumsq(ct_model_grads(r->model) + r->opt.lo, S);
-  CT_TRY(dp_all_reduce_host(r, &sq, 1, CT_SUM));
-  *norm = sqrt((double)sq);
+/* ---- tensor parallelism: whole tensors go through a full fp32 model in host memory ---- */
+
+static ct_status full_host_model(run *r, ct_model **fm) {
+  ct_model_cfg c = r->cfg->model; /* tp_size 0, no padding: the layout checkpoints use */
+  return ct_model_create(&c, ct_ops_cpu(), 1, 1, fm);
+}
+
+/* Cuts this rank's slice of the full weights (and moments, when fopt) into the model / lopt. */
+static ct_status tp_take(run *r, ct_model *fm, const ct_adamw *fopt, ct_adamw *lopt) {
+  const ct_ops *o = r->be.ops;
+  const size_t n = ct_model_numel(r->model);
+  float *h = ct_calloc(n, sizeof(float), "tensor-parallel staging");
+  if (!h) return CT_ERR_NOMEM;
+  ct_tp_cut(fm, ct_model_params(fm), r->model, h, r->tp_rank);
+  o->to_device(ct_model_params(r->model), h, n * sizeof(float));
+  if (fopt) {
+    ct_tp_cut(fm, fopt->m, r->model, h, r->tp_rank);
+    o->to_device(lopt->m, h, n * sizeof(float));
+    ct_tp_cut(fm, fopt->v, r->model, h, r->tp_rank);
+    o->to_device(lopt->v, h, n * sizeof(float));
+    lopt->step = fopt->step;
+  }
+  free(h);
   return CT_OK;
 }
 
-/* In-place all-gather of each rank's slice of `buf` (n floats, backend memory). */
-static ct_status zero_all_gather(run *r, float *dev, size_t n) {
-  float *h;
-  const size_t S = n / (size_t)r->env.world_size;
-  CT_TRY(with_host_copy(r, dev, n, &h));
-  ct_status st = ct_comm_all_gather(r->comm, h + r->opt.lo, h, S, CT_F32);
-  if (st == CT_OK) st = ct_comm_sync(r->comm);
-  back_to_device(r, dev, h, n);
+/* Saves a checkpoint of whole tensors: every tp rank's weights and moments (ts->opt, the local
+ * layout) are all-gathered over the tp group and pasted into a full model that rank 0 writes. */
+static ct_status tp_save(run *r, int step, const ct_train_state *ts, bool writer, char *saved,
+                         size_t cap) {
+  const ct_ops *o = r->be.ops;
+  const ct_train_cfg *t = &r->cfg->train;
+  const size_t n = ct_model_numel(r->model), T = (size_t)r->T;
+  ct_model *fm = NULL;
+  ct_adamw fopt = {0};
+  ct_status st = CT_OK;
+  float *dev = o->alloc(T * n * sizeof(float)), *host = ct_malloc(T * n * sizeof(float), "checkpoint");
+  if (!dev || !host) { st = ct_set_error(CT_ERR_NOMEM, "out of memory gathering a tensor-parallel checkpoint"); goto out; }
+  if (writer) {
+    CT_TRY_GOTO(full_host_model(r, &fm), out);
+    CT_TRY_GOTO(ct_adamw_create(&fopt, fm, t), out);
+  }
+  const float *src[3] = {ct_model_params(r->model), ts->opt->m, ts->opt->v};
+  float *dst[3] = {fm ? ct_model_params(fm) : NULL, fopt.m, fopt.v};
+  for (int i = 0; i < 3; i++) {
+    CT_TRY_GOTO(ct_comm_all_gather(r->tp, src[i], dev, n, CT_F32), out);
+    CT_TRY_GOTO(ct_comm_sync(r->tp), out);
+    o->to_host(host, dev, T * n * sizeof(float));
+    for (size_t k = 0; writer && k < T; k++) ct_tp_paste(fm, dst[i], r->model, host + k * n, (int)k);
+  }
+  if (writer) {
+    ct_train_state fts = *ts;
+    fopt.step = ts->opt->step;
+    fts.opt = &fopt;
+    st = ct_checkpoint_save(t->out_dir, step, r->cfg, fm, &fts, t->keep_last, saved, cap);
+  }
+out:
+  if (fm) ct_adamw_destroy(&fopt, ct_model_ops(fm));
+  ct_model_destroy(fm);
+  if (dev) o->free(dev);
+  free(host);
   return st;
-}
-
-/* Whole moments for a checkpoint: on save, every rank contributes its slice (collective);
- * on load, the full moments read from disk are cut to this rank's slice. */
-static ct_status zero_full_moments(run *r, ct_adamw *full, bool gather) {
-  const ct_ops *o = r->be.ops;
-  const size_t n = ct_model_numel(r->model), S = r->opt.hi - r->opt.lo;
-  *full = r->opt;
-  full->lo = 0;
-  full->hi = n;
-  full->m = o->alloc(n * sizeof(float));
-  full->v = o->alloc(n * sizeof(float));
-  if (!full->m || !full->v) return ct_set_error(CT_ERR_NOMEM, "out of memory gathering AdamW state");
-  if (!gather) return CT_OK;
-  o->copy2d(full->m + r->opt.lo, S * sizeof(float), r->opt.m, S * sizeof(float), S * sizeof(float), 1);
-  o->copy2d(full->v + r->opt.lo, S * sizeof(float), r->opt.v, S * sizeof(float), S * sizeof(float), 1);
-  CT_TRY(zero_all_gather(r, full->m, n));
-  return zero_all_gather(r, full->v, n);
-}
-
-static void zero_take_slice(run *r, ct_adamw *full) {
-  const ct_ops *o = r->be.ops;
-  const size_t S = r->opt.hi - r->opt.lo;
-  o->copy2d(r->opt.m, S * sizeof(float), full->m + r->opt.lo, S * sizeof(float), S * sizeof(float), 1);
-  o->copy2d(r->opt.v, S * sizeof(float), full->v + r->opt.lo, S * sizeof(float), S * sizeof(float), 1);
-  r->opt.step = full->step;
-}
-
-static void free_moments(run *r, ct_adamw *full) {
-  if (full->m) r->be.ops->free(full->m);
-  if (full->v) r->be.ops->free(full->v);
-  full->m = full->v = NULL;
 }
 
 /* Rank and world from the environment (launcher, Open MPI, Slurm, or a single process). */
@@ -177,29 +183,63 @@ static ct_status dist_detect(run *r) {
   return CT_OK;
 }
 
-/* Store and process group, once the device is chosen: NCCL between GPUs, Gloo between CPUs. */
+/* The 2-D mesh: parallel.tensor = T ranks in a row share a model (tensor parallel), the
+ * world / T rows are data parallel. */
+static ct_status mesh_layout(run *r) {
+  const int T = r->cfg->parallel.tensor > 1 ? r->cfg->parallel.tensor : 1, world = r->env.world_size;
+  if (world % T)
+    return ct_set_error(CT_ERR_CONFIG, "parallel.tensor = %d does not divide the world size %d"
+                        " (data parallel = world / tensor)", T, world);
+  r->T = T;
+  r->tp_rank = r->env.rank % T;
+  r->dp_rank = r->env.rank / T;
+  r->dp_size = world / T;
+  return CT_OK;
+}
+
+/* Store and process groups, once the device is chosen: NCCL between GPUs, Gloo between CPUs.
+ * tp = split(world, r / T, r % T), dp = split(world, r % T, r / T) (comm.h). */
 static ct_status dist_connect(run *r) {
   if (r->env.world_size == 1) return CT_OK;
   const double timeout = r->cfg->parallel.timeout_s, t0 = ct_now();
+  const int rank = r->env.rank, T = r->T;
   CT_TRY(ct_dist_store_open(&r->env, timeout, &r->server, &r->store));
   if (r->be.cuda) {
     r->scratch = r->be.ops->alloc(64 * sizeof(float));
     if (!r->scratch) return ct_set_error(CT_ERR_NOMEM, "out of device memory");
-    CT_TRY(ct_comm_init_nccl(r->store, r->env.rank, r->env.world_size, "dp", timeout, &r->comm));
+    CT_TRY(ct_comm_init_nccl(r->store, rank, r->env.world_size, "dp", timeout, &r->world));
   } else {
-    CT_TRY(ct_comm_init_gloo(r->store, r->env.rank, r->env.world_size, "dp", timeout, &r->comm));
+    CT_TRY(ct_comm_init_gloo(r->store, rank, r->env.world_size, "dp", timeout, &r->world));
+  }
+  if (T == 1) {
+    r->comm = r->world;
+  } else {
+    CT_TRY(ct_comm_split(r->world, rank / T, rank % T, &r->tp));
+    CT_TRY(ct_comm_split(r->world, rank % T, rank / T, &r->comm));
+    if (r->dp_size == 1) { /* pure tensor parallelism: no data-parallel peers */
+      ct_comm_destroy(r->comm);
+      r->comm = NULL;
+    }
   }
   char where[512];
   ct_dist_env_describe(&r->env, where, sizeof where);
-  ct_log_info("distributed: %s, %s data parallel over %s, rendezvous %.2f s", where,
-              r->cfg->parallel.data, ct_comm_backend(r->comm), ct_now() - t0);
+  ct_log_info("distributed: %s, %d-way %s data parallel x %d-way tensor parallel over %s,"
+              " rendezvous %.2f s", where, r->dp_size, r->cfg->parallel.data, T,
+              ct_comm_backend(r->world), ct_now() - t0);
   return CT_OK;
 }
 
+static void destroy_groups(run *r) {
+  if (r->comm && r->comm != r->world) ct_comm_destroy(r->comm);
+  if (r->tp) ct_comm_destroy(r->tp);
+  if (r->world) ct_comm_destroy(r->world);
+  r->comm = r->tp = r->world = NULL;
+}
+
 static void dist_teardown(run *r) {
-  if (r->comm) {
-    ct_comm_barrier(r->comm); /* nobody leaves while a peer (or the store host) still works */
-    ct_comm_destroy(r->comm);
+  if (r->world) {
+    ct_comm_barrier(r->world); /* nobody leaves while a peer (or the store host) still works */
+    destroy_groups(r);
   }
   if (r->store) ct_store_close(r->store);
   /* rank 0 hosting the store (srun/mpirun) lets peers finish their last requests first */
@@ -272,60 +312,65 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   const ct_train_cfg *t = &cfg->train;
   const int B = t->micro_batch, T = t->seq_len;
   run r = {.cfg = cfg};
-  ct_adamw full = {0}; /* whole moments while saving / loading a ZeRO-1 checkpoint */
+  ct_adamw full = {0}; /* whole moments while saving / loading a ZeRO checkpoint */
   ct_status st = CT_OK;
   double t_start = ct_now();
   memset(res, 0, sizeof *res);
   res->final_val_loss = NAN;
 
   CT_TRY_GOTO(dist_detect(&r), done);
-  const int rank = r.env.rank, world = r.env.world_size;
+  CT_TRY_GOTO(mesh_layout(&r), done);
+  /* `world` is the data-parallel size: what batches, data positions and ZeRO shards count */
+  const int rank = r.env.rank, world = r.dp_size, dprank = r.dp_rank;
   const bool writer = rank == 0; /* one writer for metrics, checkpoints and samples */
   if (writer) ct_config_print(cfg, stderr);
   CT_TRY_GOTO(ct_backend_select(t, r.env.local_rank, &r.be), done);
   CT_TRY_GOTO(dist_connect(&r), done);
   CT_TRY_GOTO(load_tokenizer(&r), done);
-  CT_TRY_GOTO(ct_loader_open(cfg->data.train, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, rank,
+  CT_TRY_GOTO(ct_loader_open(cfg->data.train, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, dprank,
                              world, t->seed, CT_LOADER_RANDOM, &r.train), done);
   if (cfg->data.val[0])
-    CT_TRY_GOTO(ct_loader_open(cfg->data.val, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, rank,
+    CT_TRY_GOTO(ct_loader_open(cfg->data.val, ct_tokenizer_digest(r.tok), cfg->model.vocab_size, T, dprank,
                                world, t->seed, CT_LOADER_SEQUENTIAL, &r.val), done);
-  const bool sharded = zero1(&r);
+  const int zstage = zero_stage(&r);
+  const bool sharded = zstage > 0;
   ct_model_cfg mcfg = cfg->model;
-  if (sharded) mcfg.numel_multiple = world * 16; /* equal, 64-byte aligned slices */
+  if (sharded) mcfg.numel_multiple = ct_zero_numel_multiple(world); /* equal unit slices */
+  mcfg.tp_size = r.T;
+  mcfg.tp_rank = r.tp_rank;
   CT_TRY_GOTO(ct_model_create(&mcfg, r.be.ops, B, T, &r.model), done);
-  ct_model_init_weights(r.model, t->seed);
+  /* tensor parallel: initial weights and checkpoints are whole tensors, made or read in a full
+   * model on the host and cut into this rank's slice */
+  ct_model *fm = NULL;
+  ct_adamw fopt = {0};
+  if (r.T > 1) {
+    CT_TRY_GOTO(ct_tp_create(r.model, r.tp, B * T, &r.tpx), done);
+    CT_TRY_GOTO(full_host_model(&r, &fm), done);
+  }
+  ct_model_init_weights(fm ? fm : r.model, t->seed);
   /* auto: graphs where launch overhead shows. H200, GPT-2 124M bf16: B=4 x 1024 tokens 11.68 ->
-   * 11.16 ms/step with the graph, B=64 133.5 vs 134.3 ms (no gain) */
+   * 11.16 ms/step with the graph, B=64 133.5 vs 134.3 ms (no gain). Runs with per-layer hooks
+   * (ZeRO-2/3, overlapped DDP) or tensor parallelism run op by op (host calls inside the step). */
   const bool graphs_pay = (long)B * T <= 16384;
   ct_model_set_graphs(r.model, r.be.cuda && (!strcmp(t->cuda_graphs, "on") ||
                                              (!strcmp(t->cuda_graphs, "auto") && graphs_pay)));
   if (!strcmp(t->cuda_graphs, "on") && !ct_model_graphs(r.model))
     ct_log_warn("train.cuda_graphs = \"on\": the %s backend records no graphs; running without",
                 r.be.ops->name);
-  const size_t numel = ct_model_numel(r.model), shard = numel / (size_t)world;
-  if (sharded)
-    CT_TRY_GOTO(ct_adamw_create_shard(&r.opt, r.model, t, (size_t)rank * shard,
-                                      (size_t)(rank + 1) * shard), done);
-  else
-    CT_TRY_GOTO(ct_adamw_create(&r.opt, r.model, t), done);
+  /* ZeRO: whole moments live in `full` until the model is sharded (after loading) */
+  CT_TRY_GOTO(ct_adamw_create(sharded ? &full : &r.opt, r.model, t), done);
   ct_train_state ts = {.data_seed = t->seed, .world_size = world, .rank = rank, .loss_scale = 1.0,
-                       .opt = &r.opt};
+                       .opt = sharded ? &full : &r.opt};
   char ckfile[4200];
   if (!strcmp(t->resume, "auto") && ct_checkpoint_latest(t->out_dir, ckfile, sizeof ckfile)) {
     /* exact resume: weights, AdamW moments and step, data position; the schedule is a
      * function of the step, and every other source of randomness is counter-based */
-    CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, r.model), done);
-    if (sharded) {
-      CT_TRY_GOTO(zero_full_moments(&r, &full, false), done);
-      ts.opt = &full;
+    CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, fm ? fm : r.model), done);
+    if (fm) {
+      CT_TRY_GOTO(ct_adamw_create(&fopt, fm, t), done);
+      ts.opt = &fopt;
     }
-    CT_TRY_GOTO(ct_checkpoint_load_state(ckfile, r.model, &ts), done);
-    if (sharded) {
-      zero_take_slice(&r, &full);
-      free_moments(&r, &full);
-      ts.opt = &r.opt;
-    }
+    CT_TRY_GOTO(ct_checkpoint_load_state(ckfile, fm ? fm : r.model, &ts), done);
     if (ts.data_seed != t->seed) {
       st = ct_set_error(CT_ERR_CONFIG, "%s: saved with train.seed = %llu, but the config says %llu"
                         " (resuming would change the data order)", ckfile,
@@ -338,15 +383,30 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     if (ts.world_size != world)
       ct_log_info("world size %d -> %d: data continues at window %llu of the shared stream",
                   ts.world_size, world, (unsigned long long)ts.data_position);
-    ct_log_info("resumed from %s at step %d", ckfile, ts.step);
+    ct_log_info("resumed from %s at step %d (saved as %s on %d ranks, tensor parallel %d)",
+                ckfile, ts.step, ts.parallel_data, ts.world_size, ts.tensor_parallel);
   } else if (t->init_from[0]) {
     ct_config src;
     CT_TRY_GOTO(ct_checkpoint_read_config(t->init_from, &src, ckfile, sizeof ckfile), done);
-    CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, r.model), done);
+    CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, fm ? fm : r.model), done);
     ct_log_info("initialized weights from %s", ckfile);
+  }
+  if (fm) { /* this rank's slice of the weights (and of the moments when resuming) */
+    ts.opt = sharded ? &full : &r.opt;
+    st = tp_take(&r, fm, fopt.m ? &fopt : NULL, ts.opt);
+    ct_adamw_destroy(&fopt, ct_model_ops(fm));
+    ct_model_destroy(fm);
+    if (st != CT_OK) goto done;
   }
   if (r.comm) /* identical starting weights everywhere, whatever each rank computed or loaded */
     CT_TRY_GOTO(broadcast_params(&r), done);
+  if (sharded) { /* take this rank's slices; zero2/3 free the full gradients (and weights) */
+    CT_TRY_GOTO(ct_zero_create(r.model, r.comm, zstage, cfg->parallel.reshard_after_forward, t,
+                               &full, &r.zero), done);
+    ct_zero_set_tp(r.zero, r.tp);
+    ct_adamw_destroy(&full, r.be.ops);
+    ts.opt = NULL;
+  }
   if (writer) CT_TRY_GOTO(ct_metrics_open(t->out_dir, &r.metrics), done);
   struct sigaction sa = {.sa_handler = on_stop_signal};
   sigemptyset(&sa.sa_mask);
@@ -356,17 +416,23 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   r.inputs = ct_malloc(sizeof(int32_t) * (size_t)B * T, "batch");
   r.targets = ct_malloc(sizeof(int32_t) * (size_t)B * T, "batch");
   if (!r.inputs || !r.targets) { st = CT_ERR_NOMEM; goto done; }
-  ct_log_info("model: %s, %.2fM parameters, %d layers, d_model %d, %d heads (%d kv), vocab %d",
-              cfg->model.arch, ct_model_count_params(r.model) / 1e6, cfg->model.n_layer,
+  ct_log_info("model: %s, %.2fM parameters%s, %d layers, d_model %d, %d heads (%d kv), vocab %d",
+              cfg->model.arch, ct_model_count_params(r.model) / 1e6,
+              r.T > 1 ? " on this tensor-parallel rank" : "", cfg->model.n_layer,
               cfg->model.d_model, cfg->model.n_head, cfg->model.n_kv_head, cfg->model.vocab_size);
-  ct_log_info("data: %s (%lld tokens)%s%s; %d x %d tokens x %d accumulation x %d ranks = %d"
+  ct_log_info("data: %s (%lld tokens)%s%s; %d x %d tokens x %d accumulation x %d data-parallel ranks = %d"
               " tokens per step", cfg->data.train, (long long)ct_loader_info(r.train)->n_tokens,
               r.val ? ", val " : "", r.val ? cfg->data.val : "", B, T, t->grad_accum, world,
               B * T * t->grad_accum * world);
+  ct_mem_estimate mem;
+  const bool have_mem = ct_memory_estimate(cfg, r.env.world_size, r.be.ops, &mem) == CT_OK;
+  if (writer && have_mem) ct_memory_print(cfg, &mem, r.be.ops->name, stderr);
   ct_log_info("start-up %.2f s; writing %s/metrics.jsonl", ct_now() - t_start, t->out_dir);
 
   const double tokens_per_step = (double)B * T * t->grad_accum * world;
-  const size_t bucket = ct_ddp_bucket_floats(cfg->parallel.bucket_mb);
+  if (r.comm && !sharded) /* ddp: bucket all-reduces issued during backward */
+    CT_TRY_GOTO(ct_ddp_create(r.model, r.comm, ct_ddp_bucket_floats(cfg->parallel.bucket_mb),
+                              &r.ddp), done);
   /* fp16: the loss gradient is multiplied by the dynamic loss scale; the optimizer divides it
    * back out together with the clip factor, so no extra pass over the gradients is needed */
   ct_loss_scaler scaler = CT_LOSS_SCALER_INIT;
@@ -390,25 +456,33 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   for (int step = ts.step; step < t->max_steps; step++) {
     double t0 = ct_now();
     double loss = 0;
-    ct_model_zero_grad(r.model);
+    if (r.zero) ct_zero_zero_grad(r.zero);
+    else ct_model_zero_grad(r.model);
+    const double gfactor = r.zero ? ct_zero_grad_factor(r.zero) : 1.0;
     for (int micro = 0; micro < t->grad_accum; micro++) {
       float l = 0;
       CT_TRY_GOTO(ct_loader_next(r.train, B, r.inputs, r.targets), done);
-      const float grad_scale = (float)(scaler.scale / ((double)B * T * t->grad_accum));
+      const float grad_scale = (float)(scaler.scale * gfactor / ((double)B * T * t->grad_accum));
+      /* overlapped DDP: only the last micro-batch's backward starts the all-reduces */
+      if (r.ddp) CT_TRY_GOTO(ct_ddp_arm(r.ddp, micro == t->grad_accum - 1), done);
       CT_TRY_GOTO(ct_model_train_micro(r.model, r.inputs, r.targets, B, T, grad_scale, &l), done);
       loss += l / t->grad_accum;
     }
     double norm = 0;
     if (sharded) { /* each rank averages and keeps its own slice of the gradient */
-      CT_TRY_GOTO(zero_reduce_scatter_grads(&r), done);
-      CT_TRY_GOTO(zero_grad_norm(&r, &norm), done);
+      CT_TRY_GOTO(ct_zero_finish_grads(r.zero), done);
+      CT_TRY_GOTO(ct_zero_grad_norm(r.zero, &norm), done);
       CT_TRY_GOTO(dp_mean(&r, &loss), done);
     } else {
       if (r.comm) { /* average gradients (each rank's are means over its own tokens), losses */
-        CT_TRY_GOTO(reduce_grads(&r, bucket), done);
+        CT_TRY_GOTO(ct_ddp_finish(r.ddp), done); /* buckets were queued during backward */
+        if (step == start_step)
+          ct_log_info("ddp: gradients all-reduced in %d buckets (parallel.bucket_mb = %g) as"
+                      " backward produced them", ct_ddp_buckets(r.ddp), cfg->parallel.bucket_mb);
         CT_TRY_GOTO(dp_mean(&r, &loss), done);
       }
-      norm = ct_grad_norm(r.model);
+      if (r.tpx) CT_TRY_GOTO(ct_tp_grad_norm(r.tpx, &norm), done);
+      else norm = ct_grad_norm(r.model);
     }
     if (step + 1 == poison_step) norm = INFINITY; /* testing: an overflowed gradient */
     double lr = ct_lr_at(t, step);
@@ -435,8 +509,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       goto done;
     }
     if (apply) {
-      ct_adamw_step(&r.opt, r.model, lr, ct_clip_scale(norm, t->grad_clip) / (float)used_scale);
-      if (sharded) CT_TRY_GOTO(zero_all_gather(&r, ct_model_params(r.model), numel), done);
+      const float gs = ct_clip_scale(norm, t->grad_clip) / (float)used_scale;
+      if (sharded) CT_TRY_GOTO(ct_zero_step(r.zero, lr, gs), done);
+      else ct_adamw_step(&r.opt, r.model, lr, gs);
     }
     CT_TRY_GOTO(ct_backend_check(&r.be), done);
     double dt = ct_now() - t0;
@@ -452,7 +527,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     double sig = stop_signal; /* every rank must agree to stop at the same step */
     if (r.comm) {
       float f = (float)sig;
-      CT_TRY_GOTO(dp_all_reduce_host(&r, &f, 1, CT_MAX), done);
+      CT_TRY_GOTO(host_all_reduce(&r, r.world, &f, 1, CT_MAX), done);
       sig = f;
     }
     bool stopping = !last && ((t->stop_after > 0 && step + 1 - start_step == t->stop_after) || sig);
@@ -469,26 +544,31 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       ts.step = step + 1;
       ts.data_position = ct_loader_position(r.train) * (uint64_t)world;
       ts.world_size = world;
+      snprintf(ts.parallel_data, sizeof ts.parallel_data, "%s", r.comm ? cfg->parallel.data : "ddp");
+      ts.tensor_parallel = r.T;
       ts.loss_scale = scaler.scale;
       ts.scaler_good_steps = scaler.good_steps;
-      if (sharded) {
-        CT_TRY_GOTO(zero_full_moments(&r, &full, true), done);
+      if (sharded) { /* whole moments (and zero3 weights) gathered: rank 0 writes by name */
+        CT_TRY_GOTO(ct_zero_gather_full(r.zero, &full), done);
         ts.opt = &full;
       }
-      if (writer) {
+      if (r.T > 1) /* collective over the tp group: whole tensors assembled for rank 0 */
+        st = tp_save(&r, step + 1, &ts, writer, saved, sizeof saved);
+      else if (writer)
         st = ct_checkpoint_save(t->out_dir, step + 1, cfg, r.model, &ts, t->keep_last, saved,
                                 sizeof saved);
+      if (writer) {
         if (st == CT_OK) {
           ct_progress_end();
           ct_log_info("step %d: saved %s", step + 1, saved);
         }
       }
       if (sharded) {
-        free_moments(&r, &full);
-        ts.opt = &r.opt;
+        ct_zero_release_full(r.zero, &full);
+        ts.opt = NULL;
       }
       if (st != CT_OK) goto done;
-      if (r.comm) CT_TRY_GOTO(ct_comm_barrier(r.comm), done); /* saved before anyone exits */
+      if (r.world) CT_TRY_GOTO(ct_comm_barrier(r.world), done); /* saved before anyone exits */
     }
     res->steps = step + 1;
     if (stopping) {
@@ -508,20 +588,30 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   res->seconds = ct_now() - t_start;
   ct_log_info("done: %d steps in %.1f s, %.0f tokens/s, final loss %.4f%s", res->steps,
               res->seconds, res->tokens_per_s, res->final_loss, "");
+  if (have_mem && r.be.ops->mem_peak) /* every rank has its own measured peak to report */
+    fprintf(stderr, "memory: rank %d: estimated %.1f MiB per rank (model state %.1f MiB), measured peak %.1f MiB"
+                " (%s)\n", r.env.rank, mem.total / 1048576.0, ct_memory_model_state(&mem) / 1048576.0,
+                r.be.ops->mem_peak() / 1048576.0, r.be.cuda ? "device memory in use, CUDA context included" : "peak RSS of the process");
   if (writer && !isnan(res->final_val_loss)) printf("final val_loss %.4f\n", res->final_val_loss);
   fflush(stdout);
-  if (writer && !res->stop_signal) CT_TRY_GOTO(sample(&r), done);
+  if (writer && !res->stop_signal && (zstage == 3 || r.T > 1) && t->sample_tokens > 0)
+    ct_log_info("%s: no sample (the weights are sharded; ctrain generate --model CKPT)",
+                r.T > 1 ? "tensor parallel" : "zero3");
+  else if (writer && !res->stop_signal) CT_TRY_GOTO(sample(&r), done);
 done:
   if (st != CT_OK) ct_progress_end();
   if (st == CT_OK) dist_teardown(&r);
   else { /* a failed rank must not wait in a barrier for peers that may be gone */
-    if (r.comm) ct_comm_destroy(r.comm);
+    destroy_groups(&r);
     if (r.store) ct_store_close(r.store);
     if (r.server) ct_store_server_stop(r.server);
   }
   free(r.inputs);
   free(r.targets);
   ct_metrics_close(r.metrics);
+  ct_zero_destroy(r.zero);
+  ct_ddp_destroy(r.ddp);
+  ct_tp_destroy(r.tpx);
   if (r.model) {
     ct_adamw_destroy(&r.opt, r.be.ops);
     ct_adamw_destroy(&full, r.be.ops);

@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "kernels/ops.h"
 
@@ -676,6 +677,45 @@ static void add_fwd(void *out_, const void *a_, const void *b_, size_t n) {
   for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+static size_t mem_peak(void) {
+  struct rusage ru;
+  return getrusage(RUSAGE_SELF, &ru) == 0 ? (size_t)ru.ru_maxrss * 1024 : 0; /* Linux: KiB */
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* vocab-parallel cross-entropy pieces (see ops.h)                                          */
+
+static void xent_stats(float *stats, const void *logits_, const int32_t *tgt, int N, int V, int Vp) {
+  const float *logits = logits_;
+#pragma omp parallel for if ((long)N * V > CT_PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    const float *x = logits + (long)n * Vp;
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += ct_expf(x[i] - mx);
+    stats[n] = mx;
+    stats[N + n] = (float)sum;
+    stats[2 * (long)N + n] = tgt[n] >= 0 ? x[tgt[n]] : 0.0f;
+  }
+}
+
+static void xent_grad(void *logits_, const float *lse, const int32_t *tgt, int N, int V, int Vp,
+                      float grad_scale) {
+  float *logits = logits_;
+#pragma omp parallel for if ((long)N * V > CT_PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    float *x = logits + (long)n * Vp;
+    if (isinf(lse[n]) && lse[n] > 0) {
+      memset(x, 0, sizeof(float) * (size_t)Vp);
+      continue;
+    }
+    for (int i = 0; i < V; i++) x[i] = grad_scale * expf(x[i] - lse[n]);
+    if (tgt[n] >= 0) x[tgt[n]] -= grad_scale;
+    for (int i = V; i < Vp; i++) x[i] = 0.0f;
+  }
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* fused softmax + cross-entropy                                                            */
 
@@ -799,6 +839,17 @@ static void cpu_to_host_f32(float *dst, const void *src, size_t n) {
   memcpy(dst, src, n * sizeof(float));
 }
 
+/* Multi-tensor AdamW on the CPU: the segments one by one (the table's memory is host memory). */
+static void adamw_multi(float *param, const float *grad, float *m, float *v, size_t mv_base,
+                        const ct_adamw_seg *segs, int nseg, float lr, float b1, float b2, float eps,
+                        float grad_scale, int step) {
+  for (int s = 0; s < nseg; s++) {
+    const size_t o = segs[s].off;
+    adamw(param + o, grad + o, m + (o - mv_base), v + (o - mv_base), segs[s].n, lr, b1, b2, eps,
+          segs[s].wd, grad_scale, step);
+  }
+}
+
 /* Residual add + norm, composed (the reference for the fused CUDA kernel). */
 static void add_norm_fwd(void *res, void *out, float *mean, float *rstd, const void *a,
                          const void *b, const void *w, const void *bias, int N, int C, float eps,
@@ -865,8 +916,12 @@ static const ct_ops cpu_ops = {
     .xent_fwd_bwd = xent_fwd_bwd,
     .attention_cached = ct_cpu_attention_cached,
     .adamw = adamw,
+    .adamw_multi = adamw_multi,
     .sumsq = sumsq,
     .scale = scale,
+    .xent_stats = xent_stats,
+    .xent_grad = xent_grad,
+    .mem_peak = mem_peak,
     .embed_pos_fwd = ct_cpu_embed_pos_fwd,
     .rope_pos_fwd = ct_cpu_rope_pos_fwd,
     .kv_append = ct_cpu_kv_append,

@@ -614,6 +614,27 @@ __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v
   }
 }
 
+// One block per segment (a slice of at most a few hundred thousand floats), the adamw_kernel
+// arithmetic with the segment's decay factor.
+__global__ void adamw_multi_kernel(float *param, const float *grad, float *m, float *v,
+                                   size_t mv_base, const ct_adamw_seg *segs, float lr, float b1,
+                                   float b2, float a1, float a2, float eps, float step_size,
+                                   float inv_bc2_sqrt, float grad_scale) {
+  const ct_adamw_seg sg = segs[blockIdx.x];
+  const float decay = 1.0f - lr * sg.wd;
+  float *p = param + sg.off, *mm = m + (sg.off - mv_base), *vv = v + (sg.off - mv_base);
+  const float *g = grad + sg.off;
+  for (uint32_t i = threadIdx.x; i < sg.n; i += blockDim.x) {
+    float gr = g[i] * grad_scale;
+    float mi = b1 * mm[i] + a1 * gr;
+    float vi = b2 * vv[i] + a2 * gr * gr;
+    mm[i] = mi;
+    vv[i] = vi;
+    float denom = sqrtf(vi) * inv_bc2_sqrt + eps;
+    p[i] = p[i] * decay - step_size * mi / denom;
+  }
+}
+
 __global__ void scale_kernel(float *x, float s, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
@@ -1608,6 +1629,18 @@ bool lt_matmul_dgelu(E *dpre, const E *dout, const E *w, const E *pre, int N, in
 // ---------------------------------------------------------------------------------------------
 // launchers: the table's functions
 
+// Largest device memory in use (cudaMemGetInfo: total - free, context included) seen so far.
+static size_t mem_peak_bytes;
+static void mem_sample() {
+  size_t fr = 0, tot = 0;
+  if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && tot - fr > mem_peak_bytes) mem_peak_bytes = tot - fr;
+  else cudaGetLastError();
+}
+size_t cu_mem_peak(void) {
+  if (g.ready) mem_sample();
+  return mem_peak_bytes;
+}
+
 void *cu_alloc(size_t bytes) {
   if (!g.ready) return NULL;
   size_t n = bytes ? (bytes + 255) / 256 * 256 : 256;
@@ -1621,6 +1654,7 @@ void *cu_alloc(size_t bytes) {
     cudaFree(p);
     return NULL;
   }
+  mem_sample();
   return p;
 }
 
@@ -2278,6 +2312,19 @@ void cu_adamw(float *param, const float *grad, float *m, float *v, size_t n, flo
   adamw_kernel<<<grid_for(n, 256), 256, 0, g.stream>>>(param, grad, m, v, n, b1, b2, a1, a2, eps,
                                                        decay, step_size, inv_bc2_sqrt, grad_scale);
   CK_LAUNCH(adamw_kernel);
+}
+
+void cu_adamw_multi(float *param, const float *grad, float *m, float *v, size_t mv_base,
+                    const ct_adamw_seg *segs, int nseg, float lr, float b1, float b2, float eps,
+                    float grad_scale, int step) {
+  OP("adamw_multi");
+  if (nseg <= 0) return;
+  double bc1 = 1.0 - pow((double)b1, step), bc2 = 1.0 - pow((double)b2, step);
+  const float step_size = (float)(lr / bc1), inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
+  adamw_multi_kernel<<<(unsigned)nseg, 512, 0, g.stream>>>(param, grad, m, v, mv_base, segs, lr,
+                                                           b1, b2, 1.0f - b1, 1.0f - b2, eps,
+                                                           step_size, inv_bc2_sqrt, grad_scale);
+  CK_LAUNCH(adamw_multi_kernel);
 }
 
 // Synchronizes (the result comes back to the host); NaN if the op failed.
@@ -3805,6 +3852,82 @@ void cu_graph_destroy(void *graph) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// vocab-parallel cross-entropy pieces (parallel/tp.c; ops.h has the contract): one block per row,
+// the same online max/sum merge as xent_kernel.
+
+template <typename T>
+__global__ void xent_stats_kernel(float *stats, const T *logits, const int32_t *tgt, int N, int V,
+                                  int Vp) {
+  __shared__ float shm[XENT_THREADS / 32], shs[XENT_THREADS / 32];
+  const long n = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  const T *x = logits + n * Vp;
+  float m = -INFINITY, s = 0.0f;
+  for (int i = tid; i < V; i += blockDim.x) {
+    float v = ld(x + i);
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;
+      m = v;
+    } else if (v != -INFINITY) {
+      s += expf(v - m);
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    ms_merge(m, s, m2, s2);
+  }
+  if (lane == 0) {
+    shm[w] = m;
+    shs[w] = s;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    m = shm[0];
+    s = shs[0];
+    for (int i = 1; i < XENT_THREADS / 32; i++) ms_merge(m, s, shm[i], shs[i]);
+    stats[n] = m;
+    stats[N + n] = s;
+    stats[2L * N + n] = tgt[n] >= 0 ? ld(x + tgt[n]) : 0.0f;
+  }
+}
+
+template <typename T>
+__global__ void xent_grad_kernel(T *logits, const float *lse, const int32_t *tgt, int V, int Vp,
+                                 float grad_scale) {
+  const long n = blockIdx.x;
+  T *x = logits + n * Vp;
+  const float l = lse[n];
+  const int t = tgt[n];
+  for (int i = threadIdx.x; i < Vp; i += blockDim.x) {
+    float v = 0.0f;
+    if (i < V && l != INFINITY) {
+      v = __fmul_rn(expf(ld(x + i) - l), grad_scale);
+      if (i == t) v -= grad_scale;
+    }
+    st(x + i, v);
+  }
+}
+
+template <typename act_t>
+void cu_xent_stats(float *stats, const void *logits, const int32_t *tgt, int N, int V, int Vp) {
+  OP("xent_stats");
+  if (N <= 0) return;
+  xent_stats_kernel<act_t><<<(unsigned)N, XENT_THREADS, 0, g.stream>>>(
+      stats, (const act_t *)logits, tgt, N, V, Vp);
+  CK_LAUNCH(xent_stats_kernel);
+}
+
+template <typename act_t>
+void cu_xent_grad(void *logits, const float *lse, const int32_t *tgt, int N, int V, int Vp,
+                  float grad_scale) {
+  OP("xent_grad");
+  if (N <= 0) return;
+  xent_grad_kernel<act_t><<<(unsigned)N, 256, 0, g.stream>>>((act_t *)logits, lse, tgt, V, Vp,
+                                                             grad_scale);
+  CK_LAUNCH(xent_grad_kernel);
+}
+
+// ---------------------------------------------------------------------------------------------
 // the table
 
 template <typename A> ct_ops make_table() {
@@ -3853,12 +3976,16 @@ template <typename A> ct_ops make_table() {
   t.add_fwd = cu_add_fwd<A>;
   t.xent_fwd_bwd = cu_xent_fwd_bwd<A>;
   t.adamw = cu_adamw;
+  t.adamw_multi = cu_adamw_multi;
   t.sumsq = cu_sumsq;
   t.scale = cu_scale;
   t.graph_begin = cu_graph_begin;
   t.graph_end = cu_graph_end;
   t.graph_launch = cu_graph_launch;
   t.graph_destroy = cu_graph_destroy;
+  t.xent_stats = cu_xent_stats<A>;
+  t.xent_grad = cu_xent_grad<A>;
+  t.mem_peak = cu_mem_peak;
   ct_cuda_decode_table(&t); // batched-inference ops and devices: kernels/cuda/decode.cu
   return t;
 }
