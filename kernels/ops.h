@@ -164,6 +164,46 @@ typedef struct ct_ops {
   /* x *= s */
   void (*scale)(float *x, float s, size_t n);
 
+  /* ---- batched inference (trainer/model.c's ct_infer; CPU references in kernels/cpu/decode.c)
+   * A KV cache layer is (S, KV, max_T, hd) for S sequence slots. Row n of a batch belongs to
+   * slot slot[n] and holds the token at position pos[n]; slot and pos (N) are int32 arrays in
+   * backend memory, so a captured CUDA graph replays a step after the host rewrites them. One
+   * decode step is N rows of N different sequences; a prefill is T rows of one sequence (or
+   * B*T rows of B sequences) with consecutive positions. slot may be NULL: slot[n] = n. */
+  /* out(N,C) = wte[tok[n]] + (wpe ? wpe[pos[n]] : 0) */
+  void (*embed_pos_fwd)(void *out, const int32_t *tok, const int32_t *pos, const void *wte,
+                        const void *wpe, int N, int C);
+  /* rope_fwd with row n at position pos[n] (the same cos/sin as rope_fwd at that position) */
+  void (*rope_pos_fwd)(void *qkv, const int32_t *pos, int N, int H, int KV, int hd, float theta);
+  /* kc[slot[n], h, pos[n], :] = k head h of qkv row n; vc likewise from the v section. */
+  void (*kv_append)(void *kc, void *vc, const void *qkv, const int32_t *slot, const int32_t *pos,
+                    int N, int H, int KV, int hd, int max_T);
+  /* out row n (H*hd) = softmax(q_n K^T / sqrt(hd)) V over keys 0 .. pos[n] of slot[n]'s cache
+   * (the row's own key, appended first, included). q_n: the q section of qkv row n. */
+  void (*attention_decode)(void *out, const void *qkv, const void *kc, const void *vc,
+                           const int32_t *slot, const int32_t *pos, int N, int H, int KV, int hd,
+                           int max_T);
+  /* out[n] = index of the largest of logits row n's first V entries (the lowest on ties);
+   * logits (N, Vp) in the working dtype, out (N) int32 backend memory. */
+  void (*argmax_rows)(int32_t *out, const void *logits, int N, int V, int Vp);
+
+  /* ---- devices (inference across GPUs; NULL where the backend has none) ----
+   * set_device makes later ops (and alloc) run on device `dev` with that device's own stream
+   * and library handles; returns 0, or -1 (the backend keeps the reason for its check). */
+  int (*device_count)(void);
+  int (*set_device)(int dev);
+  /* free and total bytes of device `dev` */
+  int (*device_memory)(int dev, size_t *free_bytes, size_t *total_bytes);
+  /* Copies bytes from src on device src_dev to dst on device dst_dev (peer-to-peer where the
+   * devices allow it), after the source device's queued work; returns when the copy is done. */
+  void (*copy_peer)(void *dst, int dst_dev, const void *src, int src_dev, size_t bytes);
+  /* Page-locked host memory (fast, asynchronous copies); NULL on failure. */
+  void *(*host_alloc)(size_t bytes);
+  void (*host_free)(void *p);
+  /* dst_host = src (bytes), queued: valid after `sync`. */
+  void (*to_host_async)(void *dst_host, const void *src, size_t bytes);
+  void (*sync)(void);
+
   /* ---- graph capture (optional: NULL where the backend has none, e.g. the CPU) ----
    * Between graph_begin and graph_end the ops are recorded instead of run; graph_end returns the
    * replayable graph (NULL on failure, the error recorded as for any op). graph_launch replays it

@@ -21,11 +21,13 @@ static const char *USAGE =
     "  prepare [--out-dir DIR] [FILES...]    tokenize text into train/val HDF5 files\n"
     "                                        (default: the Debian fortunes corpus)\n"
     "  generate --model PATH [--prompt TEXT] sample from a checkpoint\n"
+    "  eval --model PATH --data FILE.h5      loss and perplexity (--device_map across GPUs)\n"
     "  import-hf DIR OUT_CKPT                Hugging Face model dir -> ctrain checkpoint\n"
     "  export-hf CKPT DIR [--dtype bf16]     ctrain checkpoint -> Hugging Face model dir\n"
     "  import-gguf FILE.gguf OUT_CKPT        llama GGUF (llama.cpp) model -> ctrain checkpoint\n"
     "  memory CONFIG.toml [--world N]        per-rank memory estimate for the parallel layout\n"
-    "  env                                   devices, precision, backends, libraries\n"
+    "  env [--model PATH [--device_map M]]   devices, precision, backends, libraries\n"
+    "                                        (and where the model's layers would go)\n"
     "  help                                  this text\n";
 
 int main(int argc, char **argv) {
@@ -38,11 +40,12 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "train")) st = ct_cmd_train(argc - 2, argv + 2);
   else if (!strcmp(cmd, "prepare")) st = ct_cmd_prepare(argc - 1, argv + 1);
   else if (!strcmp(cmd, "generate")) st = ct_cmd_generate(argc - 2, argv + 2);
+  else if (!strcmp(cmd, "eval")) st = ct_cmd_eval(argc - 2, argv + 2);
   else if (!strcmp(cmd, "import-hf")) st = ct_cmd_import_hf(argc - 2, argv + 2);
   else if (!strcmp(cmd, "export-hf")) st = ct_cmd_export_hf(argc - 2, argv + 2);
   else if (!strcmp(cmd, "memory")) st = ct_cmd_memory(argc - 2, argv + 2);
   else if (!strcmp(cmd, "import-gguf")) st = ct_cmd_import_gguf(argc - 2, argv + 2);
-  else if (!strcmp(cmd, "env")) { ct_env_print(stdout); st = CT_OK; }
+  else if (!strcmp(cmd, "env")) st = ct_cmd_env(argc - 2, argv + 2);
   else if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) { fputs(USAGE, stdout); st = CT_OK; }
   else st = ct_set_error(CT_ERR_USAGE, "unknown command \"%s\"\n%s", cmd, USAGE);
   if (st != CT_OK) {

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/util.h"
 
 /* Parameter roles shared by both architectures; the forward code addresses parameters by role. */
@@ -908,5 +909,754 @@ ct_status ct_model_forward_cached(ct_model *m, ct_kv_cache *c, int b, const int3
   o->matmul_fwd(A(m->logits), A(m->lnf), head, NULL, 1, C, m->Vp);
   o->to_host_f32(logits_host, A(m->logits), (size_t)m->Vp);
   c->len[b] = pos0 + n;
+  return CT_OK;
+}
+
+/* ---- batched inference engine (see model.h) ---- */
+
+#define INFER_MAX_DEV 16
+
+/* Activation offsets (bytes into a device's arena) for R rows and S decode rows. */
+typedef struct infer_acts {
+  size_t x, ln, raw, qkv, atty, res2, tmp, fch, act;   /* (R, ...) working dtype */
+  size_t last, lnf, logits;                           /* (S', C) (S', C) (S', Vp) */
+  size_t mean, rstd, qn, kn, att;                     /* fp32 */
+  size_t tok, pos, slot, ids;                         /* int32 (R) */
+  size_t bytes;
+} infer_acts;
+
+static infer_acts infer_layout(const ct_model *m, const ct_ops *ops, int R, int S) {
+  /* S: rows of the head (last, lnf, logits): decode rows, or logit_rows for ct_infer_loss */
+  infer_acts a;
+  size_t top = 0, ab = (size_t)ops->act_bytes;
+  const size_t C = (size_t)m->C, W = (size_t)m->W, Hhd = (size_t)m->H * m->hd;
+  const size_t Fw = m->gpt2 ? (size_t)m->F : 2 * (size_t)m->F;
+  a.x = take(&top, (size_t)R * C, ab);
+  a.ln = take(&top, (size_t)R * C, ab);
+  a.raw = take(&top, m->cfg.qk_norm ? (size_t)R * W : 0, ab);
+  a.qkv = take(&top, (size_t)R * W, ab);
+  a.atty = take(&top, (size_t)R * Hhd, ab);
+  a.res2 = take(&top, (size_t)R * C, ab);
+  a.tmp = take(&top, (size_t)R * C, ab);
+  a.fch = take(&top, (size_t)R * Fw, ab);
+  a.act = take(&top, (size_t)R * m->F, ab);
+  a.last = take(&top, (size_t)S * C, ab);
+  a.lnf = take(&top, (size_t)S * C, ab);
+  a.logits = take(&top, (size_t)S * m->Vp, ab);
+  a.mean = take(&top, (size_t)R, sizeof(float));
+  a.rstd = take(&top, (size_t)R, sizeof(float));
+  a.qn = take(&top, (size_t)R * m->H, sizeof(float));
+  a.kn = take(&top, (size_t)R * m->KV, sizeof(float));
+  a.att = take(&top, ops->attention_state_floats(1, R, m->H, m->KV, m->hd), sizeof(float));
+  a.tok = take(&top, (size_t)R, sizeof(int32_t));
+  a.pos = take(&top, (size_t)R, sizeof(int32_t));
+  a.slot = take(&top, (size_t)R, sizeof(int32_t));
+  a.ids = take(&top, (size_t)R, sizeof(int32_t));
+  a.bytes = top;
+  return a;
+}
+
+/* Floats of the flat table: the embedding part [0, layer 0), layer l, the final part. */
+static size_t layer_lo(const ct_model *m, int l) {
+  return l < m->cfg.n_layer ? m->off[l][P_LN1_W] : m->off[m->cfg.n_layer][P_LNF_W];
+}
+
+typedef struct infer_dev {
+  int dev;                 /* device index for ops->set_device (-1: never switch) */
+  int l0, l1;              /* layers [l0, l1) */
+  bool first, last;        /* embedding here / final norm and head here */
+  char *w;                 /* working weights of floats [lo, hi) of the flat table */
+  size_t lo, hi;
+  bool own_w;
+  char *head;              /* copy of the tied head when the embedding lives elsewhere */
+  char *arena;
+  infer_acts a;
+  void **graph;            /* (max_seqs + 1) captured decode steps by row count */
+  unsigned char *seen;     /* (max_seqs + 1) uncaptured steps run per row count */
+} infer_dev;
+
+struct ct_infer {
+  ct_model *m;
+  const ct_ops *ops;
+  ct_infer_cfg cfg;
+  int R, S, max_T;
+  int LR;                  /* rows of the head buffers (>= S) */
+  int n_dev;
+  infer_dev d[INFER_MAX_DEV];
+  int *at;                 /* (L) index into d[] of each layer */
+  char **kc, **vc;         /* (L) caches (S, KV, max_T, hd) on the layer's device */
+  int *len;                /* (S) */
+  int32_t *h_tok, *h_pos, *h_slot, *h_ids; /* host staging (pinned where possible): tok, pos,
+                                              slot in one block laid out like the arena's */
+  bool pinned;
+  int graphs;              /* -1 auto, 0 off, 1 on */
+  long graph_steps;
+};
+
+static int infer_set(ct_infer *e, const infer_dev *d) {
+  return (d->dev >= 0 && e->ops->set_device) ? e->ops->set_device(d->dev) : 0;
+}
+
+/* working weights and activations use the ENGINE's dtype (ops->act_bytes), not the model's:
+ * a model built on the CPU table (fp32) feeds a bf16 engine */
+#define DW(d, l, r) ((d)->w + (m->off[l][r] - (d)->lo) * (size_t)e->ops->act_bytes)
+#define DWO(d, l, r) (m->off[l][r] == NONE ? NULL : DW(d, l, r))
+#define DA(d, x) ((d)->arena + (d)->a.x)
+#define DAF(d, x) ((float *)((d)->arena + (d)->a.x))
+#define DAI(d, x) ((int32_t *)((d)->arena + (d)->a.x))
+
+void ct_infer_destroy(ct_infer *e) {
+  if (!e) return;
+  const ct_ops *o = e->ops;
+  for (int i = 0; i < e->n_dev; i++) {
+    infer_dev *d = &e->d[i];
+    infer_set(e, d);
+    if (d->graph)
+      for (int n = 0; n <= e->S; n++)
+        if (d->graph[n] && o->graph_destroy) o->graph_destroy(d->graph[n]);
+    free(d->graph);
+    free(d->seen);
+    if (d->own_w && d->w) o->free(d->w);
+    if (d->head) o->free(d->head);
+    if (d->arena) o->free(d->arena);
+    for (int l = d->l0; e->kc && l < d->l1; l++) {
+      if (e->kc[l]) o->free(e->kc[l]);
+      if (e->vc[l]) o->free(e->vc[l]);
+    }
+  }
+  if (e->n_dev) infer_set(e, &e->d[0]);
+  void (*hf)(void *) = e->pinned ? o->host_free : free;
+  if (e->h_tok) hf(e->h_tok); /* h_pos, h_slot point into it */
+  if (e->h_ids) hf(e->h_ids);
+  free(e->at);
+  free(e->kc);
+  free(e->vc);
+  free(e->len);
+  free(e);
+}
+
+/* Fills d->w (floats [lo, hi) of the table, working dtype) from the model's fp32 master on the
+ * host, through an fp32 staging buffer on the device. */
+static ct_status infer_upload(ct_infer *e, infer_dev *d, char *dst, size_t lo, size_t hi) {
+  const ct_ops *o = e->ops;
+  ct_model *m = e->m;
+  const float *src = m->w; /* host memory: the model is on the CPU table */
+  const size_t chunk = (size_t)1 << 23, n = hi - lo;
+  float *tmp = o->act_bytes == 4 ? NULL : o->alloc(sizeof(float) * (n < chunk ? n : chunk));
+  if (o->act_bytes != 4 && !tmp)
+    return ct_set_error(CT_ERR_NOMEM, "out of device memory staging weights on device %d", d->dev);
+  for (size_t at = 0; at < n; at += chunk) {
+    const size_t k = n - at < chunk ? n - at : chunk;
+    if (o->act_bytes == 4) {
+      o->to_device(dst + at * 4, src + lo + at, k * sizeof(float));
+    } else {
+      o->to_device(tmp, src + lo + at, k * sizeof(float));
+      o->cast_params(dst + at * o->act_bytes, tmp, k);
+    }
+  }
+  if (tmp) o->free(tmp);
+  return CT_OK;
+}
+
+ct_status ct_infer_create(ct_model *m, const ct_ops *ops, const ct_infer_cfg *cfg, ct_infer **out) {
+  *out = NULL;
+  const int L = m->cfg.n_layer, G = L;
+  if (cfg->max_seqs <= 0 || cfg->max_rows <= 0 || cfg->max_len <= 0 ||
+      cfg->max_len > m->cfg.max_seq_len)
+    return ct_set_error(CT_ERR_USAGE, "inference: %d sequences of %d tokens with %d-row prefills"
+                        " (model.max_seq_len %d)", cfg->max_seqs, cfg->max_len, cfg->max_rows,
+                        m->cfg.max_seq_len);
+  if (!ops->embed_pos_fwd || !ops->attention_decode)
+    return ct_set_error(CT_ERR_RUNTIME, "backend %s has no batched-decode ops", ops->name);
+  ct_infer *e = ct_calloc(1, sizeof *e, "inference engine");
+  if (!e) return CT_ERR_NOMEM;
+  ct_status st = CT_OK;
+  e->m = m;
+  e->ops = ops;
+  e->cfg = *cfg;
+  e->S = cfg->max_seqs;
+  e->R = cfg->max_rows > cfg->max_seqs ? cfg->max_rows : cfg->max_seqs;
+  e->LR = cfg->logit_rows > cfg->max_seqs ? cfg->logit_rows : cfg->max_seqs;
+  if (e->LR > e->R) e->LR = e->R; /* the norm statistics hold R rows */
+  e->max_T = cfg->max_len;
+  e->graphs = ops->graph_begin ? cfg->graphs : 0;
+  if (cfg->graphs == 1 && !ops->graph_begin) {
+    st = ct_set_error(CT_ERR_USAGE, "CUDA graphs: backend %s has none", ops->name);
+    goto fail;
+  }
+  e->at = ct_calloc((size_t)L + 1, sizeof(int), "layer devices");
+  e->kc = ct_calloc((size_t)L + 1, sizeof(char *), "KV caches");
+  e->vc = ct_calloc((size_t)L + 1, sizeof(char *), "KV caches");
+  e->len = ct_calloc((size_t)e->S, sizeof(int), "sequence lengths");
+  if (!e->at || !e->kc || !e->vc || !e->len) { st = CT_ERR_NOMEM; goto fail; }
+
+  /* devices in layer order */
+  for (int l = 0; l < L; l++) {
+    const int dev = cfg->layer_dev ? cfg->layer_dev[l] : cfg->device;
+    if (l > 0 && cfg->layer_dev && dev < cfg->layer_dev[l - 1]) {
+      st = ct_set_error(CT_ERR_USAGE, "device map: layer %d on device %d after device %d (layers"
+                        " must be placed in non-decreasing device order)", l, dev,
+                        cfg->layer_dev[l - 1]);
+      goto fail;
+    }
+    if (e->n_dev == 0 || e->d[e->n_dev - 1].dev != dev) {
+      if (e->n_dev == INFER_MAX_DEV) { st = ct_set_error(CT_ERR_USAGE, "device map: too many devices"); goto fail; }
+      infer_dev *d = &e->d[e->n_dev++];
+      d->dev = dev;
+      d->l0 = l;
+    }
+    e->d[e->n_dev - 1].l1 = l + 1;
+    e->at[l] = e->n_dev - 1;
+  }
+  if (e->n_dev > 1 && (!ops->set_device || !ops->copy_peer)) {
+    st = ct_set_error(CT_ERR_USAGE, "device map over %d devices: backend %s has one device",
+                      e->n_dev, ops->name);
+    goto fail;
+  }
+  const bool share = ops == m->ops && e->n_dev == 1;
+  if (!share && m->ops != ct_ops_cpu()) {
+    st = ct_set_error(CT_ERR_USAGE, "inference on %s across devices needs the model built on the"
+                      " CPU table (the weights are copied to each device)", ops->name);
+    goto fail;
+  }
+  if (share && !m->wk) {
+    st = ct_set_error(CT_ERR_USAGE, "inference needs the model's full working weights (not a"
+                      " ZeRO-3 sharded model)");
+    goto fail;
+  }
+  if (!share && !m->w) {
+    st = ct_set_error(CT_ERR_USAGE, "inference needs the model's full fp32 weights");
+    goto fail;
+  }
+  if (share) refresh_working(m);
+  const size_t ab = (size_t)ops->act_bytes;
+  const size_t kvb = (size_t)e->S * m->KV * e->max_T * m->hd * ab;
+  for (int i = 0; i < e->n_dev; i++) {
+    infer_dev *d = &e->d[i];
+    d->first = i == 0;
+    d->last = i == e->n_dev - 1;
+    if (infer_set(e, d) != 0) {
+      st = ct_set_error(CT_ERR_RUNTIME, "device map: cannot use device %d", d->dev);
+      goto fail;
+    }
+    d->lo = d->first ? 0 : layer_lo(m, d->l0);
+    d->hi = d->last ? m->numel : layer_lo(m, d->l1);
+    if (share) {
+      d->w = m->wk;
+    } else {
+      d->w = ops->alloc((d->hi - d->lo) * ab);
+      d->own_w = true;
+      if (!d->w) {
+        st = ct_set_error(CT_ERR_NOMEM, "out of memory for %.2f GiB of weights on device %d",
+                          (d->hi - d->lo) * ab / 1073741824.0, d->dev);
+        goto fail;
+      }
+      CT_TRY_GOTO(infer_upload(e, d, d->w, d->lo, d->hi), fail);
+      if (d->last && !d->first && m->cfg.tie_embeddings) {
+        const size_t n = (size_t)m->Vp * m->C;
+        d->head = ops->alloc(n * ab);
+        if (!d->head) { st = ct_set_error(CT_ERR_NOMEM, "out of memory for the tied head on device %d", d->dev); goto fail; }
+        CT_TRY_GOTO(infer_upload(e, d, d->head, m->off[G][P_WTE], m->off[G][P_WTE] + n), fail);
+      }
+    }
+    d->a = infer_layout(m, ops, e->R, e->LR);
+    d->arena = ops->alloc(d->a.bytes);
+    d->graph = ct_calloc((size_t)e->S + 1, sizeof(void *), "graphs");
+    d->seen = ct_calloc((size_t)e->S + 1, 1, "graph flags");
+    if (!d->arena || !d->graph || !d->seen) {
+      st = ct_set_error(CT_ERR_NOMEM, "out of memory for inference activations (%.1f MiB) on"
+                        " device %d", d->a.bytes / 1048576.0, d->dev);
+      goto fail;
+    }
+    for (int l = d->l0; l < d->l1; l++) {
+      e->kc[l] = ops->alloc(kvb);
+      e->vc[l] = ops->alloc(kvb);
+      if (!e->kc[l] || !e->vc[l]) {
+        st = ct_set_error(CT_ERR_NOMEM, "out of memory for layer %d's KV cache (%d x %d tokens,"
+                          " %.1f MiB) on device %d", l, e->S, e->max_T, 2.0 * kvb / 1048576.0,
+                          d->dev);
+        goto fail;
+      }
+    }
+  }
+  infer_set(e, &e->d[0]);
+  e->pinned = ops->host_alloc && ops->host_free;
+  void *(*ha)(size_t) = e->pinned ? ops->host_alloc : malloc;
+  const infer_acts *a0 = &e->d[0].a; /* every device has the same layout */
+  e->h_tok = ha(a0->ids - a0->tok);   /* tok, pos, slot as in the arena */
+  e->h_ids = ha(sizeof(int32_t) * (size_t)e->R);
+  if (!e->h_tok || !e->h_ids) { st = CT_ERR_NOMEM; goto fail; }
+  e->h_pos = (int32_t *)((char *)e->h_tok + (a0->pos - a0->tok));
+  e->h_slot = (int32_t *)((char *)e->h_tok + (a0->slot - a0->tok));
+  *out = e;
+  return CT_OK;
+fail:
+  ct_infer_destroy(e);
+  return st;
+}
+
+void ct_infer_reset(ct_infer *e, int slot) { e->len[slot] = 0; }
+int ct_infer_len(const ct_infer *e, int slot) { return e->len[slot]; }
+int ct_infer_capacity(const ct_infer *e) { return e->max_T; }
+ct_model *ct_infer_model(const ct_infer *e) { return e->m; }
+int ct_infer_max_rows(const ct_infer *e) { return e->R; }
+long ct_infer_graph_steps(const ct_infer *e) { return e->graph_steps; }
+
+void ct_infer_describe(const ct_infer *e, char *buf, size_t cap) {
+  const ct_model *m = e->m;
+  size_t at = 0;
+  buf[0] = 0;
+  const size_t ab = (size_t)e->ops->act_bytes;
+  const double kv = 2.0 * e->S * m->KV * e->max_T * m->hd * ab / 1073741824.0;
+  for (int i = 0; i < e->n_dev && at < cap; i++) {
+    const infer_dev *d = &e->d[i];
+    char name[32];
+    if (d->dev >= 0) snprintf(name, sizeof name, "cuda:%d", d->dev);
+    else snprintf(name, sizeof name, "%s", e->ops->name);
+    at += (size_t)snprintf(buf + at, cap - at, "%s%s: layers %d-%d%s%s, %.3f GiB weights, %.3f GiB"
+                           " KV cache, %.1f MiB activations", i ? "\n" : "", name, d->l0,
+                           d->l1 - 1, d->first ? " + embedding" : "", d->last ? " + head" : "",
+                           ((d->hi - d->lo) * ab + (d->head ? (size_t)m->Vp * m->C * ab : 0)) /
+                               1073741824.0,
+                           kv * (d->l1 - d->l0), d->a.bytes / 1048576.0);
+  }
+}
+
+static void infer_norm(const ct_infer *e, infer_dev *d, void *out, const void *inp, const void *w,
+                       const void *b, int N) {
+  const ct_model *m = e->m;
+  if (m->gpt2)
+    e->ops->layernorm_fwd(out, DAF(d, mean), DAF(d, rstd), inp, w, b, N, m->C,
+                          (float)m->cfg.norm_eps);
+  else
+    e->ops->rmsnorm_fwd(out, DAF(d, rstd), inp, w, N, m->C, N, 0, (float)m->cfg.norm_eps);
+}
+
+/* One layer over N rows whose positions and slots are in d's pos / slot buffers. Attention:
+ * decode (one row per sequence): attention_decode; prefill from position 0 of nseq sequences of
+ * n rows: attention_fwd (causal, eval); prefill after position p0 > 0: attention_cached. */
+static void infer_layer(ct_infer *e, infer_dev *d, int l, int N, bool decode, int nseq, int n,
+                        int p0, const int *slots) {
+  const ct_model *m = e->m;
+  const ct_ops *o = e->ops;
+  const int C = m->C, H = m->H, KV = m->KV, hd = m->hd, W = m->W, F = m->F;
+  const size_t ab = (size_t)e->ops->act_bytes;
+  const float eps = (float)m->cfg.norm_eps;
+  char *x = DA(d, x), *ln = DA(d, ln), *qkv = DA(d, qkv), *res2 = DA(d, res2), *tmp = DA(d, tmp);
+  const int32_t *pos = DAI(d, pos), *slot = DAI(d, slot);
+  infer_norm(e, d, ln, x, DW(d, l, P_LN1_W), DWO(d, l, P_LN1_B), N);
+  if (m->cfg.qk_norm) {
+    char *raw = DA(d, raw);
+    o->matmul_fwd(raw, ln, DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C, W);
+    const size_t row = (size_t)W * ab, v0 = (size_t)(H + KV) * hd;
+    o->copy2d(qkv + v0 * ab, row, raw + v0 * ab, row, (size_t)KV * hd * ab, (size_t)N);
+    o->rmsnorm_fwd(qkv, DAF(d, qn), raw, DW(d, l, P_QNORM), N * H, hd, H, W, eps);
+    o->rmsnorm_fwd(qkv + (size_t)H * hd * ab, DAF(d, kn), raw + (size_t)H * hd * ab,
+                   DW(d, l, P_KNORM), N * KV, hd, KV, W, eps);
+  } else {
+    o->matmul_fwd(qkv, ln, DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C, W);
+  }
+  if (!m->gpt2) o->rope_pos_fwd(qkv, pos, N, H, KV, hd, (float)m->cfg.rope_theta);
+  o->kv_append(e->kc[l], e->vc[l], qkv, slot, pos, N, H, KV, hd, e->max_T);
+  char *atty = DA(d, atty);
+  if (decode) {
+    o->attention_decode(atty, qkv, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd, e->max_T);
+  } else if (p0 == 0) {
+    o->attention_fwd(atty, DAF(d, att), qkv, nseq, n, H, KV, hd);
+  } else {
+    const size_t seq = (size_t)KV * e->max_T * hd * ab;
+    for (int b = 0; b < nseq; b++)
+      o->attention_cached(atty + (size_t)b * n * H * hd * ab, qkv + (size_t)b * n * W * ab,
+                          e->kc[l] + slots[b] * seq, e->vc[l] + slots[b] * seq, n, p0, H, KV, hd,
+                          e->max_T);
+  }
+  o->matmul_fwd(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), N, H * hd, C);
+  o->add_fwd(res2, res2, x, (size_t)N * C);
+  infer_norm(e, d, ln, res2, DW(d, l, P_LN2_W), DWO(d, l, P_LN2_B), N);
+  if (m->gpt2) {
+    o->matmul_fwd(DA(d, fch), ln, DW(d, l, P_FC_W), DWO(d, l, P_FC_B), N, C, F);
+    o->gelu_fwd(DA(d, act), DA(d, fch), (size_t)N * F);
+  } else {
+    o->matmul_fwd(DA(d, fch), ln, DW(d, l, P_FC_W), NULL, N, C, 2 * F);
+    o->swiglu_fwd(DA(d, act), DA(d, fch), N, F);
+  }
+  o->matmul_fwd(tmp, DA(d, act), DW(d, l, P_PROJ_W), DWO(d, l, P_PROJ_B), N, F, C);
+  o->add_fwd(x, tmp, res2, (size_t)N * C);
+}
+
+/* Everything device d does for one forward: [embedding], its layers, [final norm, head,
+ * argmax]. rows: N; outputs of the last device: logits of `nout` rows and their argmax. */
+static void infer_segment(ct_infer *e, infer_dev *d, int N, bool decode, int nseq, int n, int p0,
+                          const int *slots) {
+  const ct_model *m = e->m;
+  const ct_ops *o = e->ops;
+  const int G = m->cfg.n_layer, C = m->C;
+  const size_t ab = (size_t)e->ops->act_bytes;
+  if (d->first)
+    o->embed_pos_fwd(DA(d, x), DAI(d, tok), DAI(d, pos), DW(d, G, P_WTE), DWO(d, G, P_WPE), N, C);
+  for (int l = d->l0; l < d->l1; l++) infer_layer(e, d, l, N, decode, nseq, n, p0, slots);
+  if (!d->last) return;
+  const char *h = DA(d, x);
+  if (!decode && n > 1) { /* each sequence's last row */
+    o->copy2d(DA(d, last), (size_t)C * ab, DA(d, x) + (size_t)(n - 1) * C * ab,
+              (size_t)n * C * ab, (size_t)C * ab, (size_t)nseq);
+    h = DA(d, last);
+  }
+  infer_norm(e, d, DA(d, lnf), h, DW(d, G, P_LNF_W), DWO(d, G, P_LNF_B), nseq);
+  const char *head = m->cfg.tie_embeddings ? (d->head ? d->head : DW(d, G, P_WTE))
+                                           : DW(d, G, P_LM_HEAD);
+  o->matmul_fwd(DA(d, logits), DA(d, lnf), head, NULL, nseq, C, m->Vp);
+  o->argmax_rows(DAI(d, ids), DA(d, logits), nseq, m->cfg.vocab_size, m->Vp);
+}
+
+static ct_status infer_check_tokens(const ct_infer *e, const int32_t *t, int n) {
+  for (int i = 0; i < n; i++)
+    if (t[i] < 0 || t[i] >= e->m->cfg.vocab_size)
+      return ct_set_error(CT_ERR_INPUT, "token %d outside the vocabulary [0, %d)", t[i],
+                          e->m->cfg.vocab_size);
+  return CT_OK;
+}
+
+/* Uploads tokens / positions / slots (N rows) to device d: the host staging buffer mirrors the
+ * arena's tok, pos, slot span, so this is one copy (one synchronization) per step. */
+static void infer_upload_rows(ct_infer *e, infer_dev *d, int N) {
+  e->ops->to_device(DA(d, tok), e->h_tok, d->a.slot - d->a.tok + sizeof(int32_t) * (size_t)N);
+}
+
+static void infer_hop(ct_infer *e, infer_dev *d, int N) {
+  infer_dev *next = d + 1;
+  e->ops->copy_peer(DA(next, x), next->dev, DA(d, x), d->dev,
+                    (size_t)N * e->m->C * (size_t)e->ops->act_bytes);
+}
+
+static ct_status infer_outputs(ct_infer *e, int nseq, float *logits, int32_t *ids) {
+  const ct_ops *o = e->ops;
+  infer_dev *d = &e->d[e->n_dev - 1];
+  if (ids) {
+    if (o->to_host_async) {
+      o->to_host_async(e->h_ids, DAI(d, ids), sizeof(int32_t) * (size_t)nseq);
+      o->sync();
+    } else {
+      o->to_host(e->h_ids, DAI(d, ids), sizeof(int32_t) * (size_t)nseq);
+    }
+    memcpy(ids, e->h_ids, sizeof(int32_t) * (size_t)nseq);
+  }
+  if (logits) o->to_host_f32(logits, DA(d, logits), (size_t)nseq * e->m->Vp);
+  infer_set(e, &e->d[0]);
+  return CT_OK;
+}
+
+ct_status ct_infer_prefill(ct_infer *e, int nseq, const int *slots, const int32_t *tokens, int n,
+                           float *logits, int32_t *ids) {
+  if (nseq <= 0 || n <= 0 || nseq > e->S || (long)nseq * n > e->R)
+    return ct_set_error(CT_ERR_RUNTIME, "prefill of %d x %d tokens: at most %d sequences and %d"
+                        " rows", nseq, n, e->S, e->R);
+  const int p0 = e->len[slots[0]];
+  for (int b = 0; b < nseq; b++) {
+    if (slots[b] < 0 || slots[b] >= e->S || e->len[slots[b]] != p0)
+      return ct_set_error(CT_ERR_RUNTIME, "prefill: slot %d (length %d) is not at position %d",
+                          slots[b], slots[b] >= 0 && slots[b] < e->S ? e->len[slots[b]] : -1, p0);
+  }
+  if (p0 + n > e->max_T)
+    return ct_set_error(CT_ERR_RUNTIME, "prefill: %d + %d tokens exceed the cache (%d per"
+                        " sequence)", p0, n, e->max_T);
+  CT_TRY(infer_check_tokens(e, tokens, nseq * n));
+  const int N = nseq * n;
+  memcpy(e->h_tok, tokens, sizeof(int32_t) * (size_t)N);
+  for (int b = 0; b < nseq; b++)
+    for (int t = 0; t < n; t++) {
+      e->h_pos[b * n + t] = p0 + t;
+      e->h_slot[b * n + t] = slots[b];
+    }
+  for (int i = 0; i < e->n_dev; i++) {
+    infer_dev *d = &e->d[i];
+    if (infer_set(e, d) != 0) return ct_set_error(CT_ERR_RUNTIME, "cannot use device %d", d->dev);
+    infer_upload_rows(e, d, N);
+    infer_segment(e, d, N, false, nseq, n, p0, slots);
+    if (!d->last) infer_hop(e, d, N);
+  }
+  for (int b = 0; b < nseq; b++) e->len[slots[b]] += n;
+  return infer_outputs(e, nseq, logits, ids);
+}
+
+ct_status ct_infer_decode(ct_infer *e, int nseq, const int *slots, const int32_t *tokens,
+                          float *logits, int32_t *ids) {
+  if (nseq <= 0 || nseq > e->S)
+    return ct_set_error(CT_ERR_RUNTIME, "decode of %d sequences: at most %d", nseq, e->S);
+  for (int b = 0; b < nseq; b++) {
+    if (slots[b] < 0 || slots[b] >= e->S)
+      return ct_set_error(CT_ERR_RUNTIME, "decode: slot %d outside [0, %d)", slots[b], e->S);
+    if (e->len[slots[b]] + 1 > e->max_T)
+      return ct_set_error(CT_ERR_RUNTIME, "decode: sequence %d is full (%d tokens)", slots[b],
+                          e->max_T);
+    for (int c = 0; c < b; c++)
+      if (slots[c] == slots[b])
+        return ct_set_error(CT_ERR_RUNTIME, "decode: slot %d appears twice", slots[b]);
+  }
+  CT_TRY(infer_check_tokens(e, tokens, nseq));
+  memcpy(e->h_tok, tokens, sizeof(int32_t) * (size_t)nseq);
+  for (int b = 0; b < nseq; b++) {
+    e->h_pos[b] = e->len[slots[b]];
+    e->h_slot[b] = slots[b];
+  }
+  const ct_ops *o = e->ops;
+  for (int i = 0; i < e->n_dev; i++) {
+    infer_dev *d = &e->d[i];
+    if (infer_set(e, d) != 0) return ct_set_error(CT_ERR_RUNTIME, "cannot use device %d", d->dev);
+    infer_upload_rows(e, d, nseq);
+    bool ran = false;
+    if (e->graphs != 0) {
+      if (!d->graph[nseq] && d->seen[nseq]) { /* steady shape: capture it */
+        o->graph_begin();
+        infer_segment(e, d, nseq, true, nseq, 1, 0, slots);
+        void *g = o->graph_end();
+        if (!g) /* the backend recorded why; its error is sticky */
+          return ct_set_error(CT_ERR_RUNTIME, "CUDA graph capture of a %d-row decode step failed"
+                              " (--cuda_graphs off decodes without graphs)", nseq);
+        d->graph[nseq] = g;
+      }
+      if (d->graph[nseq]) {
+        o->graph_launch(d->graph[nseq]);
+        ran = true;
+        if (d->last) e->graph_steps++;
+      }
+    }
+    if (!ran) {
+      infer_segment(e, d, nseq, true, nseq, 1, 0, slots);
+      d->seen[nseq] = 1;
+    }
+    if (!d->last) infer_hop(e, d, nseq);
+  }
+  for (int b = 0; b < nseq; b++) e->len[slots[b]]++;
+  return infer_outputs(e, nseq, logits, ids);
+}
+
+ct_status ct_infer_loss(ct_infer *e, int nseq, const int32_t *inputs, const int32_t *targets,
+                        int T, double *sum, long *count) {
+  const ct_model *m = e->m;
+  const ct_ops *o = e->ops;
+  const int N = nseq * T, C = m->C, G = m->cfg.n_layer, V = m->cfg.vocab_size;
+  if (nseq <= 0 || T <= 0 || nseq > e->S || N > e->R || T > e->max_T)
+    return ct_set_error(CT_ERR_RUNTIME, "evaluation of %d x %d tokens: at most %d sequences,"
+                        " %d rows and %d tokens each", nseq, T, e->S, e->R, e->max_T);
+  CT_TRY(infer_check_tokens(e, inputs, N));
+  for (int i = 0; i < N; i++)
+    if (targets[i] >= V)
+      return ct_set_error(CT_ERR_INPUT, "target token %d outside the vocabulary [0, %d)",
+                          targets[i], V);
+  int *slots = malloc(sizeof(int) * (size_t)nseq);
+  float *losses = malloc(sizeof(float) * (size_t)N);
+  if (!slots || !losses) {
+    free(slots);
+    free(losses);
+    return ct_set_error(CT_ERR_NOMEM, "out of memory");
+  }
+  for (int b = 0; b < nseq; b++) {
+    slots[b] = b;
+    e->len[b] = 0;
+  }
+  memcpy(e->h_tok, inputs, sizeof(int32_t) * (size_t)N);
+  for (int b = 0; b < nseq; b++)
+    for (int t = 0; t < T; t++) {
+      e->h_pos[b * T + t] = t;
+      e->h_slot[b * T + t] = b;
+    }
+  ct_status st = CT_OK;
+  for (int i = 0; i < e->n_dev && st == CT_OK; i++) {
+    infer_dev *d = &e->d[i];
+    if (infer_set(e, d) != 0) { st = ct_set_error(CT_ERR_RUNTIME, "cannot use device %d", d->dev); break; }
+    infer_upload_rows(e, d, N);
+    if (d->first)
+      o->embed_pos_fwd(DA(d, x), DAI(d, tok), DAI(d, pos), DW(d, G, P_WTE), DWO(d, G, P_WPE), N, C);
+    for (int l = d->l0; l < d->l1; l++) infer_layer(e, d, l, N, false, nseq, T, 0, slots);
+    if (!d->last) {
+      infer_hop(e, d, N);
+      continue;
+    }
+    /* the head over every row, LR rows at a time; losses land in qn (R*H floats) */
+    const size_t ab = (size_t)o->act_bytes;
+    float *dl = DAF(d, qn);
+    int32_t *dt = DAI(d, ids);
+    o->to_device(dt, targets, sizeof(int32_t) * (size_t)N);
+    const char *head = m->cfg.tie_embeddings ? (d->head ? d->head : DW(d, G, P_WTE))
+                                             : DW(d, G, P_LM_HEAD);
+    for (int r = 0; r < N; r += e->LR) {
+      const int k = N - r < e->LR ? N - r : e->LR;
+      infer_norm(e, d, DA(d, lnf), DA(d, x) + (size_t)r * C * ab, DW(d, G, P_LNF_W),
+                 DWO(d, G, P_LNF_B), k);
+      o->matmul_fwd(DA(d, logits), DA(d, lnf), head, NULL, k, C, m->Vp);
+      o->xent_fwd_bwd(dl + r, DA(d, logits), dt + r, k, V, m->Vp, 0.0f);
+    }
+    o->to_host(losses, dl, sizeof(float) * (size_t)N);
+  }
+  infer_set(e, &e->d[0]);
+  for (int b = 0; b < nseq; b++) e->len[b] = 0;
+  for (int i = 0; st == CT_OK && i < N; i++)
+    if (targets[i] >= 0) {
+      *sum += losses[i];
+      (*count)++;
+    }
+  free(slots);
+  free(losses);
+  return st;
+}
+
+/* ---- device map ---- */
+
+/* "20GiB", "512MiB", "40GB", "1e9" -> bytes; false on bad syntax. */
+static bool parse_bytes(const char *s, size_t len, double *out) {
+  char buf[64];
+  if (len == 0 || len >= sizeof buf) return false;
+  memcpy(buf, s, len);
+  buf[len] = 0;
+  char *end = NULL;
+  double v = strtod(buf, &end);
+  if (end == buf || !(v >= 0)) return false;
+  static const struct { const char *u; double f; } units[] = {
+      {"", 1}, {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+      {"TiB", 1099511627776.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}};
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (!strcmp(end, units[i].u)) {
+      *out = v * units[i].f;
+      return true;
+    }
+  return false;
+}
+
+ct_status ct_infer_plan(const ct_model *m, const ct_ops *ops, const char *spec,
+                        const char *max_memory, int max_seqs, int max_len, int max_rows,
+                        int *layer_dev, char *report, size_t report_cap) {
+  const int L = m->cfg.n_layer;
+  const int ndev = ops->device_count ? ops->device_count() : 0;
+  if (report && report_cap) report[0] = 0;
+  if (!spec || !spec[0]) spec = "auto";
+  enum { ONE, AUTO, BALANCED, SEQUENTIAL } kind;
+  int one = 0;
+  char *end = NULL;
+  if (!strcmp(spec, "auto")) kind = AUTO;
+  else if (!strcmp(spec, "balanced")) kind = BALANCED;
+  else if (!strcmp(spec, "sequential")) kind = SEQUENTIAL;
+  else {
+    const char *num = !strncmp(spec, "cuda:", 5) ? spec + 5 : spec;
+    long v = strtol(num, &end, 10);
+    if (!num[0] || *end || v < 0)
+      return ct_set_error(CT_ERR_USAGE, "--device_map %s: expected auto, balanced, sequential or"
+                          " cuda:N", spec);
+    kind = ONE;
+    one = (int)v;
+  }
+  if (ndev <= 0)
+    return ct_set_error(CT_ERR_USAGE, "--device_map %s: no CUDA device is visible (backend %s)",
+                        spec, ops->name);
+  if (kind == ONE && one >= ndev)
+    return ct_set_error(CT_ERR_USAGE, "--device_map %s: only %d CUDA device(s) visible", spec, ndev);
+
+  double budget[INFER_MAX_DEV];
+  const int nd = ndev < INFER_MAX_DEV ? ndev : INFER_MAX_DEV;
+  bool given[INFER_MAX_DEV] = {false};
+  for (const char *p = max_memory; p && *p;) {
+    const char *comma = strchr(p, ',');
+    const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    const char *eq = memchr(p, '=', len);
+    double bytes = 0;
+    long dev = eq ? strtol(p, &end, 10) : -1;
+    if (!eq || end != eq || dev < 0 || !parse_bytes(eq + 1, len - (size_t)(eq + 1 - p), &bytes))
+      return ct_set_error(CT_ERR_USAGE, "--max_memory %s: expected DEVICE=SIZE[,DEVICE=SIZE...]"
+                          " such as 0=20GiB,1=40GiB (units B, KiB, MiB, GiB, KB, MB, GB)",
+                          max_memory);
+    if (dev >= nd)
+      return ct_set_error(CT_ERR_USAGE, "--max_memory %s: device %ld is not visible (%d device(s))",
+                          max_memory, dev, ndev);
+    budget[dev] = bytes;
+    given[dev] = true;
+    p = comma ? comma + 1 : p + len;
+  }
+  for (int d = 0; d < nd; d++) {
+    if (given[d]) continue;
+    size_t fr = 0, tot = 0;
+    if (!ops->device_memory || ops->device_memory(d, &fr, &tot) != 0)
+      return ct_set_error(CT_ERR_RUNTIME, "device map: cannot read cuda:%d's free memory", d);
+    budget[d] = 0.9 * (double)fr;
+  }
+
+  /* what each piece costs, bytes */
+  const size_t ab = (size_t)ops->act_bytes;
+  const int R = max_rows > max_seqs ? max_rows : max_seqs;
+  const double kv = 2.0 * max_seqs * m->KV * (double)max_len * m->hd * ab;
+  const double splits = (max_len + 15) / 16;
+  const double fixed = (double)infer_layout(m, ops, R, max_seqs).bytes + 256.0 * 1048576.0 +
+                       4.0 * max_seqs * m->Vp + 4.0 * max_seqs * m->H * splits * (m->hd + 2);
+  const double pre = (double)layer_lo(m, 0) * ab, post = (double)(m->numel - layer_lo(m, L)) * ab;
+  const double tied = m->cfg.tie_embeddings ? (double)m->Vp * m->C * ab : 0;
+  double *lw = malloc(sizeof(double) * (size_t)L);
+  if (!lw) return ct_set_error(CT_ERR_NOMEM, "out of memory");
+  for (int l = 0; l < L; l++) lw[l] = (double)(layer_lo(m, l + 1) - layer_lo(m, l)) * ab + kv;
+
+  /* cost of a given assignment per device; the first fit failure, if any */
+  double need[INFER_MAX_DEV] = {0};
+  int bad = -1;
+#define EVAL()                                                                               \
+  do {                                                                                       \
+    for (int d = 0; d < nd; d++) need[d] = 0;                                                \
+    for (int l = 0; l < L; l++) need[layer_dev[l]] += lw[l];                                 \
+    const int f = layer_dev[0], la = layer_dev[L - 1];                                       \
+    for (int d = 0; d < nd; d++)                                                             \
+      if (need[d] > 0) need[d] += fixed;                                                     \
+    need[f] += pre;                                                                          \
+    need[la] += post + (la != f ? tied : 0);                                                 \
+    bad = -1;                                                                                \
+    for (int d = 0; d < nd; d++)                                                             \
+      if (need[d] > budget[d] && bad < 0) bad = d;                                           \
+  } while (0)
+
+  const char *chosen = spec;
+  const bool is_auto = kind == AUTO;
+  bool placed = false;
+  if (kind == ONE || is_auto) {
+    for (int l = 0; l < L; l++) layer_dev[l] = one;
+    EVAL();
+    placed = kind == ONE || bad < 0;
+    if (is_auto) chosen = "auto (one device)";
+  }
+  if (!placed && (kind == BALANCED || is_auto)) {
+    const int n = nd < L ? nd : L;
+    for (int l = 0; l < L; l++) layer_dev[l] = (int)((long)l * n / L);
+    EVAL();
+    placed = kind == BALANCED || bad < 0;
+    if (is_auto) chosen = "auto (balanced)";
+  }
+  if (!placed) {
+    int d = 0;
+    double used = fixed + pre;
+    for (int l = 0; l < L; l++) {
+      while (d < nd - 1 && used + lw[l] > budget[d]) {
+        d++;
+        used = fixed;
+      }
+      layer_dev[l] = d;
+      used += lw[l];
+    }
+    EVAL();
+    if (is_auto) chosen = "auto (sequential)";
+  }
+#undef EVAL
+  free(lw);
+  if (bad >= 0)
+    return ct_set_error(CT_ERR_RUNTIME, "device map %s: the model does not fit: cuda:%d needs"
+                        " %.2f GiB (weights, KV cache for %d x %d tokens, activations) but has"
+                        " %.2f GiB%s", spec, bad, need[bad] / 1073741824.0, max_seqs, max_len,
+                        budget[bad] / 1073741824.0,
+                        given[bad] ? " (--max_memory)" : " (90% of its free memory)");
+  if (report && report_cap) {
+    size_t at = (size_t)snprintf(report, report_cap, "device_map %s:", chosen);
+    for (int l = 0; l < L && at < report_cap;) {
+      int k = l;
+      while (k + 1 < L && layer_dev[k + 1] == layer_dev[l]) k++;
+      at += (size_t)snprintf(report + at, report_cap - at, " cuda:%d layers %d-%d (%.2f of %.2f"
+                             " GiB)%s", layer_dev[l], l, k, need[layer_dev[l]] / 1073741824.0,
+                             budget[layer_dev[l]] / 1073741824.0, k + 1 < L ? ";" : "");
+      l = k + 1;
+    }
+  }
   return CT_OK;
 }

@@ -138,6 +138,77 @@ int ct_kv_cache_capacity(const ct_kv_cache *c);
 ct_status ct_model_forward_cached(ct_model *m, ct_kv_cache *c, int b, const int32_t *tokens,
                                   int n, float *logits_host);
 
+/* ---- batched inference engine ----
+ * Decodes a batch of sequences with ONE forward per step (row n = one sequence's new token, its
+ * position and cache slot in device buffers, attention over each row's own cache length) and
+ * prefills prompts through the eval path (flash attention from position 0, cached attention
+ * after). Layers can live on several devices (a device map): each device holds the working
+ * weights of its layers (the embedding on the first, the final norm and head on the last), their
+ * KV caches and its own activations; the hidden state hops between devices (peer to peer where
+ * possible). With a backend that has graphs, a decode step of a given batch size is captured as
+ * a CUDA graph once and replayed: what changes between steps (tokens, positions, slots) is
+ * written to fixed device buffers before the launch.
+ *
+ * The model's weights are read once at creation: from the model's own working copy when `ops`
+ * is the model's table and everything is on one device (no copy), otherwise from the fp32
+ * master on the host (a model built on the CPU table), cast to ops' working dtype per device. */
+typedef struct ct_infer ct_infer;
+
+typedef struct ct_infer_cfg {
+  int max_seqs;          /* sequence slots in the KV cache (the largest decode batch) */
+  int max_len;           /* tokens per sequence, prompt + generated (<= model.max_seq_len) */
+  int max_rows;          /* rows one prefill forward holds (prompt chunk) */
+  const int *layer_dev;  /* (n_layer) device index of each layer, non-decreasing; NULL: all on
+                            device `device` */
+  int device;            /* the device when layer_dev is NULL (-1: the backend's current one) */
+  int graphs;            /* CUDA graphs for decode steps: 1 on, 0 off, -1 auto (on where the
+                            backend has them); a failed capture is an error either way */
+  int logit_rows;        /* rows of logits computed at once (ct_infer_loss); 0: max_seqs */
+} ct_infer_cfg;
+#define CT_INFER_CFG_INIT {1, 0, 512, NULL, -1, -1, 0}
+
+ct_status ct_infer_create(ct_model *m, const ct_ops *ops, const ct_infer_cfg *cfg, ct_infer **out);
+void ct_infer_destroy(ct_infer *e);
+ct_model *ct_infer_model(const ct_infer *e);
+/* Forgets sequence slot `slot`'s tokens (its length becomes 0). */
+void ct_infer_reset(ct_infer *e, int slot);
+int ct_infer_len(const ct_infer *e, int slot);
+int ct_infer_capacity(const ct_infer *e);   /* max_len */
+int ct_infer_max_rows(const ct_infer *e);
+/* Decode steps replayed from captured graphs so far (0 when graphs are off). */
+long ct_infer_graph_steps(const ct_infer *e);
+/* One line per device: "cuda:0: layers 0-13 + embedding, 1.23 GiB weights, 0.10 GiB KV cache". */
+void ct_infer_describe(const ct_infer *e, char *buf, size_t cap);
+
+/* Runs n tokens of each of nseq sequences (slots[b], tokens (nseq, n) row-major) whose current
+ * lengths are all equal, appending keys and values to their caches; nseq * n <= max_rows.
+ * Outputs for each sequence's last token: logits (nseq, Vp) fp32 host and / or argmax ids
+ * (nseq) over the real vocabulary; either may be NULL. */
+ct_status ct_infer_prefill(ct_infer *e, int nseq, const int *slots, const int32_t *tokens, int n,
+                           float *logits, int32_t *ids);
+/* One decode step: token tokens[b] of sequence slots[b] (distinct slots, nseq <= max_seqs) at
+ * position ct_infer_len(slots[b]); outputs as ct_infer_prefill. */
+ct_status ct_infer_decode(ct_infer *e, int nseq, const int *slots, const int32_t *tokens,
+                          float *logits, int32_t *ids);
+
+/* Evaluation: nseq fresh sequences of T tokens (inputs and targets (nseq, T) row-major,
+ * nseq * T <= max_rows, nseq <= max_seqs) through the eval path; adds the token losses
+ * (natural log) of targets >= 0 to *sum and their count to *count. Uses (and resets) slots
+ * 0 .. nseq-1. Equals ct_model_forward's loss, computed across the engine's devices. */
+ct_status ct_infer_loss(ct_infer *e, int nseq, const int32_t *inputs, const int32_t *targets,
+                        int T, double *sum, long *count);
+
+/* Device map: assigns layers to devices for ct_infer_cfg.layer_dev. spec: "auto" (device 0 if
+ * the model fits there, else balanced), "balanced" (layers spread evenly over the devices),
+ * "sequential" (fill device 0 to its budget, then 1, ...), or "cuda:N" / "N" (all on one).
+ * max_memory (may be NULL or ""): "0=20GiB,1=40GiB" budgets (GiB, MiB, GB, MB or bytes); devices
+ * without a budget get 90% of their free memory. Counts working weights (embedding on the
+ * first device, final norm + head on the last, a tied head copied there), each layer's KV cache
+ * for max_seqs x max_len tokens and activations. CT_ERR_USAGE for a bad spec, CT_ERR_RUNTIME
+ * when the model does not fit; report (may be NULL) receives the placement. */
+ct_status ct_infer_plan(const ct_model *m, const ct_ops *ops, const char *spec,
+                        const char *max_memory, int max_seqs, int max_len, int max_rows,
+                        int *layer_dev, char *report, size_t report_cap);
 /* ---- units: what data-parallel sharding works on (parallel/zero.c, parallel/ddp.c) ----
  * The flat buffer is the units in order; with cfg.numel_multiple = k each unit is padded to a
  * multiple of k floats (ZeRO cuts each unit into equal slices). */

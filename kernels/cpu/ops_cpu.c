@@ -818,6 +818,16 @@ static void scale(float *x, float s, size_t n) {
 /* ---------------------------------------------------------------------------------------- */
 /* table                                                                                    */
 
+/* kernels/cpu/decode.c: the batched-inference ops */
+void ct_cpu_embed_pos_fwd(void *out, const int32_t *tok, const int32_t *pos, const void *wte,
+                          const void *wpe, int N, int C);
+void ct_cpu_rope_pos_fwd(void *qkv, const int32_t *pos, int N, int H, int KV, int hd, float theta);
+void ct_cpu_kv_append(void *kc, void *vc, const void *qkv, const int32_t *slot, const int32_t *pos,
+                      int N, int H, int KV, int hd, int max_T);
+void ct_cpu_attention_decode(void *out, const void *qkv, const void *kc, const void *vc,
+                             const int32_t *slot, const int32_t *pos, int N, int H, int KV, int hd,
+                             int max_T);
+void ct_cpu_argmax_rows(int32_t *out, const void *logits, int N, int V, int Vp);
 void ct_cpu_attention_cached(void *out, const void *qkv, const void *kc, const void *vc, int n,
                              int pos0, int H, int KV, int hd, int max_T); /* attention_cached.c */
 
@@ -912,6 +922,11 @@ static const ct_ops cpu_ops = {
     .xent_stats = xent_stats,
     .xent_grad = xent_grad,
     .mem_peak = mem_peak,
+    .embed_pos_fwd = ct_cpu_embed_pos_fwd,
+    .rope_pos_fwd = ct_cpu_rope_pos_fwd,
+    .kv_append = ct_cpu_kv_append,
+    .attention_decode = ct_cpu_attention_decode,
+    .argmax_rows = ct_cpu_argmax_rows,
 };
 
 /* Every sgemm here is issued by an OpenMP thread on its own slice (see matmul), so OpenMP is

@@ -3609,12 +3609,12 @@ bool attn_16_flash(int hd) {
   return (v == ATTN_FLASH || v == ATTN_FLASH2 || v == ATTN_FLASH2B) && flash_ok(hd);
 }
 
-// Raises a kernel's dynamic shared memory limit once.
+// Raises a kernel's dynamic shared memory limit once per device (*done: a bit per device).
 template <typename K> bool fl_smem_attr(K kernel, size_t bytes, int *done) {
-  if (*done) return true;
+  if ((*done >> g.device) & 1) return true;
   if (!CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes)))
     return false;
-  *done = 1;
+  *done |= 1 << g.device;
   return true;
 }
 
@@ -3988,6 +3988,7 @@ template <typename A> ct_ops make_table() {
   t.xent_stats = cu_xent_stats<A>;
   t.xent_grad = cu_xent_grad<A>;
   t.mem_peak = cu_mem_peak;
+  ct_cuda_decode_table(&t); // batched-inference ops and devices: kernels/cuda/decode.cu
   return t;
 }
 const ct_ops cuda_ops = make_table<float>();
@@ -4145,7 +4146,83 @@ extern "C" void *ct_cuda_stream(void) { return g.ready ? (void *)g.stream : NULL
 
 extern "C" void ct_cuda_shutdown(void) {
   if (!g.ready) return;
+  ct_cuda_release_other_devices();
   cudaStreamSynchronize(g.stream);
   if (prof.on) prof.report();
   release();
+}
+
+// ---------------------------------------------------------------------------------------------
+// several devices in one process (inference across GPUs: trainer/model.c's ct_infer). Each
+// device keeps its own state (stream, cuBLAS and cuBLASLt handles, scratch); `g` and `lt` always
+// hold the current device's and ct_cuda_use_device swaps them, so every op above runs unchanged
+// on whichever device is current. The sticky error is the process's: it follows the swap.
+
+namespace {
+const int MAX_DEVICES = 16;
+cuda_state dev_g[MAX_DEVICES];
+lt_api dev_lt[MAX_DEVICES];
+} // namespace
+
+extern "C" int ct_cuda_use_device(int device) {
+  if (!g.ready) return -1;
+  if (device == g.device) return 0;
+  g.op = "set_device";
+  if (device < 0 || device >= MAX_DEVICES) {
+    record_error("ct_cuda_use_device", "device index out of range", __FILE__, __LINE__);
+    return -1;
+  }
+  const int prev = g.device, failed = g.failed;
+  char err[sizeof g.err];
+  memcpy(err, g.err, sizeof err);
+  dev_g[prev] = g;
+  dev_lt[prev] = lt;
+  if (dev_g[device].ready) {
+    g = dev_g[device];
+    lt = dev_lt[device];
+    dev_g[device].ready = 0; // the live copy is g now
+    if (cudaSetDevice(device) != cudaSuccess) cudaGetLastError();
+  } else {
+    g = cuda_state();
+    lt = lt_api();
+    char why[512];
+    if (ct_cuda_init(device, why, sizeof why) != 0) {
+      g = dev_g[prev];
+      lt = dev_lt[prev];
+      dev_g[prev].ready = 0;
+      cudaSetDevice(prev);
+      record_error("ct_cuda_use_device", why, __FILE__, __LINE__);
+      return -1;
+    }
+  }
+  if (failed && !g.failed) {
+    g.failed = 1;
+    memcpy(g.err, err, sizeof err);
+  }
+  return 0;
+}
+
+// Shutdown of every device but the current one (ct_cuda_shutdown releases that one).
+extern "C" void ct_cuda_release_other_devices(void) {
+  const cuda_state cur = g;
+  const lt_api cur_lt = lt;
+  for (int d = 0; d < MAX_DEVICES; d++) {
+    if (!dev_g[d].ready || d == cur.device) continue;
+    g = dev_g[d];
+    lt = dev_lt[d];
+    cudaSetDevice(d);
+    cudaStreamSynchronize(g.stream);
+    release();
+    dev_g[d] = cuda_state();
+  }
+  g = cur;
+  lt = cur_lt;
+  cudaSetDevice(g.device);
+}
+
+// Records an error from another file's op (decode.cu) in the sticky state.
+extern "C" void ct_cuda_report(const char *op, const char *call, const char *why, const char *file,
+                               int line) {
+  g.op = op;
+  record_error(call, why, file, line);
 }

@@ -92,6 +92,18 @@ void *ct_cuda_stream(void);
 /* Releases the backend's own resources; buffers from `alloc` stay the caller's to free. */
 void ct_cuda_shutdown(void);
 
+/* Several devices in one process (inference across GPUs): makes `device` current for every
+ * later op, with its own stream, cuBLAS / cuBLASLt handles and scratch (created on first use,
+ * as ct_cuda_init does). Needs ct_cuda_init first. Returns 0, or -1 with the error recorded. */
+int ct_cuda_use_device(int device);
+/* Frees the state of every device but the current one (ct_cuda_shutdown calls it). */
+void ct_cuda_release_other_devices(void);
+/* Records an error in the sticky state (for ops defined outside ops_cuda.cu). */
+void ct_cuda_report(const char *op, const char *call, const char *why, const char *file, int line);
+/* Fills the batched-inference and device entries of a table (kernels/cuda/decode.cu);
+ * the table's act_bytes and dtype must be set. */
+void ct_cuda_decode_table(ct_ops *t);
+
 #ifdef __cplusplus
 }
 #endif

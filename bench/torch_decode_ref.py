@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""bench/torch_decode_ref.py — the Transformers side of bench/gpu_decode.sh.
+
+Qwen3ForCausalLM built from a config with the Qwen3-0.6B shape (28 layers, d=1024, 16 heads,
+8 kv heads, head_dim 128, qk_norm, SwiGLU 3072, vocab 151,936, tied embeddings), random
+weights, bf16, sdpa attention. For each batch size: random prompts of --prompt tokens, greedy
+`generate` of --new tokens with no end-of-text (min_new_tokens = max_new_tokens). Time to first
+token = generate with max_new_tokens=1; decode tokens/s = B * (new - 1) / (t_new - t_1).
+Modes: "eager" (dynamic cache) and "static_compile" (static cache; generate compiles the decode
+forward with torch.compile, CompileConfig fullgraph + reduce-overhead; reported with its error if
+it fails). One JSON line per result.
+"""
+import argparse, json, sys, time
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+
+def build(seed):
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                      num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                      head_dim=128, max_position_embeddings=4096, rope_theta=1e6,
+                      rms_norm_eps=1e-6, tie_word_embeddings=True)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        m = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    m.eval()
+    m.generation_config.pad_token_id = 0
+    m.generation_config.eos_token_id = None
+    return m
+
+
+def timed(fn, reps):
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def run(m, mode, B, P, N, reps):
+    g = torch.Generator(device="cuda").manual_seed(B)
+    ids = torch.randint(0, 151936, (B, P), device="cuda", generator=g)
+    mask = torch.ones_like(ids)
+    kw = dict(do_sample=False, attention_mask=mask, pad_token_id=0)
+    if mode == "static_compile":  # generate compiles the decode forward for a static cache
+        from transformers import CompileConfig
+        kw["cache_implementation"] = "static"
+        kw["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead")
+
+    def gen(n):
+        with torch.inference_mode():
+            return m.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+
+    out = gen(N)  # warm-up (and compilation)
+    assert out.shape[1] == P + N, out.shape
+    gen(1)
+    t1 = timed(lambda: gen(1), reps)
+    tn = timed(lambda: gen(N), reps)
+    return {"impl": "transformers", "mode": mode, "batch": B, "prompt": P, "new": N,
+            "ttft_ms": t1 * 1e3, "decode_tok_s": B * (N - 1) / (tn - t1),
+            "total_s": tn}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--modes", nargs="+", default=["eager", "static_compile"])
+    ap.add_argument("--reps", type=int, default=2)
+    a = ap.parse_args()
+    import transformers
+    print(json.dumps({"torch": torch.__version__, "transformers": transformers.__version__,
+                      "gpu": torch.cuda.get_device_name()}), flush=True)
+    m = build(0)
+    for mode in a.modes:
+        for B in a.batch:
+            try:
+                print(json.dumps(run(m, mode, B, a.prompt, a.new, a.reps)), flush=True)
+            except Exception as e:  # compile failures: report and go on
+                print(json.dumps({"impl": "transformers", "mode": mode, "batch": B,
+                                  "error": repr(e)[:300]}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

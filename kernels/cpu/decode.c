@@ -1,0 +1,98 @@
+/* kernels/cpu/decode.c — CPU references of the batched-inference ops (see ops.h, "batched
+ * inference"): embedding at per-row positions, RoPE at per-row positions, KV append by
+ * (slot, position), attention of one query row over its own slot's cache, and row argmax.
+ * Each computes exactly what the single-sequence ops compute for that row (same operation
+ * order), so a batched decode step equals per-sequence decode bit for bit on this backend.
+ * The devices-and-graphs entries stay NULL: the CPU has one "device" and no graphs. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+
+void ct_cpu_attention_cached(void *out, const void *qkv, const void *kc, const void *vc, int n,
+                             int pos0, int H, int KV, int hd, int max_T);
+
+static inline int slot_of(const int32_t *slot, int n) { return slot ? slot[n] : n; }
+
+void ct_cpu_embed_pos_fwd(void *out_, const int32_t *tok, const int32_t *pos, const void *wte_,
+                          const void *wpe_, int N, int C) {
+  float *out = out_;
+  const float *wte = wte_, *wpe = wpe_;
+  for (int n = 0; n < N; n++) {
+    float *o = out + (size_t)n * C;
+    const float *e = wte + (size_t)tok[n] * C;
+    if (wpe) {
+      const float *p = wpe + (size_t)pos[n] * C;
+      for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+    } else {
+      memcpy(o, e, sizeof(float) * (size_t)C);
+    }
+  }
+}
+
+/* The angle is rounded as rope_fwd's table does (inv_freq and pos * inv_freq in fp32). */
+void ct_cpu_rope_pos_fwd(void *qkv_, const int32_t *pos, int N, int H, int KV, int hd,
+                         float theta) {
+  float *qkv = qkv_;
+  const int half = hd / 2, nh = H + KV;
+  const long W3 = (long)(H + 2 * KV) * hd;
+#pragma omp parallel for if ((long)N * nh * hd > 16384)
+  for (int n = 0; n < N; n++) {
+    float cs[512], sn[512]; /* hd/2 <= 512: head dims up to 1024 */
+    for (int i = 0; i < half && i < 512; i++) {
+      float inv = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+      float ang = (float)pos[n] * inv;
+      cs[i] = (float)cos((double)ang);
+      sn[i] = (float)sin((double)ang);
+    }
+    for (int h = 0; h < nh; h++) {
+      float *x = qkv + n * W3 + (long)h * hd;
+      for (int i = 0; i < half; i++) {
+        float x1 = x[i], x2 = x[i + half], c = cs[i], s = sn[i];
+        x[i] = x1 * c - x2 * s;
+        x[i + half] = x2 * c + x1 * s;
+      }
+    }
+  }
+}
+
+void ct_cpu_kv_append(void *kc_, void *vc_, const void *qkv_, const int32_t *slot,
+                      const int32_t *pos, int N, int H, int KV, int hd, int max_T) {
+  float *kc = kc_, *vc = vc_;
+  const float *qkv = qkv_;
+  const size_t W3 = (size_t)(H + 2 * KV) * hd, seq = (size_t)KV * max_T * hd;
+  for (int n = 0; n < N; n++) {
+    const float *row = qkv + (size_t)n * W3;
+    for (int h = 0; h < KV; h++) {
+      const size_t dst = (size_t)slot_of(slot, n) * seq + ((size_t)h * max_T + pos[n]) * hd;
+      memcpy(kc + dst, row + (size_t)(H + h) * hd, sizeof(float) * (size_t)hd);
+      memcpy(vc + dst, row + (size_t)(H + KV + h) * hd, sizeof(float) * (size_t)hd);
+    }
+  }
+}
+
+/* Row by row through attention_cached (one query at position pos[n]): the same arithmetic. */
+void ct_cpu_attention_decode(void *out_, const void *qkv_, const void *kc_, const void *vc_,
+                             const int32_t *slot, const int32_t *pos, int N, int H, int KV,
+                             int hd, int max_T) {
+  float *out = out_;
+  const float *qkv = qkv_, *kc = kc_, *vc = vc_;
+  const size_t W3 = (size_t)(H + 2 * KV) * hd, seq = (size_t)KV * max_T * hd;
+  for (int n = 0; n < N; n++) {
+    const size_t s = (size_t)slot_of(slot, n) * seq;
+    ct_cpu_attention_cached(out + (size_t)n * H * hd, qkv + (size_t)n * W3, kc + s, vc + s, 1,
+                            pos[n], H, KV, hd, max_T);
+  }
+}
+
+void ct_cpu_argmax_rows(int32_t *out, const void *logits_, int N, int V, int Vp) {
+  const float *logits = logits_;
+  for (int n = 0; n < N; n++) {
+    const float *r = logits + (size_t)n * Vp;
+    int best = 0;
+    for (int i = 1; i < V; i++)
+      if (r[i] > r[best]) best = i;
+    out[n] = best;
+  }
+}
