@@ -34,7 +34,9 @@ print("copy_bw_GBps %.1f" % (2 * a.numel() * 2 / statistics.median(ts) / 1e9))
 PY
 # one process for every batch size (the random model is built once); CTRAIN_GRAPHS_OFF=1 adds
 # a batch-1 run without CUDA graphs
-"$CTRAIN" generate --model "$CFG" --prompt_ids $P --batch "$(echo $BATCHES | tr ' ' ,)" \
+# a first batch-1 run warms the process up (lazy kernel loading, cuBLAS heuristics); the summary
+# keeps the last run of each batch size
+"$CTRAIN" generate --model "$CFG" --prompt_ids $P --batch "1,$(echo $BATCHES | tr ' ' ,)" \
   --max_new_tokens $NEW --ignore_eos --greedy --precision bf16 --cuda_graphs auto \
   >/dev/null 2>"$OUT/ctrain_auto.log"
 grep '^stats:' "$OUT/ctrain_auto.log" | sed 's/^stats:/ctrain graphs=auto/' | tee -a "$LOG"
