@@ -32,6 +32,7 @@ typedef struct ct_kernel_entry {
 /* What the config says about kernels. */
 typedef struct ct_kernels_cfg {
   bool use_kernels;
+  int head_chunk;    /* rows per fused head matmul + cross-entropy chunk (0: all rows at once) */
   char attention[16]; /* auto | sdpa | eager | flash | cudnn */
   int n;
   ct_kernel_entry entries[CT_KERNEL_OPS_MAX * 4];

@@ -98,6 +98,8 @@ static const key_def KEYS[] = {
    "auto|sdpa|eager|flash|cudnn", "attention kernels (auto/sdpa: fastest available)"},
   {"kernels", "use_kernels", K_BOOL, F(kernels, use_kernels), 0, NULL,
    "optimized kernel variants (false: the reference ones)"},
+  {"kernels", "head_chunk", K_INT, F(kernels, head_chunk), 0, NULL,
+   "fused head + cross-entropy over chunks of N rows: logits for one chunk only (0 = off)"},
   /* + [kernels] DEVICE.MODE.OP = "VARIANT" entries, checked against kernels/registry.c */
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
@@ -419,6 +421,13 @@ ct_status ct_config_validate(ct_config *c) {
   }
   REQUIRE(c->data.train[0], "data.train: must name a token file (make one with `ctrain prepare`)");
   if (!t->out_dir[0]) snprintf(t->out_dir, CT_STR, "runs/%.240s", c->name[0] ? c->name : "default");
+  REQUIRE(c->kernels.head_chunk >= 0, "kernels.head_chunk = %d: must be 0 (off) or a row count",
+          c->kernels.head_chunk);
+  REQUIRE(c->kernels.head_chunk == 0 || (c->parallel.tensor <= 1 && (!strcmp(c->parallel.data, "ddp") ||
+          !strcmp(c->parallel.data, "zero1"))),
+          "kernels.head_chunk = %d computes the head's gradient during the forward: it needs"
+          " parallel.data = ddp or zero1 and parallel.tensor = 1 (got %s, %d)",
+          c->kernels.head_chunk, c->parallel.data, c->parallel.tensor);
   return CT_OK;
 }
 

@@ -37,6 +37,9 @@ typedef struct ct_model_cfg {
   double init_std;
   int numel_multiple;   /* not a config key: the trainer pads the flat buffer to a multiple of
                          * this (ZeRO shards it into equal slices); 0 = no padding */
+  int head_chunk;       /* not a config key (kernels.head_chunk): the head matmul and the
+                         * cross-entropy run over this many rows at a time, the head's backward
+                         * right after each chunk, so logits exist for one chunk only (0: all) */
   int tp_size, tp_rank; /* not config keys: tensor-parallel degree (0/1 = none) and this rank's
                          * place in its tp group; the model then holds its slice (parallel/tp.h) */
 } ct_model_cfg;

@@ -39,6 +39,7 @@ ct_status ct_memory_estimate(const ct_config *cfg, int world, const ct_ops *ops,
   mc.tp_size = T;
   mc.tp_rank = 0;
   mc.numel_multiple = stage ? ct_zero_numel_multiple(dp) : 0;
+  mc.head_chunk = cfg->kernels.head_chunk; /* the logits buffer holds one chunk */
   ct_model *m = NULL;
   CT_TRY(ct_model_create(&mc, &sizing, cfg->train.micro_batch, cfg->train.seq_len, &m));
   const size_t n = ct_model_numel(m), ab = (size_t)ops->act_bytes, F = sizeof(float);

@@ -108,6 +108,8 @@ struct ct_model {
 
   int B, T;                          /* shape of the last forward */
   bool have_grad;                    /* last forward prepared backward */
+  bool head_done;                    /* a chunked forward left d(final norm output) in d_ln and
+                                      * added the head's weight gradient already */
 
   /* ct_model_train_micro's recorded forward + backward (backends with graph capture) */
   bool graphs;
@@ -306,7 +308,9 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
   m->lnf = take(&top, N * C, ab);
   m->lnf_mean = take(&top, N, 4);
   m->lnf_rstd = take(&top, N, 4);
-  m->logits = take(&top, N * m->Vp, ab);
+  /* logits for one head chunk when the head runs chunked, else for every row */
+  const size_t lrows = cfg->head_chunk > 0 && (size_t)cfg->head_chunk < N ? (size_t)cfg->head_chunk : N;
+  m->logits = take(&top, lrows * m->Vp, ab);
   m->losses = take(&top, N, 4);
   m->d_res = take(&top, N * C, ab);
   m->d_ln = take(&top, N * C, ab);
@@ -603,6 +607,32 @@ static ct_status forward_device(ct_model *m, const int32_t *targets, float grad_
     x = A(a->out);
   }
   const char *head = m->cfg.tie_embeddings ? PW(G, P_WTE) : PW(G, P_LM_HEAD);
+  const int ch = m->cfg.head_chunk;
+  m->head_done = false;
+  if (ch > 0 && ch < N) {
+    /* fused linear + cross-entropy: per chunk of rows the logits, the loss and its gradient in
+     * place, then at once the head's backward for the chunk (d(final norm output) into d_ln, the
+     * weight gradient accumulated), so logits exist for one chunk only */
+    if (!targets)
+      return ct_set_error(CT_ERR_RUNTIME, "logits for %d rows requested from a model whose head"
+                          " runs in chunks of %d (kernels.head_chunk)", N, ch);
+    if (m->tp > 1 || m->hooks.pre_backward)
+      return ct_set_error(CT_ERR_RUNTIME, "kernels.head_chunk works without tensor parallelism"
+                          " and without ZeRO-2/3");
+    float *hg = m->cfg.tie_embeddings ? PG(G, P_WTE) : PG(G, P_LM_HEAD);
+    if (grad_scale != 0.0f) o->zero(A(m->d_ln), (size_t)N * C * m->ab);
+    for (int r0 = 0; r0 < N; r0 += ch) {
+      const int n = N - r0 < ch ? N - r0 : ch;
+      const char *x = EL(A(m->lnf), (size_t)r0 * C);
+      o->matmul_fwd(A(m->logits), x, head, NULL, n, C, m->Vp);
+      o->xent_fwd_bwd(AF(m->losses) + r0, A(m->logits), m->tgt + r0, n, m->cfg.vocab_size, m->Vp,
+                      grad_scale);
+      if (grad_scale != 0.0f)
+        o->matmul_bwd(EL(A(m->d_ln), (size_t)r0 * C), hg, NULL, A(m->logits), x, head, n, C, m->Vp);
+    }
+    m->head_done = grad_scale != 0.0f;
+    return CT_OK;
+  }
   o->matmul_fwd(A(m->logits), A(m->lnf), head, NULL, N, C, m->Vp);
   if (!targets) return CT_OK;
   if (m->tp > 1)
@@ -693,10 +723,14 @@ static ct_status backward_device(ct_model *m) {
   const bool tie = m->cfg.tie_embeddings;
   m->have_grad = false;
   HOOK(pre_backward, L + 1); /* prepares both global units: a tied head writes wte's gradient */
-  o->zero(dln, NC);
-  o->matmul_bwd(dln, tie ? PG(G, P_WTE) : PG(G, P_LM_HEAD), NULL, A(m->logits), A(m->lnf),
-                tie ? PW(G, P_WTE) : PW(G, P_LM_HEAD), N, C, m->Vp);
-  TP_AR(dln, (size_t)N * C); /* column-parallel input gradient: partial sums over the tp group */
+  if (m->head_done) { /* the chunked forward did the head's backward */
+    m->head_done = false;
+  } else {
+    o->zero(dln, NC);
+    o->matmul_bwd(dln, tie ? PG(G, P_WTE) : PG(G, P_LM_HEAD), NULL, A(m->logits), A(m->lnf),
+                  tie ? PW(G, P_WTE) : PW(G, P_LM_HEAD), N, C, m->Vp);
+    TP_AR(dln, (size_t)N * C); /* column-parallel input gradient: partial sums over the tp group */
+  }
   const char *xL = L ? A(m->la[L - 1].out) : A(m->emb);
   o->zero(dres, NC);
   norm_bwd(m, dres, PG(G, P_LNF_W), PG(G, P_LNF_B), dln, xL, PW(G, P_LNF_W), AF(m->lnf_mean),

@@ -368,6 +368,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   if (sharded) mcfg.numel_multiple = ct_zero_numel_multiple(world); /* equal unit slices */
   mcfg.tp_size = r.T;
   mcfg.tp_rank = r.tp_rank;
+  mcfg.head_chunk = cfg->kernels.head_chunk;
   ct_kmode size_mode;
   CT_TRY_GOTO(kernels_setup(&r, &mcfg, B, T, &size_mode), done);
   CT_TRY_GOTO(ct_registry_apply(&r.kt, size_mode), done);
