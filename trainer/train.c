@@ -374,8 +374,10 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     if (ts.world_size != world)
       ct_log_info("world size %d -> %d: data continues at window %llu of the shared stream",
                   ts.world_size, world, (unsigned long long)ts.data_position);
-    ct_log_info("resumed from %s at step %d (saved as %s on %d ranks, tensor parallel %d)",
-                ckfile, ts.step, ts.parallel_data, ts.world_size, ts.tensor_parallel);
+    ct_log_info("checkpoint layout: %s on %d data-parallel ranks, tensor parallel %d (now %s on"
+                " %d, tensor parallel %d)", ts.parallel_data, ts.world_size, ts.tensor_parallel,
+                r.comm ? cfg->parallel.data : "ddp", world, r.T);
+    ct_log_info("resumed from %s at step %d", ckfile, ts.step);
   } else if (t->init_from[0]) {
     ct_config src;
     CT_TRY_GOTO(ct_checkpoint_read_config(t->init_from, &src, ckfile, sizeof ckfile), done);
