@@ -378,14 +378,16 @@ static ct_status gather_into(ct_zero *z, float *full, const float *shard) {
 
 ct_status ct_zero_gather_full(ct_zero *z, ct_adamw *full) {
   const ct_ops *o = z->o;
-  *full = z->opt;
-  full->lo = 0;
-  full->hi = z->numel;
-  full->m = o->alloc(z->numel * sizeof(float));
-  full->v = o->alloc(z->numel * sizeof(float));
-  if (!full->m || !full->v) return ct_set_error(CT_ERR_NOMEM, "zero: out of memory gathering AdamW state");
-  CT_TRY(gather_into(z, full->m, z->opt.m));
-  CT_TRY(gather_into(z, full->v, z->opt.v));
+  if (full) {
+    *full = z->opt;
+    full->lo = 0;
+    full->hi = z->numel;
+    full->m = o->alloc(z->numel * sizeof(float));
+    full->v = o->alloc(z->numel * sizeof(float));
+    if (!full->m || !full->v) return ct_set_error(CT_ERR_NOMEM, "zero: out of memory gathering AdamW state");
+    CT_TRY(gather_into(z, full->m, z->opt.m));
+    CT_TRY(gather_into(z, full->v, z->opt.v));
+  }
   if (z->stage == 3) {
     z->lent = o->alloc(z->numel * sizeof(float));
     if (!z->lent) return ct_set_error(CT_ERR_NOMEM, "zero3: out of memory gathering the weights");
@@ -396,10 +398,18 @@ ct_status ct_zero_gather_full(ct_zero *z, ct_adamw *full) {
 }
 
 void ct_zero_release_full(ct_zero *z, ct_adamw *full) {
-  ct_adamw_destroy(full, z->o);
+  if (full) ct_adamw_destroy(full, z->o);
   if (z->lent) {
     ct_model_attach_params(z->m, NULL);
     z->o->free(z->lent);
     z->lent = NULL;
   }
 }
+
+int ct_zero_n_units(const ct_zero *z) { return z->U; }
+void ct_zero_unit_slice(const ct_zero *z, int u, size_t *flat, size_t *n, size_t *at) {
+  *flat = own(z, u);
+  *n = slice(z, u);
+  *at = shard_at(z, u);
+}
+const ct_adamw *ct_zero_moments(const ct_zero *z) { return &z->opt; }

@@ -86,5 +86,12 @@ ct_status ct_zero_step(ct_zero *z, double lr, float grad_scale);
  * ct_zero_release_full). */
 ct_status ct_zero_gather_full(ct_zero *z, ct_adamw *full);
 void ct_zero_release_full(ct_zero *z, ct_adamw *full);
+/* (full = NULL: only the stage-3 weights; sharded checkpoints save the moments per rank) */
+
+/* This rank's slice of unit u: flat offset and floats in the model's buffer, offset in the
+ * shard; and the shard's AdamW state (m, v: numel / world floats, backend memory; step). */
+int ct_zero_n_units(const ct_zero *z);
+void ct_zero_unit_slice(const ct_zero *z, int u, size_t *flat, size_t *n, size_t *at);
+const ct_adamw *ct_zero_moments(const ct_zero *z);
 
 #endif

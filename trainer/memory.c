@@ -19,6 +19,18 @@ static char sizing_dummy[64] __attribute__((aligned(64)));
 static void *sizing_alloc(size_t bytes) { (void)bytes; return sizing_dummy; }
 static void sizing_free(void *p) { (void)p; }
 
+static const ct_ops *sizing_table(const ct_ops *ops) {
+  static ct_ops t; /* one table per process is enough: only alloc/free differ */
+  t = *ops;
+  t.alloc = sizing_alloc;
+  t.free = sizing_free;
+  return &t;
+}
+
+ct_status ct_memory_table_model(const ct_model_cfg *cfg, const ct_ops *ops, ct_model **out) {
+  return ct_model_create(cfg, sizing_table(ops), 1, 1, out);
+}
+
 size_t ct_memory_model_state(const ct_mem_estimate *e) {
   return e->master + e->working + e->grads + e->optim;
 }

@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "kernels/ops.h"
 #include "trainer/config.h"
+#include "trainer/model.h"
 
 typedef struct ct_mem_estimate {
   int world, dp, tp;
@@ -40,6 +41,10 @@ void ct_memory_print(const ct_config *cfg, const ct_mem_estimate *e, const char 
 
 /* Model state (master + working + gradients + optimizer) in bytes. */
 size_t ct_memory_model_state(const ct_mem_estimate *e);
+
+/* A model that holds no memory (an op table whose alloc hands out nothing): for its parameter
+ * table and sizes only. Destroy with ct_model_destroy. */
+ct_status ct_memory_table_model(const ct_model_cfg *cfg, const ct_ops *ops, ct_model **out);
 
 /* `ctrain memory CONFIG.toml [--world N] [key=value ...]` */
 ct_status ct_cmd_memory(int argc, char **argv);
