@@ -82,8 +82,9 @@ ct_status ct_memory_estimate(const ct_config *cfg, int world, const ct_ops *ops,
   e->workspace = (strncmp(ops->name, "cuda", 4) ? 0 : (size_t)32 << 20) +
                  (T > 1 ? N * (4 * F + sizeof(int32_t)) : 0);
   e->total = ct_memory_model_state(e) + e->acts + e->workspace;
-  /* saving: ZeRO gathers whole moments (and zero3 weights), tp all-gathers T slices */
-  e->ckpt_transient = (stage ? 2 * F * n : 0) + (stage == 3 ? F * n : 0) + (T > 1 ? F * n * T : 0);
+  /* saving (device memory): zero3 gathers this rank's whole weights, tp all-gathers T slices of
+   * them; the moments go to disk from each rank's own shard (host copies only) */
+  e->ckpt_transient = (stage == 3 ? F * n : 0) + (T > 1 ? F * n * T : 0);
   return CT_OK;
 }
 
