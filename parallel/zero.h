@@ -8,9 +8,10 @@
  *   stage 1  AdamW moments sharded. Gradients stay full; at the end of the step each unit is
  *            reduce-scattered (averaged) in place, AdamW updates the owned slices of the full
  *            master, and the slices are all-gathered back.
- *   stage 2  also gradients: the full gradient buffer is freed. Layer units share one gradient
- *            buffer (the global units keep their own); after each unit's backward
- *            (post_backward hook) it is reduce-scattered into this rank's fp32 gradient shard.
+ *   stage 2  also gradients: the full gradient buffer is freed. Layer units alternate between
+ *            two gradient buffers (the global units keep their own); after each unit's backward
+ *            (post_backward hook) it is reduce-scattered into this rank's fp32 gradient shard,
+ *            over NCCL on the overlap group's stream while the next layer's backward runs.
  *   stage 3  also parameters (FSDP-style): the full master and working weights are freed; each
  *            rank keeps its fp32 master shard and a working-dtype copy of it. A layer's weights
  *            are all-gathered into one of two rotating buffers just before its forward (the

@@ -8,7 +8,8 @@
  *   zero2      4n            2n              4n / dp + unit buffers   8n / dp
  *   zero3      4n / dp       2n / dp + gathered units   4n / dp + unit buffers   8n / dp
  *   (* 16-bit working weights; none for fp32 compute, which runs on the master)
- * "unit buffers" are the full gradients of the embedding and final units plus one layer's;
+ * "unit buffers" are the full gradients of the embedding and final units plus two layers'
+ * (a layer's reduce-scatter overlaps the backward of the next);
  * "gathered units" the embedding and final units plus two layers (one with
  * parallel.reshard_after_forward = false: every layer). Activations are the model's own arena
  * sizing (ct_model_arena_bytes for the micro-batch), computed by creating the model with an op
