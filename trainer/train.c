@@ -401,8 +401,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     CT_TRY_GOTO(full_host_model(&r, &fm), done);
   }
   ct_model_init_weights(fm ? fm : r.model, t->seed);
-  /* ZeRO: whole moments live in `full` until the model is sharded (after loading) */
-  CT_TRY_GOTO(ct_adamw_create(sharded ? &full : &r.opt, r.model, t), done);
+  /* ZeRO: a checkpoint's whole moments live in `full` until the model is sharded */
+  if (!sharded) CT_TRY_GOTO(ct_adamw_create(&r.opt, r.model, t), done);
   ct_train_state ts = {.data_seed = t->seed, .world_size = world, .rank = rank, .loss_scale = 1.0,
                        .opt = sharded ? &full : &r.opt};
   char ckfile[4200];
@@ -410,6 +410,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     /* exact resume: weights, AdamW moments and step, data position; the schedule is a
      * function of the step, and every other source of randomness is counter-based */
     CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, fm ? fm : r.model), done);
+    if (sharded) CT_TRY_GOTO(ct_adamw_create(&full, r.model, t), done);
     if (fm) {
       CT_TRY_GOTO(ct_adamw_create(&fopt, fm, t), done);
       ts.opt = &fopt;
@@ -448,7 +449,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     CT_TRY_GOTO(broadcast_params(&r), done);
   if (sharded) { /* take this rank's slices; zero2/3 free the full gradients (and weights) */
     CT_TRY_GOTO(ct_zero_create(r.model, r.comm, zstage, cfg->parallel.reshard_after_forward, t,
-                               &full, &r.zero), done);
+                               full.m ? &full : NULL, &r.zero), done);
     ct_zero_set_tp(r.zero, r.tp);
     ct_adamw_destroy(&full, r.be.ops);
     ts.opt = NULL;
