@@ -36,6 +36,8 @@ typedef struct ct_model_cfg {
   double init_std;
   int numel_multiple;   /* not a config key: the trainer pads the flat buffer to a multiple of
                          * this (ZeRO shards it into equal slices); 0 = no padding */
+  bool no_grads;        /* not a config key: no full gradient buffer (ZeRO-2/3 repoint every
+                         * unit's gradients to their own buffers before backward) */
   int tp_size, tp_rank; /* not config keys: tensor-parallel degree (0/1 = none) and this rank's
                          * place in its tp group; the model then holds its slice (parallel/tp.h) */
 } ct_model_cfg;

@@ -389,6 +389,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   const bool sharded = zstage > 0;
   ct_model_cfg mcfg = cfg->model;
   if (sharded) mcfg.numel_multiple = ct_zero_numel_multiple(world); /* equal unit slices */
+  mcfg.no_grads = zstage >= 2; /* zero2/3 keep gradient shards and per-unit buffers instead */
   mcfg.tp_size = r.T;
   mcfg.tp_rank = r.tp_rank;
   CT_TRY_GOTO(ct_model_create(&mcfg, r.be.ops, B, T, &r.model), done);
