@@ -43,7 +43,7 @@ for mode in $MODES; do
   prec=${mode%%+*}
   extra=()
   [[ $mode == *+compile ]] && extra=(--compile)
-  line=$(python3 bench/torch_gpu_ref.py --arch gpt2 --n_layer 12 --d_model 768 --n_head 12 \
+  line=$(python3 bench/ref/torch_train.py --arch gpt2 --n_layer 12 --d_model 768 --n_head 12 \
            --vocab_size 50257 --seq_len "$T" --micro_batch "$B" --steps "$STEPS" \
            --precision "$prec" "${extra[@]}" 2>"$tmp/torch.log") || { tail -3 "$tmp/torch.log"; continue; }
   tps=$(python3 -c "import json,sys; print(round(json.loads(sys.argv[1])['tokens_per_s']))" "$line")

@@ -22,6 +22,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A slice of the flat parameter buffer for adamw_multi. */
+typedef struct ct_adamw_seg {
+  size_t off;  /* first float of the slice in param / grad */
+  uint32_t n;  /* floats */
+  float wd;    /* decoupled weight decay of the slice (0: none) */
+} ct_adamw_seg;
+
 typedef struct ct_ops {
   const char *name;  /* "cpu", "cuda", "cuda-bf16" */
   const char *dtype; /* working dtype of activations and working weights: "fp32", "bf16", "fp16" */
@@ -68,6 +75,13 @@ typedef struct ct_ops {
   void (*rmsnorm_bwd)(void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                       const float *rstd, int N, int C, int rows_per_group, long group_stride);
 
+  /* Residual add fused with the next norm: res = a + b (res may alias a or b), then
+   * out = norm(res) as layernorm_fwd (rms = 0; bias may be NULL) or rmsnorm_fwd (rms = 1, plain
+   * rows; bias and mean ignored). mean (layernorm) and rstd (N) saved for backward. */
+  void (*add_norm_fwd)(void *res, void *out, float *mean, float *rstd, const void *a,
+                       const void *b, const void *w, const void *bias, int N, int C, float eps,
+                       int rms);
+
   /* ---- matmul (fp32 accumulate) ----
    * out(N,OC) = inp(N,IC) @ w(OC,IC)^T + bias(OC)   (bias may be NULL; out overwritten) */
   void (*matmul_fwd)(void *out, const void *inp, const void *w, const void *bias,
@@ -110,6 +124,15 @@ typedef struct ct_ops {
   void (*swiglu_fwd)(void *out, const void *inp, int N, int F);
   void (*swiglu_bwd)(void *dinp, const void *dout, const void *inp, int N, int F);
 
+  /* ---- fused linear + GELU (GPT-2's MLP up projection) ----
+   * pre(N,OC) = inp @ w^T + bias (bias may be NULL); act = gelu(pre). Both written (=). */
+  void (*matmul_gelu_fwd)(void *act, void *pre, const void *inp, const void *w, const void *bias,
+                          int N, int IC, int OC);
+  /* dpre(N,IC) = (dout(N,OC) @ w(OC,IC)) * gelu'(pre), OVERWRITTEN (not accumulated): the input
+   * gradient of matmul(gelu(pre)) through both, without materializing d(gelu output). */
+  void (*matmul_dgelu_bwd)(void *dpre, const void *dout, const void *w, const void *pre, int N,
+                           int IC, int OC);
+
   /* out = a + b, n elements (out may alias a or b). */
   void (*add_fwd)(void *out, const void *a, const void *b, size_t n);
 
@@ -129,10 +152,28 @@ typedef struct ct_ops {
    * g is read as grad * grad_scale (for clipping and loss-scale unscaling). */
   void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n, float lr,
                 float b1, float b2, float eps, float wd, float grad_scale, int step);
+  /* Multi-tensor AdamW: one launch for many slices. Segment s updates floats
+   * [off, off + n) of param/grad and [off - mv_base, ...) of m/v with weight decay wd, with the
+   * arithmetic of adamw. segs (nseg entries) lives in backend memory; the optimizer builds it
+   * once. */
+  void (*adamw_multi)(float *param, const float *grad, float *m, float *v, size_t mv_base,
+                      const struct ct_adamw_seg *segs, int nseg, float lr, float b1, float b2,
+                      float eps, float grad_scale, int step);
   /* sum of squares in double precision */
   double (*sumsq)(const float *x, size_t n);
   /* x *= s */
   void (*scale)(float *x, float s, size_t n);
+
+  /* ---- graph capture (optional: NULL where the backend has none, e.g. the CPU) ----
+   * Between graph_begin and graph_end the ops are recorded instead of run; graph_end returns the
+   * replayable graph (NULL on failure, the error recorded as for any op). graph_launch replays it
+   * with the same pointers and scalar arguments it was recorded with, so whatever changes between
+   * replays must live in device memory the graph reads (token ids, targets). Nothing in the
+   * recorded region may synchronize with the host (to_host, to_device, sumsq). */
+  void (*graph_begin)(void);
+  void *(*graph_end)(void);
+  void (*graph_launch)(void *graph);
+  void (*graph_destroy)(void *graph);
 
   /* ---- vocab-parallel cross-entropy (parallel/tp.c): each rank holds columns of the logits ----
    * xent_stats: stats (3, N) fp32, for row n over its first V columns of logits (N, Vp):

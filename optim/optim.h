@@ -17,6 +17,8 @@ typedef struct ct_adamw {
                    * ZeRO-1: one rank's contiguous shard) */
   int step;       /* completed optimizer steps */
   double lr, beta1, beta2, eps, weight_decay;
+  ct_adamw_seg *segs; /* backend memory: the slice cut into segments for adamw_multi (built at */
+  int nseg;           /* the first step) */
 } ct_adamw;
 
 ct_status ct_adamw_create(ct_adamw *opt, const ct_model *model, const ct_train_cfg *t);

@@ -389,6 +389,8 @@ ct_status ct_zero_gather_full(ct_zero *z, ct_adamw *full) {
   const ct_ops *o = z->o;
   if (full) {
     *full = z->opt;
+    full->segs = NULL; /* not shared with the shard's optimizer (each frees its own) */
+    full->nseg = 0;
     full->lo = 0;
     full->hi = z->numel;
     full->m = o->alloc(z->numel * sizeof(float));

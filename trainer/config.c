@@ -70,6 +70,8 @@ static const key_def KEYS[] = {
   {"train", "seed", K_U64, F(train, seed), 0, NULL, "seed for init and data order"},
   {"train", "precision", K_ENUM, F(train, precision), S(train, precision), "auto|fp32|bf16|fp16",
    "compute precision"},
+  {"train", "cuda_graphs", K_ENUM, F(train, cuda_graphs), S(train, cuda_graphs), "auto|on|off",
+   "record the training step as a CUDA graph (auto: with CUDA, <= 16384 tokens per micro-batch)"},
   {"train", "loss_scale", K_ENUM, F(train, loss_scale), S(train, loss_scale), "auto|dynamic|off",
    "dynamic loss scaling (auto: for fp16)"},
   {"train", "threads", K_INT, F(train, threads), 0, NULL, "CPU threads (0 = all)"},
@@ -113,6 +115,7 @@ void ct_config_defaults(ct_config *c) {
   t->eval_every = 0; t->eval_steps = 10; t->checkpoint_every = 0; t->keep_last = 3;
   t->seed = 1337; snprintf(t->precision, sizeof t->precision, "auto");
   snprintf(t->loss_scale, sizeof t->loss_scale, "auto");
+  snprintf(t->cuda_graphs, sizeof t->cuda_graphs, "auto");
   t->log_every = 10; t->sample_tokens = 0;
   snprintf(t->resume, sizeof t->resume, "never");
   snprintf(c->parallel.data, sizeof c->parallel.data, "ddp");

@@ -69,6 +69,7 @@ typedef struct ct_train_cfg {
   uint64_t seed;
   char precision[8];    /* auto | fp32 | bf16 | fp16 */
   char loss_scale[8];   /* auto (dynamic for fp16, else off) | dynamic | off */
+  char cuda_graphs[8];  /* auto (CUDA, small micro-batches) | on | off: step as a CUDA graph */
   int threads;          /* CPU threads, 0 = all cores (OMP_NUM_THREADS honoured) */
   int log_every;
   int sample_tokens;    /* tokens generated after training (0 = none) */

@@ -62,7 +62,8 @@ typedef enum {
   X(P_LNF_W, "norm.weight", C, 0, CT_INIT_ONE, 1)           \
   X(P_LM_HEAD, "lm_head", Vp, C, CT_INIT_NORMAL, !tie)
 
-#define ALIGN_FLOATS 16 /* 64-byte aligned parameters: whole cache lines, vector loads */
+#define ALIGN_FLOATS 128 /* parameters start 512-byte aligned (256 bytes in a 16-bit working copy):
+                          * cuBLASLt picks its fastest kernels only for 256-byte-aligned operands */
 #define NONE ((size_t)-1)
 
 /* Activation offsets (floats into `acts`) for one layer. */
@@ -106,6 +107,12 @@ struct ct_model {
 
   int B, T;                          /* shape of the last forward */
   bool have_grad;                    /* last forward prepared backward */
+
+  /* ct_model_train_micro's recorded forward + backward (backends with graph capture) */
+  bool graphs;
+  void *graph;
+  int graph_B, graph_T, graph_warm;
+  float graph_scale;
 
   /* Units (what ZeRO shards and ZeRO-3 gathers): 0 = embeddings (wte, wpe), 1..L = layers,
    * L+1 = final norm (+ untied head). Weights and gradients of unit u are addressed through
@@ -199,10 +206,10 @@ static ct_status build_table(ct_model *m) {
 
 /* ---- creation ---- */
 
-/* Reserves `count` elements of `bytes` each in the arena; returns the byte offset (64-aligned). */
+/* Reserves `count` elements of `bytes` each in the arena; returns the byte offset (256-aligned). */
 static size_t take(size_t *top, size_t count, size_t bytes) {
   size_t at = *top;
-  *top += (count * bytes + 63) / 64 * 64;
+  *top += (count * bytes + 255) / 256 * 256; /* 256-byte aligned, as cudaMalloc, for cuBLASLt */
   return at;
 }
 
@@ -328,6 +335,7 @@ fail:
 void ct_model_destroy(ct_model *m) {
   if (!m) return;
   if (m->ops) {
+    if (m->graph) m->ops->graph_destroy(m->graph);
     if (m->wk && m->wk != (char *)m->w) m->ops->free(m->wk);
     if (m->w) m->ops->free(m->w);
     if (m->g) m->ops->free(m->g);
@@ -357,7 +365,9 @@ void ct_model_init_weights(ct_model *m, uint64_t seed) {
     float *w = host + p->offset;
     /* one RNG stream per parameter (seeded by index): adding a parameter does not reshuffle
      * the others, and the init does not depend on the parallel layout */
-    ct_rng rng = {ct_mix64(seed) ^ ct_mix64(0x1000 + (uint64_t)i), 0};
+    /* element j draws counters 2j and 2j+1 of the stream (ct_rng_normal takes two), so the
+     * elements can be drawn in parallel with identical results */
+    const uint64_t key = ct_mix64(seed) ^ ct_mix64(0x1000 + (uint64_t)i);
     size_t n = p->numel;
     /* embedding rows past the real vocabulary stay zero */
     if (!strcmp(p->name, "wte") || !strcmp(p->name, "embed_tokens") || !strcmp(p->name, "lm_head"))
@@ -365,10 +375,16 @@ void ct_model_init_weights(ct_model *m, uint64_t seed) {
     switch (p->init) {
       case CT_INIT_ZERO: break;
       case CT_INIT_ONE: for (size_t j = 0; j < n; j++) w[j] = 1.0f; break;
-      case CT_INIT_NORMAL: for (size_t j = 0; j < n; j++) w[j] = (float)std * ct_rng_normal(&rng); break;
-      case CT_INIT_NORMAL_RESID:
-        for (size_t j = 0; j < n; j++) w[j] = (float)resid * ct_rng_normal(&rng);
+      case CT_INIT_NORMAL:
+      case CT_INIT_NORMAL_RESID: {
+        const float sd = (float)(p->init == CT_INIT_NORMAL ? std : resid);
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (size_t j = 0; j < n; j++) {
+          ct_rng rng = {key, 2 * (uint64_t)j};
+          w[j] = sd * ct_rng_normal(&rng);
+        }
         break;
+      }
     }
   }
   m->ops->to_device(m->w, host, m->numel * sizeof(float));
@@ -489,8 +505,7 @@ static void mlp_fwd(ct_model *m, layer_acts *a, int l, void *out, int N) {
   const ct_ops *o = m->ops;
   const int C = m->C, F = m->F;
   if (m->gpt2) {
-    o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), PWO(l, P_FC_B), N, C, F);
-    o->gelu_fwd(A(a->act), A(a->fch), (size_t)N * F);
+    o->matmul_gelu_fwd(A(a->act), A(a->fch), A(a->ln2), PW(l, P_FC_W), PWO(l, P_FC_B), N, C, F);
   } else {
     o->matmul_fwd(A(a->fch), A(a->ln2), PW(l, P_FC_W), NULL, N, C, 2 * F);
     o->swiglu_fwd(A(a->act), A(a->fch), N, F);
@@ -498,19 +513,21 @@ static void mlp_fwd(ct_model *m, layer_acts *a, int l, void *out, int N) {
   o->matmul_fwd(out, A(a->act), PW(l, P_PROJ_W), PWB(l, P_PROJ_B), N, F, C);
 }
 
-ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *targets, int B,
-                           int T, float grad_scale, float *mean_loss) {
+/* Checks a batch and copies it to the device (targets may be NULL). */
+static ct_status load_batch(ct_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                            int T) {
   if (B > m->max_B || T > m->max_T || B <= 0 || T <= 0)
     return ct_set_error(CT_ERR_RUNTIME, "forward shape (%d, %d) outside the allocated (%d, %d)", B,
                         T, m->max_B, m->max_T);
-  const ct_ops *o = m->ops;
-  const int L = m->cfg.n_layer, N = B * T, C = m->C, H = m->H, KV = m->KV, hd = m->hd;
-  const int G = L; /* G: row of global parameters in m->off */
+  const int N = B * T;
   for (int i = 0; i < N; i++)
     if (inputs[i] < 0 || inputs[i] >= m->cfg.vocab_size)
       return ct_set_error(CT_ERR_INPUT, "input token %d at position %d is outside the vocabulary"
                           " [0, %d)", inputs[i], i, m->cfg.vocab_size);
-  refresh_working(m);
+  for (int i = 0; targets && i < N; i++)
+    if (targets[i] >= m->cfg.vocab_size)
+      return ct_set_error(CT_ERR_INPUT, "target token %d at position %d is outside the vocabulary"
+                          " [0, %d)", targets[i], i, m->cfg.vocab_size);
   m->B = B;
   m->T = T;
   m->have_grad = false;
@@ -520,57 +537,148 @@ ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *ta
     for (int i = 0; i < N; i++)
       m->host_tok[i] = inputs[i] >= v0 && inputs[i] < v0 + m->Vp ? inputs[i] - v0 : m->Vp;
   }
-  o->to_device(m->tok, m->tp > 1 ? m->host_tok : inputs, (size_t)N * sizeof(int32_t));
-  HOOK(pre_forward, 0);
-  o->embed_fwd(A(m->emb), m->tok, PW(G, P_WTE), PWB(G, P_WPE), B, T, C);
-  TP_AR(A(m->emb), (size_t)N * C);
+  m->ops->to_device(m->tok, m->tp > 1 ? m->host_tok : inputs, (size_t)N * sizeof(int32_t));
+  if (targets && m->tp == 1) m->ops->to_device(m->tgt, targets, (size_t)N * sizeof(int32_t));
+  return CT_OK;
+}
 
-  const char *x = A(m->emb);
-  for (int l = 0; l < L; l++) {
-    layer_acts *a = &m->la[l];
-    HOOK(pre_forward, l + 1);
-    norm_fwd(m, A(a->ln1), AF(a->ln1_mean), AF(a->ln1_rstd), x, PW(l, P_LN1_W), PWO(l, P_LN1_B), N);
-    qkv_fwd(m, a, l, A(a->ln1), B, T, 0);
-    o->attention_fwd(A(a->atty), AF(a->att), A(a->qkv), B, T, H, KV, hd);
-    o->matmul_fwd(A(a->res2), A(a->atty), PW(l, P_ATTO_W), PWB(l, P_ATTO_B), N, H * hd, C);
-    TP_AR(A(a->res2), (size_t)N * C);
-    o->add_fwd(A(a->res2), A(a->res2), x, (size_t)N * C);
-    norm_fwd(m, A(a->ln2), AF(a->ln2_mean), AF(a->ln2_rstd), A(a->res2), PW(l, P_LN2_W),
-             PWO(l, P_LN2_B), N);
-    mlp_fwd(m, a, l, A(a->out), N);
-    TP_AR(A(a->out), (size_t)N * C);
-    o->add_fwd(A(a->out), A(a->out), A(a->res2), (size_t)N * C);
-    x = A(a->out);
-  }
-  HOOK(pre_forward, L + 1);
-  norm_fwd(m, A(m->lnf), AF(m->lnf_mean), AF(m->lnf_rstd), x, PW(G, P_LNF_W), PWO(G, P_LNF_B), N);
-  const char *head = m->cfg.tie_embeddings ? PW(G, P_WTE) : PW(G, P_LM_HEAD);
-  o->matmul_fwd(A(m->logits), A(m->lnf), head, NULL, N, C, m->Vp);
-  if (!targets) return CT_OK;
-
-  for (int i = 0; i < N; i++)
-    if (targets[i] >= m->cfg.vocab_size)
-      return ct_set_error(CT_ERR_INPUT, "target token %d at position %d is outside the vocabulary"
-                          " [0, %d)", targets[i], i, m->cfg.vocab_size);
-  if (m->tp > 1) {
-    CT_TRY(m->tpx.xent(m->tpx.ctx, m->host_losses, A(m->logits), targets, N, grad_scale));
-  } else {
-    o->to_device(m->tgt, targets, (size_t)N * sizeof(int32_t));
-    o->xent_fwd_bwd(AF(m->losses), A(m->logits), m->tgt, N, m->cfg.vocab_size, m->Vp, grad_scale);
-    o->to_host(m->host_losses, AF(m->losses), (size_t)N * sizeof(float));
-  }
+/* Mean loss over the targets that count (>= 0), from the per-token losses (on the device, or
+ * already on the host after a vocab-parallel cross-entropy). */
+static void read_loss(ct_model *m, const int32_t *targets, float *mean_loss) {
+  const int N = m->B * m->T;
+  if (m->tp == 1) m->ops->to_host(m->host_losses, AF(m->losses), (size_t)N * sizeof(float));
   double sum = 0;
   int counted = 0;
   for (int i = 0; i < N; i++)
     if (targets[i] >= 0) { sum += m->host_losses[i]; counted++; }
   if (mean_loss) *mean_loss = counted ? (float)(sum / counted) : 0.0f;
+}
+
+/* The forward on the device for the loaded batch (m->B, m->T): only device work, nothing that
+ * waits for the host, so it can be recorded into a graph. */
+/* Hooks (ZeRO-3 gathers) and tensor-parallel all-reduces are host calls: graphs are only
+ * recorded without them (ct_model_train_micro). targets: host copy, read by the vocab-parallel
+ * cross-entropy only. */
+static ct_status forward_device(ct_model *m, const int32_t *targets, float grad_scale) {
+  const ct_ops *o = m->ops;
+  const int B = m->B, T = m->T;
+  const int L = m->cfg.n_layer, N = B * T, C = m->C, H = m->H, KV = m->KV, hd = m->hd;
+  const int G = L; /* G: row of global parameters in m->off */
+  HOOK(pre_forward, 0);
+  o->embed_fwd(A(m->emb), m->tok, PW(G, P_WTE), PWB(G, P_WPE), B, T, C);
+  TP_AR(A(m->emb), (size_t)N * C);
+
+  /* each residual add is fused with the norm that reads its result: the block's second norm,
+   * then the next block's first norm (the final norm after the last block) */
+  const char *x = A(m->emb);
+  const float eps = (float)m->cfg.norm_eps;
+  const int rms = !m->gpt2;
+  /* a unit's weights are gathered (pre_forward) before the first op that reads them: layer
+   * l + 1's first norm runs at the end of layer l */
+  HOOK(pre_forward, L ? 1 : L + 1);
+  if (L) norm_fwd(m, A(m->la[0].ln1), AF(m->la[0].ln1_mean), AF(m->la[0].ln1_rstd), x,
+                  PW(0, P_LN1_W), PWO(0, P_LN1_B), N);
+  else norm_fwd(m, A(m->lnf), AF(m->lnf_mean), AF(m->lnf_rstd), x, PW(G, P_LNF_W),
+                PWO(G, P_LNF_B), N);
+  for (int l = 0; l < L; l++) {
+    layer_acts *a = &m->la[l];
+    qkv_fwd(m, a, l, A(a->ln1), B, T, 0);
+    o->attention_fwd(A(a->atty), AF(a->att), A(a->qkv), B, T, H, KV, hd);
+    o->matmul_fwd(A(a->res2), A(a->atty), PW(l, P_ATTO_W), PWB(l, P_ATTO_B), N, H * hd, C);
+    TP_AR(A(a->res2), (size_t)N * C);
+    o->add_norm_fwd(A(a->res2), A(a->ln2), AF(a->ln2_mean), AF(a->ln2_rstd), A(a->res2), x,
+                    PW(l, P_LN2_W), PWO(l, P_LN2_B), N, C, eps, rms);
+    mlp_fwd(m, a, l, A(a->out), N);
+    TP_AR(A(a->out), (size_t)N * C);
+    HOOK(pre_forward, l + 2); /* the next layer, or the final norm (unit L + 1) */
+    if (l + 1 < L) {
+      layer_acts *n = &m->la[l + 1];
+      o->add_norm_fwd(A(a->out), A(n->ln1), AF(n->ln1_mean), AF(n->ln1_rstd), A(a->out),
+                      A(a->res2), PW(l + 1, P_LN1_W), PWO(l + 1, P_LN1_B), N, C, eps, rms);
+    } else {
+      o->add_norm_fwd(A(a->out), A(m->lnf), AF(m->lnf_mean), AF(m->lnf_rstd), A(a->out),
+                      A(a->res2), PW(G, P_LNF_W), PWO(G, P_LNF_B), N, C, eps, rms);
+    }
+    x = A(a->out);
+  }
+  const char *head = m->cfg.tie_embeddings ? PW(G, P_WTE) : PW(G, P_LM_HEAD);
+  o->matmul_fwd(A(m->logits), A(m->lnf), head, NULL, N, C, m->Vp);
+  if (!targets) return CT_OK;
+  if (m->tp > 1)
+    return m->tpx.xent(m->tpx.ctx, m->host_losses, A(m->logits), targets, N, grad_scale);
+  o->xent_fwd_bwd(AF(m->losses), A(m->logits), m->tgt, N, m->cfg.vocab_size, m->Vp, grad_scale);
+  return CT_OK;
+}
+
+ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                           int T, float grad_scale, float *mean_loss) {
+  CT_TRY(load_batch(m, inputs, targets, B, T));
+  refresh_working(m);
+  CT_TRY(forward_device(m, targets, grad_scale));
+  if (!targets) return CT_OK;
+  read_loss(m, targets, mean_loss);
   m->have_grad = grad_scale != 0.0f;
   return CT_OK;
 }
 
+static ct_status backward_device(ct_model *m);
+
 ct_status ct_model_backward(ct_model *m) {
   if (!m->have_grad)
     return ct_set_error(CT_ERR_RUNTIME, "backward without a forward that prepared gradients");
+  return backward_device(m);
+}
+
+void ct_model_set_graphs(ct_model *m, bool on) {
+  m->graphs = on && m->ops->graph_begin;
+  if (!m->graphs && m->graph) {
+    m->ops->graph_destroy(m->graph);
+    m->graph = NULL;
+  }
+  m->graph_warm = 0;
+}
+
+bool ct_model_graphs(const ct_model *m) { return m->graphs; }
+
+ct_status ct_model_train_micro(ct_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                               int T, float grad_scale, float *mean_loss) {
+  const ct_model_hooks *h = &m->hooks;
+  if (!m->graphs || m->tp > 1 || h->pre_forward || h->pre_backward || h->post_backward) {
+    CT_TRY(ct_model_forward(m, inputs, targets, B, T, grad_scale, mean_loss));
+    return ct_model_backward(m);
+  }
+  const ct_ops *o = m->ops;
+  CT_TRY(load_batch(m, inputs, targets, B, T));
+  refresh_working(m); /* outside the graph: only after the weights changed */
+  if (m->graph && (m->graph_B != B || m->graph_T != T || m->graph_scale != grad_scale)) {
+    o->graph_destroy(m->graph); /* another shape or loss scale: record again */
+    m->graph = NULL;
+    m->graph_warm = 0;
+  }
+  if (!m->graph && m->graph_warm < 2) {
+    /* the first calls run directly: scratch buffers and GEMM plans reach their steady sizes */
+    CT_TRY(forward_device(m, targets, grad_scale));
+    CT_TRY(backward_device(m));
+    m->graph_warm++;
+  } else {
+    if (!m->graph) {
+      o->graph_begin();
+      ct_status st = forward_device(m, targets, grad_scale);
+      if (st == CT_OK) st = backward_device(m);
+      m->graph = o->graph_end();
+      if (st != CT_OK) return st;
+      if (!m->graph)
+        return ct_set_error(CT_ERR_RUNTIME, "recording the training step as a CUDA graph failed"
+                            " (train.cuda_graphs = \"off\" runs without)");
+      m->graph_B = B, m->graph_T = T, m->graph_scale = grad_scale;
+    }
+    o->graph_launch(m->graph);
+  }
+  read_loss(m, targets, mean_loss);
+  return CT_OK;
+}
+
+static ct_status backward_device(ct_model *m) {
   const ct_ops *o = m->ops;
   const int L = m->cfg.n_layer, B = m->B, T = m->T, N = B * T, C = m->C, H = m->H, KV = m->KV;
   const int hd = m->hd, W = m->W, F = m->F, G = L;
@@ -600,14 +708,17 @@ ct_status ct_model_backward(ct_model *m) {
     HOOK(pre_backward, l + 1);
     const char *x = l ? A(m->la[l - 1].out) : A(m->emb);
     /* MLP branch */
-    o->zero(dact, (size_t)N * F * m->ab);
-    o->matmul_bwd(dact, PG(l, P_PROJ_W), PG(l, P_PROJ_B), dres, A(a->act), PW(l, P_PROJ_W), N, F, C);
-    o->zero(dfch, (size_t)N * Fw * m->ab);
-    if (m->gpt2) {
-      o->gelu_bwd(dfch, dact, A(a->fch), (size_t)N * F);
+    if (m->gpt2) { /* d(fc output) straight from d(block output) through proj and GELU */
+      o->matmul_bwd(NULL, PG(l, P_PROJ_W), PG(l, P_PROJ_B), dres, A(a->act), PW(l, P_PROJ_W), N,
+                    F, C);
+      o->matmul_dgelu_bwd(dfch, dres, PW(l, P_PROJ_W), A(a->fch), N, F, C);
       o->zero(dln, NC);
       o->matmul_bwd(dln, PG(l, P_FC_W), PG(l, P_FC_B), dfch, A(a->ln2), PW(l, P_FC_W), N, C, F);
     } else {
+      o->zero(dact, (size_t)N * F * m->ab);
+      o->matmul_bwd(dact, PG(l, P_PROJ_W), PG(l, P_PROJ_B), dres, A(a->act), PW(l, P_PROJ_W), N,
+                    F, C);
+      o->zero(dfch, (size_t)N * Fw * m->ab);
       o->swiglu_bwd(dfch, dact, A(a->fch), N, F);
       o->zero(dln, NC);
       o->matmul_bwd(dln, PG(l, P_FC_W), NULL, dfch, A(a->ln2), PW(l, P_FC_W), N, C, 2 * F);

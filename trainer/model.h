@@ -105,6 +105,16 @@ ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *ta
 ct_status ct_model_backward(ct_model *m);
 void ct_model_zero_grad(ct_model *m);
 
+/* One micro-batch of training: forward with targets (grad_scale != 0) then backward, as the two
+ * calls above. With graphs on (ct_model_set_graphs, backends with graph capture), the device work
+ * of both is recorded once as a graph after two direct runs with the same (B, T, grad_scale) and
+ * replayed afterwards: only the batch copy, the loss read-back and the launch stay on the host.
+ * Results are bit-identical to the direct path. A different shape or scale records again. */
+ct_status ct_model_train_micro(ct_model *m, const int32_t *inputs, const int32_t *targets, int B,
+                               int T, float grad_scale, float *mean_loss);
+void ct_model_set_graphs(ct_model *m, bool on); /* ignored (stays off) without graph capture */
+bool ct_model_graphs(const ct_model *m);
+
 /* Logits of the last forward without targets: (B, T, Vp) in backend memory, in the working
  * dtype (a float * only for fp32 tables; use ct_model_logits_to_host otherwise). */
 const float *ct_model_logits(const ct_model *m);

@@ -829,6 +829,47 @@ static void cpu_to_host_f32(float *dst, const void *src, size_t n) {
   memcpy(dst, src, n * sizeof(float));
 }
 
+/* Multi-tensor AdamW on the CPU: the segments one by one (the table's memory is host memory). */
+static void adamw_multi(float *param, const float *grad, float *m, float *v, size_t mv_base,
+                        const ct_adamw_seg *segs, int nseg, float lr, float b1, float b2, float eps,
+                        float grad_scale, int step) {
+  for (int s = 0; s < nseg; s++) {
+    const size_t o = segs[s].off;
+    adamw(param + o, grad + o, m + (o - mv_base), v + (o - mv_base), segs[s].n, lr, b1, b2, eps,
+          segs[s].wd, grad_scale, step);
+  }
+}
+
+/* Residual add + norm, composed (the reference for the fused CUDA kernel). */
+static void add_norm_fwd(void *res, void *out, float *mean, float *rstd, const void *a,
+                         const void *b, const void *w, const void *bias, int N, int C, float eps,
+                         int rms) {
+  add_fwd(res, a, b, (size_t)N * C);
+  if (rms) rmsnorm_fwd(out, rstd, res, w, N, C, N, 0, eps);
+  else layernorm_fwd(out, mean, rstd, res, w, bias, N, C, eps);
+}
+
+/* The fused MLP ops, composed from the plain ones (the reference the CUDA epilogues match). */
+static void matmul_gelu_fwd(void *act, void *pre, const void *inp, const void *w, const void *bias,
+                            int N, int IC, int OC) {
+  matmul_fwd(pre, inp, w, bias, N, IC, OC);
+  gelu_fwd(act, pre, (size_t)N * OC);
+}
+
+static void matmul_dgelu_bwd(void *dpre, const void *dout, const void *w, const void *pre, int N,
+                             int IC, int OC) {
+  const size_t n = (size_t)N * IC;
+  float *dact = calloc(n, sizeof(float));
+  if (!dact) { /* the CPU table has no error channel: poison the result so it cannot pass */
+    for (size_t i = 0; i < n; i++) ((float *)dpre)[i] = NAN;
+    return;
+  }
+  matmul_bwd(dact, NULL, NULL, dout, NULL, w, N, IC, OC);
+  memset(dpre, 0, n * sizeof(float));
+  gelu_bwd(dpre, dact, pre, n);
+  free(dact);
+}
+
 static const ct_ops cpu_ops = {
     .name = "cpu",
     .dtype = "fp32",
@@ -847,6 +888,7 @@ static const ct_ops cpu_ops = {
     .layernorm_bwd = layernorm_bwd,
     .rmsnorm_fwd = rmsnorm_fwd,
     .rmsnorm_bwd = rmsnorm_bwd,
+    .add_norm_fwd = add_norm_fwd,
     .matmul_fwd = matmul_fwd,
     .matmul_bwd = matmul_bwd,
     .rope_fwd = rope_fwd,
@@ -856,12 +898,15 @@ static const ct_ops cpu_ops = {
     .attention_bwd = attention_bwd,
     .gelu_fwd = gelu_fwd,
     .gelu_bwd = gelu_bwd,
+    .matmul_gelu_fwd = matmul_gelu_fwd,
+    .matmul_dgelu_bwd = matmul_dgelu_bwd,
     .swiglu_fwd = swiglu_fwd,
     .swiglu_bwd = swiglu_bwd,
     .add_fwd = add_fwd,
     .xent_fwd_bwd = xent_fwd_bwd,
     .attention_cached = ct_cpu_attention_cached,
     .adamw = adamw,
+    .adamw_multi = adamw_multi,
     .sumsq = sumsq,
     .scale = scale,
     .xent_stats = xent_stats,

@@ -38,7 +38,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+#include <map>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
@@ -84,6 +90,7 @@ struct cuda_state {
   size_t scratch_bytes;
   double *host_result;         // pinned: sumsq's result lands here
   int failed;
+  int capturing; // a graph is being recorded: no host synchronization, no profiling events
   char err[640];
   const char *op; // op being run, for messages
 };
@@ -115,18 +122,106 @@ bool check_blas(cublasStatus_t s, const char *call, const char *file, int line) 
 
 // Names the running op in error messages; with CT_CUDA_SYNC=1 synchronizes at the op's end so
 // an asynchronous fault is charged to the op that caused it.
+//
+// CT_CUDA_PROFILE=1: every op (and each matmul shape) is timed with a pair of CUDA events; the
+// totals are printed to stderr at shutdown, largest first. Events measure stream time, so an op
+// the host is late to launch also counts the wait: compare the total with the step time.
+struct prof_rec {
+  char key[64];
+  cudaEvent_t a, b;
+};
+struct prof_stat {
+  double ms;
+  long calls;
+};
+struct profiler {
+  bool on;
+  int depth;
+  std::vector<prof_rec> pending;
+  std::vector<cudaEvent_t> pool;
+  std::map<std::string, prof_stat> stats;
+  char detail[48]; // set by an op before it returns (matmul shapes)
+  cudaEvent_t take() {
+    if (!pool.empty()) {
+      cudaEvent_t e = pool.back();
+      pool.pop_back();
+      return e;
+    }
+    cudaEvent_t e;
+    cudaEventCreate(&e);
+    return e;
+  }
+  void flush() {
+    if (pending.empty()) return;
+    cudaEventSynchronize(pending.back().b);
+    for (prof_rec &r : pending) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, r.a, r.b);
+      prof_stat &s = stats[r.key];
+      s.ms += ms;
+      s.calls++;
+      pool.push_back(r.a);
+      pool.push_back(r.b);
+    }
+    pending.clear();
+  }
+  void report() {
+    flush();
+    if (stats.empty()) return;
+    std::vector<std::pair<double, std::string>> order;
+    double total = 0;
+    for (auto &kv : stats) {
+      order.push_back({kv.second.ms, kv.first});
+      total += kv.second.ms;
+    }
+    std::sort(order.rbegin(), order.rend());
+    fprintf(stderr, "cuda op profile (stream time, all calls): total %.1f ms\n", total);
+    fprintf(stderr, "  %-44s %8s %10s %6s %10s\n", "op", "calls", "total ms", "%", "avg us");
+    for (auto &o : order) {
+      const prof_stat &s = stats[o.second];
+      fprintf(stderr, "  %-44s %8ld %10.2f %6.2f %10.1f\n", o.second.c_str(), s.calls, s.ms,
+              100.0 * s.ms / total, 1e3 * s.ms / s.calls);
+    }
+    stats.clear();
+  }
+};
+profiler prof;
+
 struct op_scope {
-  bool ok;
-  explicit op_scope(const char *name) {
+  bool ok, timed, counted;
+  const char *name;
+  cudaEvent_t a;
+  explicit op_scope(const char *name_) : timed(false), counted(false), name(name_) {
     g.op = name;
     ok = g.ready != 0;
     if (!ok)
       record_error("ct_cuda_init", "the CUDA backend is not initialized", __FILE__, __LINE__);
+    counted = ok && prof.on && !g.capturing;
+    if (counted && prof.depth++ == 0) {
+      timed = true;
+      prof.detail[0] = 0;
+      a = prof.take();
+      cudaEventRecord(a, g.stream);
+    }
   }
   ~op_scope() {
-    if (ok && g.sync_debug) CK(cudaStreamSynchronize(g.stream));
+    if (ok && g.sync_debug && !g.capturing) CK(cudaStreamSynchronize(g.stream));
+    if (counted) prof.depth--;
+    if (timed) {
+      prof_rec r;
+      snprintf(r.key, sizeof r.key, "%s%s%s", name, prof.detail[0] ? " " : "", prof.detail);
+      r.a = a;
+      r.b = prof.take();
+      cudaEventRecord(r.b, g.stream);
+      prof.pending.push_back(r);
+      if (prof.pending.size() >= 4096) prof.flush();
+    }
   }
 };
+#define PROF_DETAIL(...)                                                                          \
+  do {                                                                                            \
+    if (prof.on) snprintf(prof.detail, sizeof prof.detail, __VA_ARGS__);                          \
+  } while (0)
 #define OP(name)                                                                                  \
   op_scope op_scope_(name);                                                                       \
   if (!op_scope_.ok) return
@@ -135,6 +230,11 @@ struct op_scope {
 // by reallocation; the old buffer is freed only after queued work that may read it is done.
 void *scratch(size_t bytes) {
   if (bytes <= g.scratch_bytes) return g.scratch;
+  if (g.capturing) { // growing would synchronize: the capture fails (the caller runs uncaptured)
+    record_error("scratch", "scratch memory would grow while a CUDA graph is being recorded",
+                 __FILE__, __LINE__);
+    return NULL;
+  }
   if (g.scratch) {
     CK(cudaStreamSynchronize(g.stream));
     CK(cudaFree(g.scratch));
@@ -243,6 +343,58 @@ __global__ void embed_fwd_kernel(T *out, const int32_t *tok, const T *wte, const
 // every occurrence, in row order, into dwte[token] (which it alone writes). Scanning tok is
 // O(N) per block, O(N^2) in all: ~N^2/4e9 s, negligible next to a step at the N this runs at.
 #define EMB_THREADS 128
+// Embedding backward by sorted segments: the rows are sorted by token (stable: rows of a token
+// stay in row order), segment s = the rows of one token. Block (s, column tile) sums its segment's
+// rows in a fixed order (warp w takes rows w, w + 8, ...; the 8 warp sums are added in warp order)
+// and adds the total to dwte[token]: deterministic, and a frequent token (a space in byte-level
+// text) is spread over its column tiles and 8 warps instead of one block walking all its rows.
+#define ES_WARPS 8
+#define ES_COLS 64
+__global__ void iota_kernel(int32_t *v, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) v[i] = i;
+}
+__global__ void seg_head_kernel(int32_t *head, const uint32_t *keys, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    head[i] = i == 0 || keys[i] != keys[i - 1];
+}
+// seg_idx: inclusive sum of the heads (segment of row i = seg_idx[i] - 1)
+__global__ void seg_start_kernel(int32_t *start, const int32_t *head, const int32_t *seg_idx, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    if (head[i]) start[seg_idx[i] - 1] = i;
+    if (i == n - 1) start[seg_idx[i]] = n;
+  }
+}
+template <typename T>
+__global__ void __launch_bounds__(ES_WARPS * 32)
+    embed_bwd_seg_kernel(float *dwte, const T *dout, const uint32_t *keys, const int32_t *rows,
+                         const int32_t *start, const int32_t *seg_idx, int N, int C) {
+  __shared__ float sh[ES_WARPS][ES_COLS];
+  const int s = blockIdx.x;
+  if (s >= seg_idx[N - 1]) return; // fewer segments than the grid's upper bound
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int c0 = blockIdx.y * ES_COLS + lane * 2;
+  const int r0 = start[s], r1 = start[s + 1];
+  float a0 = 0.0f, a1 = 0.0f;
+  for (int i = r0 + warp; i < r1; i += ES_WARPS) {
+    const T *d = dout + (long)rows[i] * C;
+    if (c0 < C) a0 += ld(d + c0);
+    if (c0 + 1 < C) a1 += ld(d + c0 + 1);
+  }
+  sh[warp][lane * 2] = a0;
+  sh[warp][lane * 2 + 1] = a1;
+  __syncthreads();
+  if (warp == 0) {
+    const uint32_t t = keys[r0];
+    for (int k = 0; k < 2; k++) {
+      const int c = c0 + k;
+      if (c >= C) break;
+      float acc = 0.0f;
+      for (int w = 0; w < ES_WARPS; w++) acc += sh[w][lane * 2 + k];
+      dwte[(long)t * C + c] += acc;
+    }
+  }
+}
+
 template <typename T>
 __global__ void embed_bwd_wte_kernel(float *dwte, const T *dout, const int32_t *tok, int N, int C) {
   __shared__ int list[EMB_THREADS];
@@ -459,6 +611,27 @@ __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v
     v[i] = vi;
     float denom = sqrtf(vi) * inv_bc2_sqrt + eps;
     param[i] = param[i] * decay - step_size * mi / denom;
+  }
+}
+
+// One block per segment (a slice of at most a few hundred thousand floats), the adamw_kernel
+// arithmetic with the segment's decay factor.
+__global__ void adamw_multi_kernel(float *param, const float *grad, float *m, float *v,
+                                   size_t mv_base, const ct_adamw_seg *segs, float lr, float b1,
+                                   float b2, float a1, float a2, float eps, float step_size,
+                                   float inv_bc2_sqrt, float grad_scale) {
+  const ct_adamw_seg sg = segs[blockIdx.x];
+  const float decay = 1.0f - lr * sg.wd;
+  float *p = param + sg.off, *mm = m + (sg.off - mv_base), *vv = v + (sg.off - mv_base);
+  const float *g = grad + sg.off;
+  for (uint32_t i = threadIdx.x; i < sg.n; i += blockDim.x) {
+    float gr = g[i] * grad_scale;
+    float mi = b1 * mm[i] + a1 * gr;
+    float vi = b2 * vv[i] + a2 * gr * gr;
+    mm[i] = mi;
+    vv[i] = vi;
+    float denom = sqrtf(vi) * inv_bc2_sqrt + eps;
+    p[i] = p[i] * decay - step_size * mi / denom;
   }
 }
 
@@ -687,6 +860,178 @@ __global__ void rmsnorm_bwd_kernel(T *dinp, const T *dout, const T *inp, const T
     st(dx + c, ld(dx + c) + r * ld(w + c) * ld(dy + c) - ld(x + c) * k);
 }
 
+// Fused norm backward for widths up to NB_MAX_C (GPT-2 768, Qwen3-0.6B 1024, head dims): one pass
+// over dout and inp computes dinp (+=) and, per chunk of rows, the partial dweight (and dbias)
+// column sums, which colsum_final_kernel then adds in chunk order (deterministic; the chunking
+// depends only on N). A block of NB_WARPS warps takes a contiguous chunk of rows, a warp one row
+// at a time; lane l owns the 8-column groups l, l + 32, ... (16-byte loads), so its partial sums
+// stay in registers (NG groups). RMS = true: RMSNorm (no mean, no bias), rows possibly grouped.
+#define NB_WARPS 8
+#define NB_MAX_C 1536
+
+template <typename T> __device__ __forceinline__ void load8(float *f, const T *p) {
+  if constexpr (sizeof(T) == 2) {
+    uint4 u = *reinterpret_cast<const uint4 *>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      float2 t = unpack2(reinterpret_cast<const T *>(&w[i]));
+      f[2 * i] = t.x;
+      f[2 * i + 1] = t.y;
+    }
+  } else {
+    float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  }
+}
+template <typename T> __device__ __forceinline__ void store8(T *p, const float *f) {
+  if constexpr (sizeof(T) == 2) {
+    uint4 u;
+    u.x = pack2<T>(f[0], f[1]);
+    u.y = pack2<T>(f[2], f[3]);
+    u.z = pack2<T>(f[4], f[5]);
+    u.w = pack2<T>(f[6], f[7]);
+    *reinterpret_cast<uint4 *>(p) = u;
+  } else {
+    *reinterpret_cast<float4 *>(p) = make_float4(f[0], f[1], f[2], f[3]);
+    *reinterpret_cast<float4 *>(p + 4) = make_float4(f[4], f[5], f[6], f[7]);
+  }
+}
+
+template <typename T, int NG, bool RMS>
+__global__ void __launch_bounds__(NB_WARPS * 32)
+    norm_bwd_fused_kernel(T *dinp, float *part, const T *dout, const T *inp, const T *w,
+                          const float *mean, const float *rstd, int N, int C, long rpc, int rpg,
+                          long gs) {
+  extern __shared__ float nb_sh[]; // (NB_WARPS, C) partials of one kind at a time
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long r0 = (long)blockIdx.x * rpc, r1 = r0 + rpc < N ? r0 + rpc : N;
+  float wv[NG][8], adw[NG][8], adb[NG][8];
+#pragma unroll
+  for (int j = 0; j < NG; j++) {
+    const int c = (lane + 32 * j) * 8;
+#pragma unroll
+    for (int i = 0; i < 8; i++) adw[j][i] = adb[j][i] = wv[j][i] = 0.0f;
+    if (c < C) load8(wv[j], w + c);
+  }
+  for (long r = r0 + warp; r < r1; r += NB_WARPS) {
+    const long off = RMS ? rms_row(r, C, rpg, gs) : r * (long)C;
+    const float m = RMS ? 0.0f : mean[r], rs = rstd[r];
+    float dy[NG][8], nrm[NG][8];
+    float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NG; j++) {
+      const int c = (lane + 32 * j) * 8;
+      if (c < C) {
+        load8(dy[j], dout + off + c);
+        load8(nrm[j], inp + off + c);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+          nrm[j][i] = (nrm[j][i] - m) * rs;
+          const float gr = dy[j][i] * wv[j][i];
+          sg += gr;
+          sgx += gr * nrm[j][i];
+          adw[j][i] += dy[j][i] * nrm[j][i];
+          adb[j][i] += dy[j][i];
+        }
+      }
+    }
+    if (!dinp) continue;
+    const float mg = RMS ? 0.0f : warp_sum(sg) / C, mgx = warp_sum(sgx) / C;
+#pragma unroll
+    for (int j = 0; j < NG; j++) {
+      const int c = (lane + 32 * j) * 8;
+      if (c < C) {
+        float dx[8];
+        load8(dx, dinp + off + c);
+#pragma unroll
+        for (int i = 0; i < 8; i++) dx[i] += (dy[j][i] * wv[j][i] - mg - nrm[j][i] * mgx) * rs;
+        store8(dinp + off + c, dx);
+      }
+    }
+  }
+  // partial column sums of this chunk, warps added in order: dw, then db (layernorm)
+  for (int kind = 0; kind < (RMS ? 1 : 2); kind++) {
+#pragma unroll
+    for (int j = 0; j < NG; j++) {
+      const int c = (lane + 32 * j) * 8;
+      if (c < C)
+#pragma unroll
+        for (int i = 0; i < 8; i++) nb_sh[warp * C + c + i] = kind ? adb[j][i] : adw[j][i];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += NB_WARPS * 32) {
+      float s = 0.0f;
+      for (int k = 0; k < NB_WARPS; k++) s += nb_sh[k * C + c];
+      part[((long)kind * gridDim.x + blockIdx.x) * C + c] = s;
+    }
+    __syncthreads();
+  }
+}
+
+// res = a + b, out = norm(res): one warp per row, lane l holds the 8-column groups l, l + 32, ...
+// in registers (NG of them), so res is written once and never read back.
+template <typename T, int NG, bool RMS>
+__global__ void __launch_bounds__(NB_WARPS * 32)
+    add_norm_fwd_kernel(T *res, T *out, float *mean, float *rstd, const T *a, const T *b,
+                        const T *w, const T *bias, int N, int C, float eps) {
+  const long row = (long)blockIdx.x * NB_WARPS + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const long off = row * C;
+  float x[NG][8];
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NG; j++) {
+    const int c = (lane + 32 * j) * 8;
+    if (c < C) {
+      float y[8];
+      load8(x[j], a + off + c);
+      load8(y, b + off + c);
+#pragma unroll
+      for (int i = 0; i < 8; i++) x[j][i] += y[i];
+      store8(res + off + c, x[j]);
+      // normalize what was stored (rounded to T), as the unfused add-then-norm does
+      load8(x[j], res + off + c);
+#pragma unroll
+      for (int i = 0; i < 8; i++) s += RMS ? x[j][i] * x[j][i] : x[j][i];
+    }
+  }
+  s = warp_sum(s);
+  float m = 0.0f, r;
+  if (RMS) {
+    r = 1.0f / sqrtf(s / C + eps);
+  } else {
+    m = s / C;
+    float v = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NG; j++)
+      if ((lane + 32 * j) * 8 < C)
+#pragma unroll
+        for (int i = 0; i < 8; i++) v += (x[j][i] - m) * (x[j][i] - m);
+    r = 1.0f / sqrtf(warp_sum(v) / C + eps);
+  }
+#pragma unroll
+  for (int j = 0; j < NG; j++) {
+    const int c = (lane + 32 * j) * 8;
+    if (c < C) {
+      float wv[8], o[8], bv[8];
+      load8(wv, w + c);
+      if (!RMS && bias) load8(bv, bias + c);
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        o[i] = (x[j][i] - m) * r * wv[i];
+        if (!RMS && bias) o[i] += bv[i];
+      }
+      store8(out + off + c, o);
+    }
+  }
+  if (lane == 0) {
+    if (!RMS && mean) mean[row] = m;
+    if (rstd) rstd[row] = r;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // kernels: attention softmax (one warp per row of a (T, T) score matrix)
 
@@ -828,6 +1173,84 @@ __device__ __forceinline__ void ms_merge(float &m, float &s, float m2, float s2)
   m = M;
 }
 
+// The row fits in shared memory (Vp * sizeof(T) <= XS_MAX_BYTES, e.g. GPT-2's 50304 bf16 =
+// 98 KiB): one 16-byte-vectorized read of the logits row into shared memory, the maximum and the
+// sum of exponentials from there, then the gradient written once. Same results as xent_kernel up
+// to the order of the sum (and exp2 in place of exp).
+#define XS_THREADS 1024
+#define XS_MAX_BYTES (110 * 1024)
+template <typename T>
+__global__ void __launch_bounds__(XS_THREADS, 2)
+    xent_smem_kernel(float *losses, T *logits, const int32_t *targets, int V, int Vp,
+                     float grad_scale) {
+  extern __shared__ __align__(16) unsigned char xs_raw[];
+  T *row = reinterpret_cast<T *>(xs_raw);
+  __shared__ float red[XS_THREADS / 32];
+  const long n = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+  T *x = logits + n * Vp;
+  const int tgt = targets[n];
+  if (tgt < 0 || tgt >= V) {
+    if (tid == 0) losses[n] = tgt < 0 ? 0.0f : NAN;
+    if (grad_scale != 0.0f)
+      for (int i = tid; i < Vp; i += blockDim.x) st(x + i, 0.0f);
+    return;
+  }
+  const int per = 16 / (int)sizeof(T), nv = Vp / per; // Vp % per == 0 (checked by the launcher)
+  float m = -INFINITY;
+  for (int k = tid; k < nv; k += XS_THREADS) {
+    uint4 u = reinterpret_cast<const uint4 *>(x)[k];
+    reinterpret_cast<uint4 *>(row)[k] = u;
+    const T *e = reinterpret_cast<const T *>(&u);
+#pragma unroll
+    for (int i = 0; i < per; i++)
+      if (k * per + i < V) m = fmaxf(m, ld(e + i)); // fmaxf drops NaN: caught by the sum below
+  }
+  m = warp_max(m);
+  if (lane == 0) red[w] = m;
+  __syncthreads();
+  m = red[0];
+  for (int i = 1; i < XS_THREADS / 32; i++) m = fmaxf(m, red[i]);
+  __syncthreads();
+  const float L2E = 1.4426950408889634f;
+  const float mb = m * L2E;
+  float s = 0.0f;
+  for (int i = tid; i < V; i += XS_THREADS) s += exp2f(fmaf(ld(row + i), L2E, -mb));
+  s = warp_sum(s);
+  if (lane == 0) red[w] = s;
+  __syncthreads();
+  s = 0.0f;
+  for (int i = 0; i < XS_THREADS / 32; i++) s += red[i];
+  const float xt = ld(row + tgt);
+  if (tid == 0) losses[n] = logf(s) - (xt - m);
+  if (grad_scale == 0.0f) return;
+  const float k = grad_scale / s;
+  for (int kv = tid; kv < nv; kv += XS_THREADS) {
+    float f[16 / sizeof(T) > 8 ? 8 : 16 / sizeof(T)];
+    const T *e = row + kv * per;
+#pragma unroll
+    for (int i = 0; i < per; i++) {
+      const int c = kv * per + i;
+      float v = 0.0f;
+      if (c < V) {
+        v = __fmul_rn(exp2f(fmaf(ld(e + i), L2E, -mb)), k);
+        if (c == tgt) v -= grad_scale;
+      }
+      f[i] = v;
+    }
+    if constexpr (sizeof(T) == 2) {
+      uint4 u;
+      u.x = pack2<T>(f[0], f[1]);
+      u.y = pack2<T>(f[2], f[3]);
+      u.z = pack2<T>(f[4], f[5]);
+      u.w = pack2<T>(f[6], f[7]);
+      reinterpret_cast<uint4 *>(x)[kv] = u;
+    } else {
+      reinterpret_cast<float4 *>(x)[kv] = make_float4(f[0], f[1], f[2], f[3]);
+    }
+  }
+}
+
 template <typename T>
 __global__ void xent_kernel(float *losses, T *logits, const int32_t *targets, int V, int Vp,
                             float grad_scale) {
@@ -949,13 +1372,21 @@ bool gemm_batched(void **ptrs, cublasOperation_t ta, cublasOperation_t tb, int m
 
 #define LT_PLANS 64
 #define LT_WORKSPACE (32u << 20)
+#define LT_CANDIDATES 8
+// What a plan computes (column-major, as cuBLASLt sees the row-major buffers):
+//   LT_BIAS, LT_GELU: D (OC, N) = op_T(w) inp + bias; LT_GELU also writes the pre-activation to
+//                     the aux buffer (OC, N) and gelu (tanh form) of it to D
+//   LT_DGELU:         D (IC, N) = (w dout) * gelu'(aux), aux (IC, N) the saved pre-activation
+enum lt_kind { LT_BIAS = 0, LT_GELU = 1, LT_DGELU = 2 };
 struct lt_plan {
-  int N, IC, OC, align; // the key, with dt
+  int kind, N, IC, OC, align; // the key, with dt
   cudaDataType_t dt;    // CUDA_R_16BF or CUDA_R_16F
   int ok;               // a heuristic answered: use it
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t a, b, c;
-  cublasLtMatmulAlgo_t algo;
+  cublasLtMatmulAlgo_t algo; // the one used: the heuristic's first until tuned
+  int ncand, tuned;
+  cublasLtMatmulAlgo_t cand[LT_CANDIDATES]; // the heuristic's top answers, timed on first use
 };
 struct lt_api {
   int tried, ok;
@@ -1037,50 +1468,106 @@ int align_of(const void *p) {
 
 // The plan for out(N,OC) = inp(N,IC) w(OC,IC)^T + bias: column-major D (OC, N) = op_T(w) (OC, IC)
 // times inp (IC, N), the bias (OC) added to every column. NULL or !ok: use the plain path.
-lt_plan *lt_get_plan(int N, int IC, int OC, int align, cudaDataType_t dt) {
+lt_plan *lt_get_plan(int kind, int N, int IC, int OC, int align, cudaDataType_t dt) {
   for (int i = 0; i < lt.nplans; i++) {
     lt_plan *p = &lt.plans[i];
-    if (p->N == N && p->IC == IC && p->OC == OC && p->align == align && p->dt == dt) return p;
+    if (p->kind == kind && p->N == N && p->IC == IC && p->OC == OC && p->align == align &&
+        p->dt == dt)
+      return p;
   }
   if (lt.nplans == LT_PLANS) return NULL;
   lt_plan *p = &lt.plans[lt.nplans++];
   memset(p, 0, sizeof *p);
-  p->N = N, p->IC = IC, p->OC = OC, p->align = align, p->dt = dt;
-  const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-  const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+  p->kind = kind, p->N = N, p->IC = IC, p->OC = OC, p->align = align, p->dt = dt;
+  const cublasOperation_t opA = kind == LT_DGELU ? CUBLAS_OP_N : CUBLAS_OP_T, opN = CUBLAS_OP_N;
+  const cublasLtEpilogue_t epi = kind == LT_BIAS   ? CUBLASLT_EPILOGUE_BIAS
+                                 : kind == LT_GELU ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                   : CUBLASLT_EPILOGUE_DGELU;
   const cudaDataType_t bias_type = dt;
+  const int64_t aux_ld = kind == LT_DGELU ? IC : OC;
   if (lt.desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
     p->desc = NULL;
     return p;
   }
-  if (lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT) ||
+  if (lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opA, sizeof opA) ||
       lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN) ||
       lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
-      lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type))
+      (kind != LT_DGELU &&
+       lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type)) ||
+      (kind != LT_BIAS &&
+       lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld)))
     return p;
-  if (lt.layout_create(&p->a, dt, IC, OC, IC) || lt.layout_create(&p->b, dt, IC, N, IC) ||
-      lt.layout_create(&p->c, dt, OC, N, OC))
+  if (kind == LT_DGELU) { // D (IC, N) = w (IC, OC; ld IC) dout (OC, N)
+    if (lt.layout_create(&p->a, dt, IC, OC, IC) || lt.layout_create(&p->b, dt, OC, N, OC) ||
+        lt.layout_create(&p->c, dt, IC, N, IC))
+      return p;
+  } else if (lt.layout_create(&p->a, dt, IC, OC, IC) || lt.layout_create(&p->b, dt, IC, N, IC) ||
+             lt.layout_create(&p->c, dt, OC, N, OC)) {
     return p;
+  }
   cublasLtMatmulPreference_t pref = NULL;
   if (lt.pref_create(&pref) != CUBLAS_STATUS_SUCCESS) return p;
   const size_t ws = LT_WORKSPACE;
   const uint32_t al = (uint32_t)align;
   int nres = 0;
-  cublasLtMatmulHeuristicResult_t res;
-  memset(&res, 0, sizeof res);
+  cublasLtMatmulHeuristicResult_t res[LT_CANDIDATES];
+  memset(res, 0, sizeof res);
   if (!lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) &&
       !lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al) &&
       !lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al) &&
       !lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al) &&
       !lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al) &&
-      lt.heuristic(lt.h, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &nres) ==
-          CUBLAS_STATUS_SUCCESS &&
-      nres > 0 && res.state == CUBLAS_STATUS_SUCCESS) {
-    p->algo = res.algo;
-    p->ok = 1;
+      lt.heuristic(lt.h, p->desc, p->a, p->b, p->c, p->c, pref, LT_CANDIDATES, res, &nres) ==
+          CUBLAS_STATUS_SUCCESS) {
+    for (int i = 0; i < nres; i++)
+      if (res[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->ncand++] = res[i].algo;
+    if (p->ncand) {
+      p->algo = p->cand[0];
+      p->ok = 1;
+    }
   }
   lt.pref_destroy(pref);
   return p;
+}
+
+// Runs plan p: D = epilogue(op(A) B). The heuristic's order is a guess that can be far off (GPT-2's
+// qkv projection at N=65536: 1.4 ms with its first answer in training against 0.36 ms for
+// another), so the first call of a plan outside graph recording times each candidate (one
+// warm-up, then the best of 3, CUDA events; the output is overwritten by every run, beta = 0)
+// and keeps the fastest. Returns false only on a recorded error.
+bool lt_exec(lt_plan *p, const void *A, const void *B, void *D) {
+  const float alpha = 1.0f, beta = 0.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t *algo) {
+    return lt.matmul(lt.h, p->desc, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c, algo, lt.ws,
+                     LT_WORKSPACE, g.stream);
+  };
+  if (!p->tuned && !g.capturing && p->ncand > 1) {
+    p->tuned = 1;
+    cudaEvent_t e0, e1;
+    if (CK(cudaEventCreate(&e0)) && CK(cudaEventCreate(&e1))) {
+      float best = INFINITY;
+      for (int i = 0; i < p->ncand; i++) {
+        if (run(&p->cand[i]) != CUBLAS_STATUS_SUCCESS) continue; // this algo cannot run it
+        float t_min = INFINITY;
+        for (int k = 0; k < 3; k++) {
+          float ms = 0;
+          cudaEventRecord(e0, g.stream);
+          run(&p->cand[i]);
+          cudaEventRecord(e1, g.stream);
+          cudaEventSynchronize(e1);
+          cudaEventElapsedTime(&ms, e0, e1);
+          if (ms < t_min) t_min = ms;
+        }
+        if (t_min < best) {
+          best = t_min;
+          p->algo = p->cand[i];
+        }
+      }
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+    }
+  }
+  return CKB(run(&p->algo));
 }
 
 // Returns false when the plain path must do it (nothing queued); true when queued or failed
@@ -1092,13 +1579,50 @@ bool lt_matmul_bias(E *out, const E *inp, const E *w, const E *bias, int N, int 
   if (align_of(inp) < al) al = align_of(inp);
   if (align_of(w) < al) al = align_of(w);
   if (al < 16) return false;
-  lt_plan *p = lt_get_plan(N, IC, OC, al, blas_type<E>());
+  lt_plan *p = lt_get_plan(LT_BIAS, N, IC, OC, al, blas_type<E>());
   if (!p || !p->ok) return false;
   const void *bp = bias;
   if (!CKB(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp))) return true;
-  const float alpha = 1.0f, beta = 0.0f;
-  CKB(lt.matmul(lt.h, p->desc, &alpha, w, p->a, inp, p->b, &beta, out, p->c, out, p->c, &p->algo,
-                lt.ws, LT_WORKSPACE, g.stream));
+  lt_exec(p, w, inp, out);
+  return true;
+}
+
+// act = gelu(pre), pre = inp w^T + bias, in one GEMM (GELU_AUX_BIAS epilogue). false: nothing
+// queued (no cuBLASLt, no plan, or misaligned operands).
+template <typename E>
+bool lt_matmul_gelu(E *act, E *pre, const E *inp, const E *w, const E *bias, int N, int IC,
+                    int OC) {
+  if (IC % 8 || OC % 8 || !bias || !aligned16(bias) || !lt_load()) return false;
+  int al = align_of(act);
+  if (align_of(pre) < al) al = align_of(pre);
+  if (align_of(inp) < al) al = align_of(inp);
+  if (align_of(w) < al) al = align_of(w);
+  if (al < 16) return false;
+  lt_plan *p = lt_get_plan(LT_GELU, N, IC, OC, al, blas_type<E>());
+  if (!p || !p->ok) return false;
+  const void *bp = bias, *ap = pre;
+  if (!CKB(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp)) ||
+      !CKB(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ap, sizeof ap)))
+    return true;
+  lt_exec(p, w, inp, act);
+  return true;
+}
+
+// dpre (N, IC) = (dout (N, OC) w (OC, IC)) * gelu'(pre), overwritten (DGELU epilogue).
+template <typename E>
+bool lt_matmul_dgelu(E *dpre, const E *dout, const E *w, const E *pre, int N, int IC, int OC) {
+  if (IC % 8 || OC % 8 || !lt_load()) return false;
+  int al = align_of(dpre);
+  if (align_of(pre) < al) al = align_of(pre);
+  if (align_of(dout) < al) al = align_of(dout);
+  if (align_of(w) < al) al = align_of(w);
+  if (al < 16) return false;
+  lt_plan *p = lt_get_plan(LT_DGELU, N, IC, OC, al, blas_type<E>());
+  if (!p || !p->ok) return false;
+  const void *ap = pre;
+  if (!CKB(lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ap, sizeof ap)))
+    return true;
+  lt_exec(p, w, dout, dpre);
   return true;
 }
 
@@ -1183,13 +1707,54 @@ void cu_embed_fwd(void *out, const int32_t *tok, const void *wte, const void *wp
   CK_LAUNCH(embed_fwd_kernel);
 }
 
+// dwte by sorted segments (embed_bwd_seg_kernel). false: nothing queued (scratch or sort
+// failure is recorded and also returns true).
+template <typename act_t>
+bool embed_bwd_sorted(float *dwte, const act_t *dout, const int32_t *tok, int N, int C) {
+  size_t sort_bytes = 0, scan_bytes = 0;
+  if (cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const uint32_t *)NULL, (uint32_t *)NULL,
+                                      (const int32_t *)NULL, (int32_t *)NULL, N) != cudaSuccess ||
+      cub::DeviceScan::InclusiveSum(NULL, scan_bytes, (const int32_t *)NULL, (int32_t *)NULL, N) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  const size_t a = ((size_t)N + 1 + 63) / 64 * 64 * sizeof(int32_t);
+  const size_t tmp = sort_bytes > scan_bytes ? sort_bytes : scan_bytes;
+  char *base = (char *)scratch(6 * a + tmp + 256);
+  if (!base) return true;
+  uint32_t *keys = (uint32_t *)base;
+  int32_t *vin = (int32_t *)(base + a), *rows = (int32_t *)(base + 2 * a);
+  int32_t *head = (int32_t *)(base + 3 * a), *seg_idx = (int32_t *)(base + 4 * a);
+  int32_t *start = (int32_t *)(base + 5 * a);
+  void *temp = base + 6 * a;
+  const unsigned grid = grid_for((size_t)N, 256);
+  iota_kernel<<<grid, 256, 0, g.stream>>>(vin, N);
+  if (!CK_LAUNCH(iota_kernel)) return true;
+  size_t tb = tmp;
+  if (!CK(cub::DeviceRadixSort::SortPairs(temp, tb, (const uint32_t *)tok, keys, vin, rows, N, 0,
+                                          32, g.stream)))
+    return true;
+  seg_head_kernel<<<grid, 256, 0, g.stream>>>(head, keys, N);
+  if (!CK_LAUNCH(seg_head_kernel)) return true;
+  tb = tmp;
+  if (!CK(cub::DeviceScan::InclusiveSum(temp, tb, head, seg_idx, N, g.stream))) return true;
+  seg_start_kernel<<<grid, 256, 0, g.stream>>>(start, head, seg_idx, N);
+  if (!CK_LAUNCH(seg_start_kernel)) return true;
+  const dim3 sgrid((unsigned)N, (unsigned)((C + ES_COLS - 1) / ES_COLS));
+  embed_bwd_seg_kernel<act_t><<<sgrid, ES_WARPS * 32, 0, g.stream>>>(dwte, dout, keys, rows, start,
+                                                                      seg_idx, N, C);
+  CK_LAUNCH(embed_bwd_seg_kernel);
+  return true;
+}
+
 template <typename act_t>
 void cu_embed_bwd(float *dwte, float *dwpe, const void *dout, const int32_t *tok, int B, int T,
                   int C) {
   OP("embed_bwd");
   long N = (long)B * T;
   if (N <= 0 || C <= 0) return;
-  if (dwte) {
+  if (dwte && !embed_bwd_sorted<act_t>(dwte, (const act_t *)dout, tok, (int)N, C)) {
     embed_bwd_wte_kernel<act_t><<<(unsigned)N, EMB_THREADS, 0, g.stream>>>(
         dwte, (const act_t *)dout, tok, (int)N, C);
     CK_LAUNCH(embed_bwd_wte_kernel);
@@ -1199,6 +1764,50 @@ void cu_embed_bwd(float *dwte, float *dwpe, const void *dout, const int32_t *tok
         dwpe, (const act_t *)dout, B, T, C);
     CK_LAUNCH(embed_bwd_wpe_kernel);
   }
+}
+
+// The fused norm backward (see norm_bwd_fused_kernel) when the width allows it and the rows are
+// 16-byte aligned; false: nothing queued, use the two-kernel path.
+template <typename act_t, bool RMS>
+bool norm_bwd_fused(act_t *dinp, float *dw, float *db, const act_t *dout, const act_t *inp,
+                    const act_t *w, const float *mean, const float *rstd, int N, int C, int rpg,
+                    long gs) {
+  if (C % 8 || C > NB_MAX_C || !dw || (!RMS && !db) || (gs * (long)sizeof(act_t)) % 16 ||
+      !aligned16(dout) || !aligned16(inp) || !aligned16(w) || (dinp && !aligned16(dinp)))
+    return false;
+  long nchunks = (N + 63) / 64;
+  if (nchunks > 1024) nchunks = 1024;
+  const long rpc = (N + nchunks - 1) / nchunks;
+  nchunks = (N + rpc - 1) / rpc;
+  float *part = (float *)scratch(sizeof(float) * (size_t)nchunks * C * (RMS ? 1 : 2));
+  if (!part) return true;
+  const size_t sh = sizeof(float) * NB_WARPS * (size_t)C;
+  const int ng = (C / 8 + 31) / 32;
+#define NB_CASE(NG)                                                                                \
+  case NG: {                                                                                       \
+    auto k = norm_bwd_fused_kernel<act_t, NG, RMS>;                                                \
+    if (sh > 48 * 1024 && !CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                                   (int)sh)))                                      \
+      return true;                                                                                 \
+    k<<<(unsigned)nchunks, NB_WARPS * 32, sh, g.stream>>>(dinp, part, dout, inp, w, mean, rstd, N, \
+                                                           C, rpc, rpg, gs);                       \
+    break;                                                                                         \
+  }
+  switch (ng) {
+    NB_CASE(1)
+    NB_CASE(2)
+    NB_CASE(3)
+    NB_CASE(4)
+    NB_CASE(5)
+    NB_CASE(6)
+    default: return false;
+  }
+#undef NB_CASE
+  if (!CK_LAUNCH(norm_bwd_fused_kernel)) return true;
+  colsum_final_kernel<<<(unsigned)((C + 255) / 256), 256, 0, g.stream>>>(dw, RMS ? NULL : db, part,
+                                                                         (int)nchunks, C);
+  CK_LAUNCH(colsum_final_kernel);
+  return true;
 }
 
 template <typename act_t>
@@ -1216,6 +1825,9 @@ void cu_layernorm_bwd(void *dinp, float *dw, float *db, const void *dout, const 
                       const void *w, const float *mean, const float *rstd, int N, int C) {
   OP("layernorm_bwd");
   if (N <= 0 || C <= 0) return;
+  if (norm_bwd_fused<act_t, false>((act_t *)dinp, dw, db, (const act_t *)dout, (const act_t *)inp,
+                                   (const act_t *)w, mean, rstd, N, C, N, (long)N * C))
+    return;
   if (dinp) {
     layernorm_bwd_kernel<act_t>
         <<<(N + NORM_WARPS - 1) / NORM_WARPS, NORM_WARPS * 32, 0, g.stream>>>(
@@ -1246,6 +1858,9 @@ void cu_rmsnorm_bwd(void *dinp, float *dw, const void *dout, const void *inp, co
   OP("rmsnorm_bwd");
   if (N <= 0 || C <= 0) return;
   if (rpg <= 0) rpg = N;
+  if (norm_bwd_fused<act_t, true>((act_t *)dinp, dw, NULL, (const act_t *)dout, (const act_t *)inp,
+                                  (const act_t *)w, NULL, rstd, N, C, rpg, gs))
+    return;
   if (dinp) {
     rmsnorm_bwd_kernel<act_t><<<(N + NORM_WARPS - 1) / NORM_WARPS, NORM_WARPS * 32, 0, g.stream>>>(
         (act_t *)dinp, (const act_t *)dout, (const act_t *)inp, (const act_t *)w, rstd, N, C, rpg,
@@ -1266,6 +1881,7 @@ void cu_matmul_fwd(void *out, const void *inp, const void *w, const void *bias, 
                    int OC) {
   OP("matmul_fwd");
   if (N <= 0 || OC <= 0) return;
+  PROF_DETAIL("%dx%dx%d%s", N, IC, OC, bias ? "+b" : "");
   if constexpr (is16<act_t>()) {
     if (bias && g.matmul_lt &&
         lt_matmul_bias<act_t>((act_t *)out, (const act_t *)inp, (const act_t *)w,
@@ -1290,6 +1906,7 @@ void cu_matmul_bwd(void *dinp, float *dw, float *dbias, const void *dout, const 
                    const void *w, int N, int IC, int OC) {
   OP("matmul_bwd");
   if (N <= 0) return;
+  PROF_DETAIL("%dx%dx%d%s%s", N, IC, OC, dinp ? " dx" : "", dbias ? " db" : "");
   const act_t *dO = (const act_t *)dout;
   if (dinp && !gemm<act_t>(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, (const act_t *)w, IC, 0, dO,
                            OC, 0, 1.0f, (act_t *)dinp, IC, 0, 1))
@@ -1545,6 +2162,47 @@ void cu_gelu_bwd(void *dinp, const void *dout, const void *inp, size_t n) {
 }
 
 template <typename act_t>
+void cu_matmul_gelu_fwd(void *act, void *pre, const void *inp, const void *w, const void *bias,
+                        int N, int IC, int OC) {
+  OP("matmul_gelu_fwd");
+  if (N <= 0 || OC <= 0) return;
+  PROF_DETAIL("%dx%dx%d", N, IC, OC);
+  if constexpr (is16<act_t>()) {
+    if (g.matmul_lt && lt_matmul_gelu<act_t>((act_t *)act, (act_t *)pre, (const act_t *)inp,
+                                             (const act_t *)w, (const act_t *)bias, N, IC, OC))
+      return;
+  }
+  cu_matmul_fwd<act_t>(pre, inp, w, bias, N, IC, OC);
+  cu_gelu_fwd<act_t>(act, pre, (size_t)N * OC);
+}
+
+template <typename T> __global__ void dgelu_inplace_kernel(T *d, const T *pre, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x)
+    st(d + i, gelu_grad(ld(pre + i)) * ld(d + i));
+}
+
+template <typename act_t>
+void cu_matmul_dgelu_bwd(void *dpre, const void *dout, const void *w, const void *pre, int N,
+                         int IC, int OC) {
+  OP("matmul_dgelu_bwd");
+  if (N <= 0 || IC <= 0) return;
+  PROF_DETAIL("%dx%dx%d", N, IC, OC);
+  if constexpr (is16<act_t>()) {
+    if (g.matmul_lt && lt_matmul_dgelu<act_t>((act_t *)dpre, (const act_t *)dout, (const act_t *)w,
+                                              (const act_t *)pre, N, IC, OC))
+      return;
+  }
+  if (!gemm<act_t>(CUBLAS_OP_N, CUBLAS_OP_N, IC, N, OC, 1.0f, (const act_t *)w, IC, 0,
+                   (const act_t *)dout, OC, 0, 0.0f, (act_t *)dpre, IC, 0, 1))
+    return;
+  const size_t n = (size_t)N * IC;
+  dgelu_inplace_kernel<act_t><<<grid_for(n, 256), 256, 0, g.stream>>>((act_t *)dpre,
+                                                                       (const act_t *)pre, n);
+  CK_LAUNCH(dgelu_inplace_kernel);
+}
+
+template <typename act_t>
 void cu_swiglu_fwd(void *out, const void *inp, int N, int F) {
   OP("swiglu_fwd");
   if (N <= 0 || F <= 0) return;
@@ -1579,10 +2237,65 @@ void cu_add_fwd(void *out, const void *a, const void *b, size_t n) {
 }
 
 template <typename act_t>
+void cu_add_norm_fwd(void *res, void *out, float *mean, float *rstd, const void *a, const void *b,
+                     const void *w, const void *bias, int N, int C, float eps, int rms) {
+  OP("add_norm_fwd");
+  if (N <= 0 || C <= 0) return;
+  const bool vec = C % 8 == 0 && C <= NB_MAX_C && aligned16(res) && aligned16(out) &&
+                   aligned16(a) && aligned16(b) && aligned16(w) && (!bias || aligned16(bias));
+  const unsigned grid = (unsigned)((N + NB_WARPS - 1) / NB_WARPS);
+  const int ng = (C / 8 + 31) / 32;
+  bool done = false;
+#define AN_CASE(NG)                                                                                \
+  case NG:                                                                                         \
+    if (rms)                                                                                       \
+      add_norm_fwd_kernel<act_t, NG, true><<<grid, NB_WARPS * 32, 0, g.stream>>>(                  \
+          (act_t *)res, (act_t *)out, mean, rstd, (const act_t *)a, (const act_t *)b,              \
+          (const act_t *)w, NULL, N, C, eps);                                                      \
+    else                                                                                           \
+      add_norm_fwd_kernel<act_t, NG, false><<<grid, NB_WARPS * 32, 0, g.stream>>>(                 \
+          (act_t *)res, (act_t *)out, mean, rstd, (const act_t *)a, (const act_t *)b,              \
+          (const act_t *)w, (const act_t *)bias, N, C, eps);                                       \
+    done = true;                                                                                   \
+    break;
+  if (vec) {
+    switch (ng) {
+      AN_CASE(1)
+      AN_CASE(2)
+      AN_CASE(3)
+      AN_CASE(4)
+      AN_CASE(5)
+      AN_CASE(6)
+      default: break;
+    }
+  }
+#undef AN_CASE
+  if (done) {
+    CK_LAUNCH(add_norm_fwd_kernel);
+    return;
+  }
+  cu_add_fwd<act_t>(res, a, b, (size_t)N * C);
+  if (rms) cu_rmsnorm_fwd<act_t>(out, rstd, res, w, N, C, N, 0, eps);
+  else cu_layernorm_fwd<act_t>(out, mean, rstd, res, w, bias, N, C, eps);
+}
+
+
+template <typename act_t>
 void cu_xent_fwd_bwd(float *losses, void *logits, const int32_t *targets, int N, int V, int Vp,
                      float grad_scale) {
   OP("xent_fwd_bwd");
   if (N <= 0) return;
+  const size_t row_bytes = (size_t)Vp * sizeof(act_t);
+  if (row_bytes <= XS_MAX_BYTES && row_bytes % 16 == 0 && aligned16(logits)) {
+    if (row_bytes > 48 * 1024 &&
+        !CK(cudaFuncSetAttribute(xent_smem_kernel<act_t>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)row_bytes)))
+      return;
+    xent_smem_kernel<act_t><<<(unsigned)N, XS_THREADS, row_bytes, g.stream>>>(
+        losses, (act_t *)logits, targets, V, Vp, grad_scale);
+    CK_LAUNCH(xent_smem_kernel);
+    return;
+  }
   xent_kernel<act_t><<<(unsigned)N, XENT_THREADS, 0, g.stream>>>(losses, (act_t *)logits, targets,
                                                                  V, Vp, grad_scale);
   CK_LAUNCH(xent_kernel);
@@ -1599,6 +2312,19 @@ void cu_adamw(float *param, const float *grad, float *m, float *v, size_t n, flo
   adamw_kernel<<<grid_for(n, 256), 256, 0, g.stream>>>(param, grad, m, v, n, b1, b2, a1, a2, eps,
                                                        decay, step_size, inv_bc2_sqrt, grad_scale);
   CK_LAUNCH(adamw_kernel);
+}
+
+void cu_adamw_multi(float *param, const float *grad, float *m, float *v, size_t mv_base,
+                    const ct_adamw_seg *segs, int nseg, float lr, float b1, float b2, float eps,
+                    float grad_scale, int step) {
+  OP("adamw_multi");
+  if (nseg <= 0) return;
+  double bc1 = 1.0 - pow((double)b1, step), bc2 = 1.0 - pow((double)b2, step);
+  const float step_size = (float)(lr / bc1), inv_bc2_sqrt = (float)(1.0 / sqrt(bc2));
+  adamw_multi_kernel<<<(unsigned)nseg, 512, 0, g.stream>>>(param, grad, m, v, mv_base, segs, lr,
+                                                           b1, b2, 1.0f - b1, 1.0f - b2, eps,
+                                                           step_size, inv_bc2_sqrt, grad_scale);
+  CK_LAUNCH(adamw_multi_kernel);
 }
 
 // Synchronizes (the result comes back to the host); NaN if the op failed.
@@ -3094,6 +3820,38 @@ template <typename E> void cu_to_host_f32_16(float *dst, const void *src, size_t
 }
 
 // ---------------------------------------------------------------------------------------------
+// graph capture (ops.h: graph_begin .. graph_end, graph_launch). Recording is thread-local, so
+// only this thread's launches on g.stream are recorded; an op that would synchronize while
+// recording (to_host, scratch growth) fails the capture, which graph_end reports as NULL.
+
+void cu_graph_begin() {
+  OP("graph_begin");
+  if (CK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal))) g.capturing = 1;
+}
+
+void *cu_graph_end() {
+  op_scope op_scope_("graph_end");
+  if (!op_scope_.ok) return NULL;
+  if (!g.capturing) return NULL;
+  g.capturing = 0;
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  if (!CK(cudaStreamEndCapture(g.stream, &graph))) return NULL;
+  const bool ok = CK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphDestroy(graph);
+  return ok ? (void *)exec : NULL;
+}
+
+void cu_graph_launch(void *graph) {
+  OP("graph_launch");
+  CK(cudaGraphLaunch((cudaGraphExec_t)graph, g.stream));
+}
+
+void cu_graph_destroy(void *graph) {
+  if (graph) cudaGraphExecDestroy((cudaGraphExec_t)graph);
+}
+
+// ---------------------------------------------------------------------------------------------
 // vocab-parallel cross-entropy pieces (parallel/tp.c; ops.h has the contract): one block per row,
 // the same online max/sum merge as xent_kernel.
 
@@ -3193,6 +3951,7 @@ template <typename A> ct_ops make_table() {
   t.layernorm_bwd = cu_layernorm_bwd<A>;
   t.rmsnorm_fwd = cu_rmsnorm_fwd<A>;
   t.rmsnorm_bwd = cu_rmsnorm_bwd<A>;
+  t.add_norm_fwd = cu_add_norm_fwd<A>;
   t.matmul_fwd = cu_matmul_fwd<A>;
   t.matmul_bwd = cu_matmul_bwd<A>;
   t.rope_fwd = cu_rope_fwd<A>;
@@ -3210,13 +3969,20 @@ template <typename A> ct_ops make_table() {
   t.attention_cached = cu_attention_cached<A>;
   t.gelu_fwd = cu_gelu_fwd<A>;
   t.gelu_bwd = cu_gelu_bwd<A>;
+  t.matmul_gelu_fwd = cu_matmul_gelu_fwd<A>;
+  t.matmul_dgelu_bwd = cu_matmul_dgelu_bwd<A>;
   t.swiglu_fwd = cu_swiglu_fwd<A>;
   t.swiglu_bwd = cu_swiglu_bwd<A>;
   t.add_fwd = cu_add_fwd<A>;
   t.xent_fwd_bwd = cu_xent_fwd_bwd<A>;
   t.adamw = cu_adamw;
+  t.adamw_multi = cu_adamw_multi;
   t.sumsq = cu_sumsq;
   t.scale = cu_scale;
+  t.graph_begin = cu_graph_begin;
+  t.graph_end = cu_graph_end;
+  t.graph_launch = cu_graph_launch;
+  t.graph_destroy = cu_graph_destroy;
   t.xent_stats = cu_xent_stats<A>;
   t.xent_grad = cu_xent_grad<A>;
   t.mem_peak = cu_mem_peak;
@@ -3329,6 +4095,7 @@ extern "C" int ct_cuda_init(int device, char *err, size_t errcap) {
       CUBLAS_STATUS_SUCCESS)
     INIT_FAIL("cublasSetMathMode: %s", cublasGetStatusString(s));
   g.sync_debug = env_on("CT_CUDA_SYNC");
+  prof.on = env_on("CT_CUDA_PROFILE");
   const char *attn = getenv("CT_CUDA_ATTN");
   g.attn_variant = ATTN_DEFAULT;
   if (attn && attn[0] && set_variant("attention", attn) != 0)
@@ -3360,5 +4127,6 @@ extern "C" void *ct_cuda_stream(void) { return g.ready ? (void *)g.stream : NULL
 extern "C" void ct_cuda_shutdown(void) {
   if (!g.ready) return;
   cudaStreamSynchronize(g.stream);
+  if (prof.on) prof.report();
   release();
 }

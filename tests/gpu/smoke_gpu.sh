@@ -22,4 +22,15 @@ CT_TEST_POISON_STEP=5 "$CTRAIN" train "${args[@]}" train.precision=fp16 train.ma
   "train.out_dir=$TMP/poison" >/dev/null 2>"$TMP/poison.log"
 check "fp16: an overflowed step is skipped and the scale halves" \
   grep -q 'step 5: inf/nan gradients at loss scale 65536: step skipped, scale now 32768' "$TMP/poison.log"
+# the training step recorded as a CUDA graph gives the same losses, bit for bit, as running it
+# op by op (gpt2 and llama, bf16; graphs start at the third micro-batch)
+losses() { grep -o '"loss": [^,]*' "$1/metrics.jsonl" | tr '\n' ' '; }
+for arch in gpt2 llama; do
+  for gr in on off; do
+    "$CTRAIN" train "${args[@]}" train.precision=bf16 train.max_steps=12 train.grad_accum=2 \
+      "model.arch=$arch" "train.cuda_graphs=$gr" "train.out_dir=$TMP/graph_${arch}_$gr" >/dev/null 2>&1
+  done
+  check "$arch: CUDA-graph training losses equal the op-by-op losses exactly" \
+    test -n "$(losses "$TMP/graph_${arch}_on")" -a "$(losses "$TMP/graph_${arch}_on")" = "$(losses "$TMP/graph_${arch}_off")"
+done
 finish

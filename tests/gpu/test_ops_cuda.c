@@ -50,7 +50,7 @@ int ct_cuda_device_count(void); /* kernels/cuda/device_query.cu */
 
 enum { R_IN, R_OUT, R_ACC }; /* read only; overwritten (starts NaN); read and written */
 enum { I_RAND, I_POS, I_TOK, I_TGT };
-enum { NOBIAS = 1, NODINP = 2, NOSTATS = 4, NOWPE = 8, NODW = 16 };
+enum { NOBIAS = 1, NODINP = 2, NOSTATS = 4, NOWPE = 8, NODW = 16, RMS = 32 };
 
 typedef struct bspec {
   const char *name;
@@ -447,6 +447,47 @@ static void ca_zero(const ct_ops *o, void **p, const tcase *c) {
   o->zero(F(0) + 5, (c->n - 10) * sizeof(float));
 }
 
+/* fused residual add + norm: res (= a, aliased as the model uses it) += b, out = norm(res) */
+static int su_add_norm(const tcase *c, bspec *b) {
+  size_t nc = (size_t)c->N * c->C;
+  const int rms = c->flags & RMS;
+  b[0] = act(ACC("res=a", nc));
+  b[1] = act(OUT("out", nc));
+  b[2] = OUT("mean", rms ? 0 : (size_t)c->N);
+  b[3] = OUT("rstd", c->N);
+  b[4] = act(BUF("b", nc, R_IN, I_RAND, 2.0f, 0.5f, 0));
+  b[5] = act(BUF("w", c->C, R_IN, I_RAND, 0.2f, 1.0f, 0));
+  b[6] = act(IN("bias", rms || (c->flags & NOBIAS) ? 0 : c->C));
+  return 7;
+}
+static void ca_add_norm(const ct_ops *o, void **p, const tcase *c) {
+  o->add_norm_fwd(p[0], p[1], F(2), F(3), p[0], p[4], p[5], p[6], c->N, c->C, 1e-5f,
+                  (c->flags & RMS) != 0);
+}
+/* fused matmul + GELU: pre = inp w^T + bias, act = gelu(pre) */
+static int su_mm_gelu(const tcase *c, bspec *b) {
+  b[0] = act(OUT("act", (size_t)c->N * c->OC));
+  b[1] = act(OUT("pre", (size_t)c->N * c->OC));
+  b[2] = act(IN("inp", (size_t)c->N * c->IC));
+  b[3] = act(BUF("w", (size_t)c->OC * c->IC, R_IN, I_RAND, 2.0f / sqrtf((float)c->IC), 0, 0));
+  b[4] = act(IN("bias", c->flags & NOBIAS ? 0 : c->OC));
+  return 5;
+}
+static void ca_mm_gelu(const ct_ops *o, void **p, const tcase *c) {
+  o->matmul_gelu_fwd(p[0], p[1], p[2], p[3], p[4], c->N, c->IC, c->OC);
+}
+/* dpre = (dout @ w) * gelu'(pre), overwritten */
+static int su_mm_dgelu(const tcase *c, bspec *b) {
+  b[0] = act(OUT("dpre", (size_t)c->N * c->IC));
+  b[1] = act(IN("dout", (size_t)c->N * c->OC));
+  b[2] = act(BUF("w", (size_t)c->OC * c->IC, R_IN, I_RAND, 1.0f / sqrtf((float)c->OC), 0, 0));
+  b[3] = act(BUF("pre", (size_t)c->N * c->IC, R_IN, I_RAND, 3.0f, 0, 0));
+  return 4;
+}
+static void ca_mm_dgelu(const ct_ops *o, void **p, const tcase *c) {
+  o->matmul_dgelu_bwd(p[0], p[1], p[2], p[3], c->N, c->IC, c->OC);
+}
+
 static const family
     fam_embed_fwd = {"embed_fwd", su_embed_fwd, NULL, ca_embed_fwd, NULL, 0, NULL},
     fam_embed_bwd = {"embed_bwd", su_embed_bwd, NULL, ca_embed_bwd, NULL, 0, NULL},
@@ -474,7 +515,10 @@ static const family
     fam_sumsq = {"sumsq", su_sumsq, NULL, ca_sumsq, NULL, 1, NULL},
     fam_scale = {"scale", su_scale, NULL, ca_scale, NULL, 0, NULL},
     fam_copy2d = {"copy2d", su_copy2d, NULL, ca_copy2d, NULL, 0, NULL},
-    fam_zero = {"zero", su_zero, NULL, ca_zero, NULL, 0, NULL};
+    fam_zero = {"zero", su_zero, NULL, ca_zero, NULL, 0, NULL},
+    fam_add_norm = {"add_norm_fwd", su_add_norm, NULL, ca_add_norm, NULL, 0, NULL},
+    fam_mm_gelu = {"matmul_gelu_fwd", su_mm_gelu, NULL, ca_mm_gelu, fl_mm_fwd, 0, NULL},
+    fam_mm_dgelu = {"matmul_dgelu_bwd", su_mm_dgelu, NULL, ca_mm_dgelu, fl_mm_fwd, 0, NULL};
 
 /* Small and odd shapes (not multiples of 32) first, then realistic ones (perf = 1):
  * GPT-2 124M (B=4, T=256, C=768, H=12), Qwen3-0.6B-like GQA (H=16/KV=8, hd=128; H=8/KV=2, hd=64). */
@@ -486,12 +530,16 @@ static const tcase cases[] = {
     {&fam_embed_bwd, "B4 T300 C45 V3 no wpe", .B = 4, .T = 300, .C = 45, .V = 3, .Vp = 3, .flags = NOWPE, .rtol = RT_ELEM},
     {&fam_embed_bwd, "B2 T9 C33 V40 no dwte", .B = 2, .T = 9, .C = 33, .V = 40, .Vp = 40, .flags = NODW, .rtol = RT_ELEM},
     {&fam_embed_bwd, "B4 T256 C768 V50257", .B = 4, .T = 256, .C = 768, .V = 50257, .Vp = 50304, .rtol = RT_ELEM, .perf = 1},
+    {&fam_embed_bwd, "B64 T1024 C768 V50257", .B = 64, .T = 1024, .C = 768, .V = 50257, .Vp = 50304, .rtol = RT_ELEM, .perf = 2},
+    {&fam_embed_bwd, "B64 T1024 C768 V257 (bytes)", .B = 64, .T = 1024, .C = 768, .V = 257, .Vp = 50304, .rtol = RT_ELEM, .perf = 2},
     {&fam_ln_fwd, "N37 C45", .N = 37, .C = 45, .rtol = RT_RED},
     {&fam_ln_fwd, "N5 C1000 no bias/stats", .N = 5, .C = 1000, .flags = NOBIAS | NOSTATS, .rtol = RT_RED},
     {&fam_ln_fwd, "N1024 C768", .N = 1024, .C = 768, .rtol = RT_RED, .perf = 1},
+    {&fam_ln_fwd, "N65536 C768 (GPT-2 B64)", .N = 65536, .C = 768, .rtol = RT_RED, .perf = 2},
     {&fam_ln_bwd, "N37 C45", .N = 37, .C = 45, .rtol = RT_RED},
     {&fam_ln_bwd, "N300 C17 no bias/dinp", .N = 300, .C = 17, .flags = NOBIAS | NODINP, .rtol = RT_RED},
     {&fam_ln_bwd, "N1024 C768", .N = 1024, .C = 768, .rtol = RT_RED, .perf = 1},
+    {&fam_ln_bwd, "N65536 C768 (GPT-2 B64)", .N = 65536, .C = 768, .rtol = RT_RED, .perf = 2},
     {&fam_rms_fwd, "N37 C45", .N = 37, .C = 45, .rtol = RT_RED},
     {&fam_rms_fwd, "N3 C999 no stats", .N = 3, .C = 999, .flags = NOSTATS, .rtol = RT_RED},
     {&fam_rms_fwd, "N1024 C1024", .N = 1024, .C = 1024, .rtol = RT_RED, .perf = 1},
@@ -499,6 +547,7 @@ static const tcase cases[] = {
     {&fam_rms_bwd, "N129 C7 no dinp", .N = 129, .C = 7, .flags = NODINP, .rtol = RT_RED},
     {&fam_rms_bwd, "N9 C33 no dw", .N = 9, .C = 33, .flags = NODW, .rtol = RT_RED},
     {&fam_rms_bwd, "N1024 C1024", .N = 1024, .C = 1024, .rtol = RT_RED, .perf = 1},
+    {&fam_rms_bwd, "N16384 C1024", .N = 16384, .C = 1024, .rtol = RT_RED, .perf = 2},
     {&fam_qk_fwd, "qk N13 H3 KV1 hd10", .N = 13, .H = 3, .KV = 1, .hd = 10, .rtol = RT_RED},
     {&fam_qk_fwd, "qk N1024 H16 KV8 hd128", .N = 1024, .H = 16, .KV = 8, .hd = 128, .rtol = RT_RED, .perf = 1},
     {&fam_qk_bwd, "qk N13 H3 KV1 hd10", .N = 13, .H = 3, .KV = 1, .hd = 10, .rtol = RT_RED},
@@ -510,6 +559,8 @@ static const tcase cases[] = {
     {&fam_mm_fwd, "N1024 3072->768 bias", .N = 1024, .IC = 3072, .OC = 768, .rtol = RT_RED, .perf = 1},
     {&fam_mm_fwd, "N1024 768->50304 head", .N = 1024, .IC = 768, .OC = 50304, .flags = NOBIAS, .rtol = RT_RED, .perf = 1},
     {&fam_mm_fwd, "N16384 768->2304 bias (qkv)", .N = 16384, .IC = 768, .OC = 2304, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_fwd, "N65536 768->2304 bias (qkv B64)", .N = 65536, .IC = 768, .OC = 2304, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_fwd, "N65536 768->3072 bias (fc B64)", .N = 65536, .IC = 768, .OC = 3072, .rtol = RT_RED, .perf = 2},
     {&fam_mm_fwd, "N16384 768->768 bias (proj)", .N = 16384, .IC = 768, .OC = 768, .rtol = RT_RED, .perf = 2},
     {&fam_mm_fwd, "N16384 768->3072 bias (fc)", .N = 16384, .IC = 768, .OC = 3072, .rtol = RT_RED, .perf = 2},
     {&fam_mm_fwd, "N16384 3072->768 bias (fcproj)", .N = 16384, .IC = 3072, .OC = 768, .rtol = RT_RED, .perf = 2},
@@ -582,6 +633,7 @@ static const tcase cases[] = {
     {&fam_xent, "N7 V37 Vp40 gs=1/7", .N = 7, .V = 37, .Vp = 40, .x = 1.0f / 7, .rtol = RT_RED},
     {&fam_xent, "N9 V1000 Vp1000 gs=0", .N = 9, .V = 1000, .Vp = 1000, .x = 0.0f, .rtol = RT_RED},
     {&fam_xent, "N1024 V50257 Vp50304", .N = 1024, .V = 50257, .Vp = 50304, .x = 1.0f / 1024, .rtol = RT_RED, .perf = 1},
+    {&fam_xent, "N16384 V50257 Vp50304", .N = 16384, .V = 50257, .Vp = 50304, .x = 1.0f / 16384, .rtol = RT_RED, .perf = 2},
     /* fp16 loss scaling: grad_scale = 2^16 / (B*T = 1024) = 64, |dlogit| <= 64 (no overflow) */
     {&fam_xent, "N64 V50257 Vp50304 gs=64 (2^16/1024)", .N = 64, .V = 50257, .Vp = 50304, .x = 64.0f, .rtol = RT_RED},
     {&fam_adamw, "n1001 step1 gs0.5", .n = 1001, .step = 1, .x = 0.5f, .rtol = RT_ELEM},
@@ -596,6 +648,21 @@ static const tcase cases[] = {
     {&fam_copy2d, "1 row", .N = 1, .C = 7, .IC = 8, .OC = 9, .H = 1, .rtol = 0},
     {&fam_copy2d, "qkv v: 1024 rows 1024 of 4096", .N = 1024, .C = 1024, .IC = 4096, .OC = 4096, .H = 3072, .rtol = 0, .perf = 1},
     {&fam_zero, "n1001", .n = 1001, .rtol = 0},
+    /* fused ops: widths the register paths take (768, 1024, 1536) and ones they leave to the
+     * unfused fallback (45: not a multiple of 8; 2048: wider than the fused kernels) */
+    {&fam_add_norm, "layernorm N37 C45", .N = 37, .C = 45, .rtol = RT_RED},
+    {&fam_add_norm, "layernorm N300 C768", .N = 300, .C = 768, .rtol = RT_RED},
+    {&fam_add_norm, "layernorm N33 C1536 no bias", .N = 33, .C = 1536, .flags = NOBIAS, .rtol = RT_RED},
+    {&fam_add_norm, "rmsnorm N129 C1024", .N = 129, .C = 1024, .flags = RMS, .rtol = RT_RED},
+    {&fam_add_norm, "rmsnorm N17 C2048", .N = 17, .C = 2048, .flags = RMS, .rtol = RT_RED},
+    {&fam_add_norm, "layernorm N65536 C768 (GPT-2 B64)", .N = 65536, .C = 768, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_gelu, "N37 768->3072 bias", .N = 37, .IC = 768, .OC = 3072, .rtol = RT_RED},
+    {&fam_mm_gelu, "N5 20->12 (fallback)", .N = 5, .IC = 20, .OC = 12, .rtol = RT_RED},
+    {&fam_mm_gelu, "N300 64->40 no bias", .N = 300, .IC = 64, .OC = 40, .flags = NOBIAS, .rtol = RT_RED},
+    {&fam_mm_gelu, "N65536 768->3072 (GPT-2 B64)", .N = 65536, .IC = 768, .OC = 3072, .rtol = RT_RED, .perf = 2},
+    {&fam_mm_dgelu, "N37 3072<-768", .N = 37, .IC = 3072, .OC = 768, .rtol = RT_RED},
+    {&fam_mm_dgelu, "N7 12<-20 (fallback)", .N = 7, .IC = 12, .OC = 20, .rtol = RT_RED},
+    {&fam_mm_dgelu, "N65536 3072<-768 (GPT-2 B64)", .N = 65536, .IC = 3072, .OC = 768, .rtol = RT_RED, .perf = 2},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 

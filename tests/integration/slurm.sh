@@ -231,7 +231,7 @@ check "(c) the job's trap requeued it (scontrol requeue: Restarts=1, PENDING)" t
 wait_state "$jc" 120 COMPLETED FAILED CANCELLED
 check "(c) the requeued run completed" test "$(state "$jc" JobState)" = COMPLETED
 check "(c) it ran as restart 1 and resumed from step ${stop:-?}" \
-  bash -c "grep -q 'job $jc (restart 1)' '$log' && grep -q 'resumed from .* at step ${stop:-x}\$' '$log'"
+  bash -c "grep -q 'job $jc (restart 1)' '$log' && grep -qE 'resumed from .* at step ${stop:-x}( |\$)' '$log'"
 check "(c) pre-empted + requeued == uninterrupted (step, loss, lr, grad_norm as exact floats)" \
   diff <(losses "$TMP/ref") <(losses "$TMP/pre")
 check "(c) validation losses identical too" diff <(grep val_loss "$TMP/ref/metrics.jsonl") <(grep val_loss "$TMP/pre/metrics.jsonl")

@@ -8,7 +8,7 @@ dropout 0, sdpa attention), trains it on random tokens on one GPU with AdamW (lr
 (bf16 = torch.autocast, fp32 master weights, as ctrain's mixed precision), --compile.
 Prints exactly one JSON line on stdout.
 
-    python3 bench/torch_gpu_ref.py --arch gpt2 --n_layer 12 --d_model 768 --n_head 12 \
+    python3 bench/ref/torch_train.py --arch gpt2 --n_layer 12 --d_model 768 --n_head 12 \
         --vocab_size 50257 --seq_len 1024 --micro_batch 16 --steps 20 --precision bf16 --compile
 """
 import argparse
@@ -17,6 +17,8 @@ import json
 import statistics
 import sys
 import time
+
+T_START = time.perf_counter()  # time to first step counts from here (imports included)
 
 
 def main():
@@ -34,6 +36,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default="fp32")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--peak_tflops", type=float, default=989.0,
+                    help="dense bf16 peak for MFU (H100/H200 SXM: 989)")
     a = ap.parse_args()
     a.n_kv_head = a.n_kv_head or a.n_head
     a.d_ff = a.d_ff or 4 * a.d_model
@@ -85,9 +89,14 @@ def main():
             opt.step()
             return loss
 
+        step_ms = []
         for i in range(a.warmup):
+            t0 = time.perf_counter()
             step(i)
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()
+            if i == 0:
+                first_step_s = time.perf_counter() - T_START
+            step_ms.append(1e3 * (time.perf_counter() - t0))
         times = []
         for i in range(a.warmup, n):
             t0 = time.perf_counter()
@@ -96,10 +105,16 @@ def main():
             times.append(time.perf_counter() - t0)
         peak = torch.cuda.max_memory_allocated() / 2**30
     tok = a.micro_batch * a.seq_len
+    # MFU as the issue defines it: 6N + 6 L T d FLOPs per token (N without position embeddings)
+    n_mfu = n_params - (a.seq_len * a.d_model if a.arch == "gpt2" else 0)
+    flops_tok = 6 * n_mfu + 6 * a.n_layer * a.seq_len * a.d_model
+    tps = tok / statistics.median(times)
     print(json.dumps({
         "impl": "pytorch" + ("+compile" if a.compile else ""), "precision": a.precision,
         "torch": str(torch.__version__), "gpu": torch.cuda.get_device_name(),
-        "tokens_per_s": tok / statistics.median(times), "step_ms_median": 1e3 * statistics.median(times),
+        "tokens_per_s": tps, "step_ms_median": 1e3 * statistics.median(times),
+        "mfu": tps * flops_tok / (a.peak_tflops * 1e12), "first_step_s": round(first_step_s, 2),
+        "warmup_ms": [round(x, 1) for x in step_ms],
         "peak_gib": round(peak, 2), "params": n_params, "loss": float(loss)}), file=real_stdout)
 
 
