@@ -112,6 +112,15 @@ rm -rf "$TMP/missing/ckpt/step_00000010" && ln -sfn step_00000005 "$TMP/missing/
 rm "$TMP/missing/ckpt/step_00000005/state-rank00001.h5"
 expect_fail 2 'state\.h5 names 2 shard files \(state-rank\*\.h5\), 1 found' -- \
   "$CTRAIN" train "${args[@]}" train.grad_accum=2 train.resume=auto "train.out_dir=$TMP/missing"
+cp -r "$TMP/r-zero3@2 -> ddp@2" "$TMP/corrupt"
+rm -rf "$TMP/corrupt/ckpt/step_00000010" && ln -sfn step_00000005 "$TMP/corrupt/ckpt/latest"
+python3 -c "
+import sys
+f = sys.argv[1]; b = bytearray(open(f, 'rb').read())
+for i in range(len(b) // 2, len(b) // 2 + 64): b[i] ^= 0x5a
+open(f, 'wb').write(b)" "$TMP/corrupt/ckpt/step_00000005/state-rank00000.h5"
+expect_fail 2 'state-rank00000\.h5: (block .* is corrupted \(Fletcher32|not a readable HDF5)' -- \
+  "$CTRAIN" train "${args[@]}" train.grad_accum=2 train.resume=auto "train.out_dir=$TMP/corrupt"
 # a crash while ranks write their shards leaves the previous checkpoint as latest
 two parallel.data=zero3 train.stop_after=5 "train.out_dir=$TMP/crash"
 CT_CKPT_ABORT_AFTER=3 two parallel.data=zero3 train.resume=auto "train.out_dir=$TMP/crash"
