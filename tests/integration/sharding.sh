@@ -114,11 +114,9 @@ expect_fail 2 'state\.h5 names 2 shard files \(state-rank\*\.h5\), 1 found' -- \
   "$CTRAIN" train "${args[@]}" train.grad_accum=2 train.resume=auto "train.out_dir=$TMP/missing"
 cp -r "$TMP/r-zero3@2 -> ddp@2" "$TMP/corrupt"
 rm -rf "$TMP/corrupt/ckpt/step_00000010" && ln -sfn step_00000005 "$TMP/corrupt/ckpt/latest"
-python3 -c "
-import sys
-f = sys.argv[1]; b = bytearray(open(f, 'rb').read())
-for i in range(len(b) // 2, len(b) // 2 + 64): b[i] ^= 0x5a
-open(f, 'wb').write(b)" "$TMP/corrupt/ckpt/step_00000005/state-rank00000.h5"
+shard="$TMP/corrupt/ckpt/step_00000005/state-rank00000.h5"
+head -c 64 /dev/zero | tr '\0' '\132' | \
+  dd of="$shard" bs=1 seek=$(($(stat -c %s "$shard") / 2)) conv=notrunc status=none
 expect_fail 2 'state-rank00000\.h5: (block .* is corrupted \(Fletcher32|not a readable HDF5)' -- \
   "$CTRAIN" train "${args[@]}" train.grad_accum=2 train.resume=auto "train.out_dir=$TMP/corrupt"
 # a crash while ranks write their shards leaves the previous checkpoint as latest
