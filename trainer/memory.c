@@ -114,6 +114,9 @@ void ct_memory_print(const ct_config *cfg, const ct_mem_estimate *e, const char 
  * CPU table (fp32). No device is touched: the sizing functions are host code. */
 static const ct_ops *estimate_ops(const ct_config *cfg) {
 #if CT_HAVE_CUDA
+  /* the variant choice (and so the attention state's size) is set up by ct_cuda_init, which a
+   * machine without a GPU never runs: ask for the defaults explicitly (no device is touched) */
+  ct_cuda_set_variant("attention", "default");
   const char *p = cfg->train.precision;
   if (!strcmp(p, "fp32")) return ct_ops_cuda();
   if (!strcmp(p, "fp16")) return ct_ops_cuda_fp16();
