@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu_dist.sh — multi-GPU session for issue #6 (2-GPU machine, CUDA build in build-gpu):
-#   equiv  bf16 10-step losses of ddp, zero1, zero2, zero3 and tp=2 on 2 GPUs against 1 GPU with
+#   equiv  tests/gpu/test_comm_nccl (collectives, overlap mode), then
+#          bf16 10-step losses of ddp, zero1, zero2, zero3 and tp=2 on 2 GPUs against 1 GPU with
 #          the same global batch (<= 1e-2 relative), gpt2 and llama (GQA, qk_norm) shapes
 #   fault  a worker killed with SIGKILL, and one frozen with SIGSTOP, turn into a launcher-
 #          reported failure within parallel.timeout_s (+ the grace period)
@@ -53,6 +54,8 @@ PY
 }
 
 part_equiv() {
+  echo "# NCCL process group (incl. overlap mode on a split copy), $(date -u +%FT%TZ), commit $commit"
+  timeout 300 "$BUILD/tests/test_comm_nccl" 2>&1 | tail -4
   echo "# equivalence on 2 GPUs vs 1 GPU, bf16, $(date -u +%FT%TZ), commit $commit"
   for arch in gpt2 llama; do
     extra=""

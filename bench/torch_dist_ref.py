@@ -77,7 +77,8 @@ def main():
         other = [p for p in model.parameters() if p.dim() < 2]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                                  {"params": other, "weight_decay": 0.0}],
-                                lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+                                lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+                                fused=a.mode != "fsdp2")  # FSDP2's DTensors: foreach
         B, T = a.micro_batch, a.seq_len
         g = torch.Generator(device=dev).manual_seed(1234 + rank)
         use_autocast = a.mode != "fsdp2"  # FSDP2 casts parameters itself (param_dtype bf16)

@@ -221,10 +221,13 @@ ct_status ct_comm_set_overlap(ct_comm *c, bool on) {
   return after(c, c->ext->set_overlap(c->impl, on));
 }
 
-ct_status ct_comm_join(ct_comm *c) {
+ct_status ct_comm_join(ct_comm *c) { return ct_comm_join_lagging(c, 0); }
+
+ct_status ct_comm_join_lagging(ct_comm *c, int keep) {
   CT_TRY(check_comm(c, "ct_comm_join"));
+  if (keep < 0) return ct_set_error(CT_ERR_USAGE, "ct_comm_join_lagging: keep = %d", keep);
   if (!c->ext || !c->ext->join) return CT_OK;
-  return after(c, c->ext->join(c->impl));
+  return after(c, c->ext->join(c->impl, keep));
 }
 
 /* Split, store side: every rank of the parent publishes "color key" under

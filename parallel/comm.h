@@ -141,6 +141,9 @@ ct_status ct_comm_sync(ct_comm *c);
  * Gloo (blocking calls): both return CT_OK and change nothing. */
 ct_status ct_comm_set_overlap(ct_comm *c, bool on);
 ct_status ct_comm_join(ct_comm *c);
+/* As ct_comm_join, but for every collective queued so far except the last `keep` (those keep
+ * running concurrently with later compute-stream work). keep = 0 is ct_comm_join. */
+ct_status ct_comm_join_lagging(ct_comm *c, int keep);
 
 /* Frees the group and closes its connections. Not collective; NULL is ignored. */
 void ct_comm_destroy(ct_comm *c);
@@ -178,7 +181,7 @@ typedef struct ct_comm_backend_ext {
                          const char *prefix, void **out);
   /* ct_comm_set_overlap / ct_comm_join (NULL: nothing to do) */
   ct_status (*set_overlap)(void *impl, bool on);
-  ct_status (*join)(void *impl);
+  ct_status (*join)(void *impl, int keep); /* all but the last `keep` collectives */
 } ct_comm_backend_ext;
 
 /* Gloo (gloo_adapter.cc): creates the state of one rank of a new group. */

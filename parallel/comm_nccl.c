@@ -357,10 +357,12 @@ static ct_status follow(ngroup *g, const char *what) {
   return e == cudaSuccess ? CT_OK : cuda_fail(g, what, "cudaStreamWaitEvent (overlap)", e);
 }
 
-static ct_status nccl_join(void *impl) {
+static ct_status nccl_join(void *impl, int keep) {
   ngroup *g = impl;
-  if (!g->overlap || g->issued == 0) return CT_OK;
-  cudaError_t e = cudaStreamWaitEvent(g->compute, g->ring[(g->issued - 1) % RING].ev, 0);
+  if (!g->overlap || g->issued <= (uint64_t)keep) return CT_OK;
+  if (keep >= RING) return fail(g, "join", CT_ERR_USAGE, "keep = %d exceeds the %d remembered collectives", keep, RING);
+  /* collectives run in order on the side stream: waiting for one waits for all before it */
+  cudaError_t e = cudaStreamWaitEvent(g->compute, g->ring[(g->issued - 1 - (uint64_t)keep) % RING].ev, 0);
   return e == cudaSuccess ? CT_OK : cuda_fail(g, "join", "cudaStreamWaitEvent", e);
 }
 
@@ -379,7 +381,7 @@ static ct_status nccl_set_overlap(void *impl, bool on) {
       return cuda_fail(g, "set_overlap", "cudaEventCreateWithFlags", e);
     }
   }
-  if (!on) CT_TRY(nccl_join(g)); /* later compute-stream work sees every result */
+  if (!on) CT_TRY(nccl_join(g, 0)); /* later compute-stream work sees every result */
   g->overlap = on;
   g->stream = on ? g->side : g->compute;
   return CT_OK;

@@ -184,6 +184,18 @@ static int segments(const ct_model *full, const ct_param *p, const ct_param *f, 
   }
 }
 
+int ct_tp_segments(const ct_model *full, const ct_param *p, const ct_param *f, int k,
+                   int seg_out[3][3], int *fcol0) {
+  seg s[3];
+  int n = segments(full, p, f, k, s, fcol0);
+  for (int j = 0; j < n; j++) {
+    seg_out[j][0] = s[j].lrow;
+    seg_out[j][1] = s[j].frow;
+    seg_out[j][2] = s[j].rows;
+  }
+  return n;
+}
+
 static void move(const ct_model *full, float *full_buf, const ct_model *local, float *local_buf,
                  int k, bool to_local) {
   for (int i = 0; i < ct_model_n_params(local); i++) {

@@ -48,4 +48,10 @@ void ct_tp_cut(const ct_model *full, const float *full_buf, const ct_model *loca
 void ct_tp_paste(const ct_model *full, float *full_buf, const ct_model *local,
                  const float *local_buf, int k);
 
+/* Rows of local parameter p (rank k; T = 1 maps a table onto itself) as up to 3 segments of
+ * full parameter f: seg[j] = {first local row, first full row, rows}; the local columns start
+ * at full column *fcol0. Returns the number of segments. */
+int ct_tp_segments(const ct_model *full, const ct_param *p, const ct_param *f, int k,
+                   int seg[3][3], int *fcol0);
+
 #endif

@@ -25,7 +25,8 @@ struct ct_zero {
   float *sw;                    /* (S) stage 3: fp32 master shard */
   char *swk;                    /* (S) stage 3: working-dtype shard (== sw for fp32) */
   float *gbuf_glob[2];          /* stages 2/3: full gradients of units 0 and L+1 */
-  float *gbuf_layer;            /* stages 2/3: one layer unit's full gradient */
+  float *gbuf_layer[2];         /* stages 2/3: layer u's full gradient is in gbuf_layer[u % 2]
+                                 * (its reduce-scatter overlaps the next layer's backward) */
   char *wglob[2];               /* stage 3: gathered weights of units 0 and L+1 */
   char *wslot[SLOTS];           /* stage 3, reshard: gathered layers */
   char *wfull;                  /* stage 3, no reshard: every layer's gathered weights */
@@ -34,8 +35,9 @@ struct ct_zero {
   float *lent;                  /* stage 3: full master lent to the model for a checkpoint */
   float *scratch;               /* (2) device floats for the norm all-reduce over NCCL */
   ct_comm *tp;                  /* tensor-parallel group (2-D mesh): the norm sums over it too */
-  ct_comm *gc;                  /* stage 3: a copy of the dp group for weight gathers, in
-                                 * overlap mode (NCCL: its own stream, joined before use) */
+  ct_comm *gc;                  /* stages 2/3: a copy of the dp group in overlap mode for the
+                                 * weight gathers and gradient reduce-scatters (NCCL: their own
+                                 * stream, joined before the compute stream uses a result) */
 };
 
 int ct_zero_numel_multiple(int world) { return 16 * world; }
@@ -49,7 +51,7 @@ static size_t own(const ct_zero *z, int u) { return z->uoff[u] + (size_t)z->rank
 static size_t shard_at(const ct_zero *z, int u) { return z->uoff[u] / (size_t)z->world; }
 static bool global_unit(const ct_zero *z, int u) { return u == 0 || u == z->U - 1; }
 static float *gbuf(ct_zero *z, int u) {
-  return global_unit(z, u) ? z->gbuf_glob[u ? 1 : 0] : z->gbuf_layer;
+  return global_unit(z, u) ? z->gbuf_glob[u ? 1 : 0] : z->gbuf_layer[u % 2];
 }
 
 static ct_status ctx(ct_status st, const ct_zero *z, const char *what, int u) {
@@ -89,12 +91,12 @@ static ct_status gather(ct_zero *z, int u) {
  * reduce-scatters (the host reads this forward's loss, an unbounded stream wait otherwise). */
 static ct_status z2_pre_forward(void *p, int u) {
   ct_zero *z = p;
-  return u == 0 ? ct_comm_sync(z->c) : CT_OK;
+  return u == 0 ? ct_comm_sync(z->gc) : CT_OK;
 }
 
 static ct_status z3_pre_forward(void *p, int u) {
   ct_zero *z = p;
-  if (u == 0) CT_TRY(ct_comm_sync(z->c));
+  if (u == 0) CT_TRY(ct_comm_sync(z->gc)); /* the last backward's reduce-scatters */
   CT_TRY(gather(z, u));
   CT_TRY(ct_comm_join(z->gc));
   if (u >= 1 && u + 1 <= z->L) CT_TRY(gather(z, u + 1)); /* prefetch the next layer */
@@ -117,25 +119,31 @@ static void prepare_grad(ct_zero *z, int u) {
   ct_model_set_unit(z->m, u, NULL, g);
 }
 
+/* Before unit u's backward. gc's queue then ends with the reduce-scatter of the unit above
+ * (u + 1), which may keep running (it reads the other gradient slot): the compute stream joins
+ * everything before it, which includes the reduce-scatter of u + 2 (this slot's last user) and
+ * the prefetched gather of u. A gather issued here (not prefetched) is joined fully. */
 static ct_status z_pre_backward(void *p, int u) {
   ct_zero *z = p;
+  bool fresh = false;
+  if (z->stage == 3) {
+    fresh = !(z->gathered[u] && (global_unit(z, u) || !z->reshard || z->slot_holds[u % SLOTS] == u));
+    CT_TRY(gather(z, u));
+  }
+  CT_TRY(ct_comm_join_lagging(z->gc, fresh || u == z->U - 1 ? 0 : 1));
   if (u == z->U - 1) { /* first backward hook: both global units */
     prepare_grad(z, 0);
     prepare_grad(z, u);
   } else if (u != 0) {
     prepare_grad(z, u);
   }
-  if (z->stage == 3) {
-    CT_TRY(gather(z, u));
-    CT_TRY(ct_comm_join(z->gc));
-    if (u >= 2 && u <= z->L) CT_TRY(gather(z, u - 1)); /* prefetch the layer below */
-  }
+  if (z->stage == 3 && u >= 2 && u <= z->L) CT_TRY(gather(z, u - 1)); /* prefetch the layer below */
   return CT_OK;
 }
 
 static ct_status z_post_backward(void *p, int u) {
   ct_zero *z = p;
-  ct_status st = ct_comm_reduce_scatter(z->c, gbuf(z, u), z->sg + shard_at(z, u), slice(z, u),
+  ct_status st = ct_comm_reduce_scatter(z->gc, gbuf(z, u), z->sg + shard_at(z, u), slice(z, u),
                                         CT_F32, CT_SUM);
   return ctx(st, z, "gradient reduce-scatter", u);
 }
@@ -198,7 +206,8 @@ ct_status ct_zero_create(ct_model *m, ct_comm *c, int stage, bool reshard_after_
     z->sg = zalloc(z, z->S * sizeof(float), &ok);
     z->gbuf_glob[0] = zalloc(z, z->un[0] * sizeof(float), &ok);
     z->gbuf_glob[1] = zalloc(z, z->un[z->U - 1] * sizeof(float), &ok);
-    z->gbuf_layer = zalloc(z, max_layer * sizeof(float), &ok);
+    z->gbuf_layer[0] = zalloc(z, max_layer * sizeof(float), &ok);
+    z->gbuf_layer[1] = zalloc(z, max_layer * sizeof(float), &ok);
   }
   if (stage == 3) {
     z->sw = zalloc(z, z->S * sizeof(float), &ok);
@@ -216,7 +225,7 @@ ct_status ct_zero_create(ct_model *m, ct_comm *c, int stage, bool reshard_after_
                       o->name);
     goto fail;
   }
-  if (stage == 3) { /* weight gathers get a group of their own to overlap on */
+  if (stage >= 2) { /* gathers and reduce-scatters get a group of their own to overlap on */
     CT_TRY_GOTO(ct_comm_split(c, 0, z->rank, &z->gc), fail);
     CT_TRY_GOTO(ct_comm_set_overlap(z->gc, true), fail);
   }
@@ -249,7 +258,7 @@ void ct_zero_destroy(ct_zero *z) {
   const ct_ops *o = z->o;
   ct_model_set_hooks(z->m, NULL);
   ct_adamw_destroy(&z->opt, o);
-  void *bufs[] = {z->sg, z->gbuf_glob[0], z->gbuf_glob[1], z->gbuf_layer, z->wglob[0],
+  void *bufs[] = {z->sg, z->gbuf_glob[0], z->gbuf_glob[1], z->gbuf_layer[0], z->gbuf_layer[1], z->wglob[0],
                   z->wglob[1], z->wslot[0], z->wslot[1], z->wfull, z->lent, z->scratch};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     if (bufs[i]) o->free(bufs[i]);
@@ -378,16 +387,18 @@ static ct_status gather_into(ct_zero *z, float *full, const float *shard) {
 
 ct_status ct_zero_gather_full(ct_zero *z, ct_adamw *full) {
   const ct_ops *o = z->o;
-  *full = z->opt;
-  full->segs = NULL; /* not shared with the shard's optimizer (each frees its own) */
-  full->nseg = 0;
-  full->lo = 0;
-  full->hi = z->numel;
-  full->m = o->alloc(z->numel * sizeof(float));
-  full->v = o->alloc(z->numel * sizeof(float));
-  if (!full->m || !full->v) return ct_set_error(CT_ERR_NOMEM, "zero: out of memory gathering AdamW state");
-  CT_TRY(gather_into(z, full->m, z->opt.m));
-  CT_TRY(gather_into(z, full->v, z->opt.v));
+  if (full) {
+    *full = z->opt;
+    full->segs = NULL; /* not shared with the shard's optimizer (each frees its own) */
+    full->nseg = 0;
+    full->lo = 0;
+    full->hi = z->numel;
+    full->m = o->alloc(z->numel * sizeof(float));
+    full->v = o->alloc(z->numel * sizeof(float));
+    if (!full->m || !full->v) return ct_set_error(CT_ERR_NOMEM, "zero: out of memory gathering AdamW state");
+    CT_TRY(gather_into(z, full->m, z->opt.m));
+    CT_TRY(gather_into(z, full->v, z->opt.v));
+  }
   if (z->stage == 3) {
     z->lent = o->alloc(z->numel * sizeof(float));
     if (!z->lent) return ct_set_error(CT_ERR_NOMEM, "zero3: out of memory gathering the weights");
@@ -398,10 +409,18 @@ ct_status ct_zero_gather_full(ct_zero *z, ct_adamw *full) {
 }
 
 void ct_zero_release_full(ct_zero *z, ct_adamw *full) {
-  ct_adamw_destroy(full, z->o);
+  if (full) ct_adamw_destroy(full, z->o);
   if (z->lent) {
     ct_model_attach_params(z->m, NULL);
     z->o->free(z->lent);
     z->lent = NULL;
   }
 }
+
+int ct_zero_n_units(const ct_zero *z) { return z->U; }
+void ct_zero_unit_slice(const ct_zero *z, int u, size_t *flat, size_t *n, size_t *at) {
+  *flat = own(z, u);
+  *n = slice(z, u);
+  *at = shard_at(z, u);
+}
+const ct_adamw *ct_zero_moments(const ct_zero *z) { return &z->opt; }

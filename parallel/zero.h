@@ -8,9 +8,10 @@
  *   stage 1  AdamW moments sharded. Gradients stay full; at the end of the step each unit is
  *            reduce-scattered (averaged) in place, AdamW updates the owned slices of the full
  *            master, and the slices are all-gathered back.
- *   stage 2  also gradients: the full gradient buffer is freed. Layer units share one gradient
- *            buffer (the global units keep their own); after each unit's backward
- *            (post_backward hook) it is reduce-scattered into this rank's fp32 gradient shard.
+ *   stage 2  also gradients: the full gradient buffer is freed. Layer units alternate between
+ *            two gradient buffers (the global units keep their own); after each unit's backward
+ *            (post_backward hook) it is reduce-scattered into this rank's fp32 gradient shard,
+ *            over NCCL on the overlap group's stream while the next layer's backward runs.
  *   stage 3  also parameters (FSDP-style): the full master and working weights are freed; each
  *            rank keeps its fp32 master shard and a working-dtype copy of it. A layer's weights
  *            are all-gathered into one of two rotating buffers just before its forward (the
@@ -86,5 +87,12 @@ ct_status ct_zero_step(ct_zero *z, double lr, float grad_scale);
  * ct_zero_release_full). */
 ct_status ct_zero_gather_full(ct_zero *z, ct_adamw *full);
 void ct_zero_release_full(ct_zero *z, ct_adamw *full);
+/* (full = NULL: only the stage-3 weights; sharded checkpoints save the moments per rank) */
+
+/* This rank's slice of unit u: flat offset and floats in the model's buffer, offset in the
+ * shard; and the shard's AdamW state (m, v: numel / world floats, backend memory; step). */
+int ct_zero_n_units(const ct_zero *z);
+void ct_zero_unit_slice(const ct_zero *z, int u, size_t *flat, size_t *n, size_t *at);
+const ct_adamw *ct_zero_moments(const ct_zero *z);
 
 #endif

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "parallel/tp.h"
 
 /* ---- attributes ---- */
 
@@ -166,7 +167,8 @@ done:
   return st;
 }
 
-static ct_status write_state_file(const char *path, const ct_train_state *ts, ct_model *m) {
+static ct_status write_state_file(const char *path, const ct_train_state *ts, ct_model *m,
+                                  int n_shards) {
   ct_status st = CT_OK;
   const size_t numel = ct_model_numel(m);
   float *host = ct_malloc(numel * sizeof(float), "checkpoint staging");
@@ -186,6 +188,10 @@ static ct_status write_state_file(const char *path, const ct_train_state *ts, ct
   CT_TRY_GOTO(write_i64(f, "scaler_good_steps", ts->scaler_good_steps), done);
   CT_TRY_GOTO(write_string_attr(f, "parallel_data", ts->parallel_data[0] ? ts->parallel_data : "ddp"), done);
   CT_TRY_GOTO(write_i64(f, "tensor_parallel", ts->tensor_parallel > 0 ? ts->tensor_parallel : 1), done);
+  if (n_shards > 0) { /* the moments are in the ranks' shard files */
+    CT_TRY_GOTO(write_i64(f, "shards", n_shards), done);
+    goto done;
+  }
   ct_model_ops(m)->to_host(host, ts->opt->m, numel * sizeof(float));
   CT_TRY_GOTO(write_tensors(f, path, "adam_m", m, host), done);
   ct_model_ops(m)->to_host(host, ts->opt->v, numel * sizeof(float));
@@ -239,21 +245,24 @@ static void prune(const char *ckdir, int keep_last) {
   }
 }
 
-ct_status ct_checkpoint_write_dir(const char *dir, int step, const ct_config *cfg, ct_model *m,
-                                  const ct_train_state *ts) {
+/* n_shards > 0: dir.tmp already holds the ranks' shard files (ct_checkpoint_write_shard). */
+static ct_status write_dir(const char *dir, int step, const ct_config *cfg, ct_model *m,
+                           const ct_train_state *ts, int n_shards) {
   char tmp[4200], file[4300];
   const char *abort_env = getenv("CT_CKPT_ABORT_AFTER");
-  abort_after = abort_env ? atol(abort_env) : -1;
+  if (n_shards == 0) abort_after = abort_env ? atol(abort_env) : -1; /* shards counted already */
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
   snprintf(tmp, sizeof tmp, "%s.tmp", dir);
-  remove_tree(tmp);
-  if (mkdir(tmp, 0777) != 0)
-    return ct_set_error(CT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+  if (n_shards == 0) {
+    remove_tree(tmp);
+    if (mkdir(tmp, 0777) != 0)
+      return ct_set_error(CT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+  }
   snprintf(file, sizeof file, "%s/model.h5", tmp);
   ct_status st = write_model_file(file, step, cfg, m);
   if (st == CT_OK && ts) {
     snprintf(file, sizeof file, "%s/state.h5", tmp);
-    st = write_state_file(file, ts, m);
+    st = write_state_file(file, ts, m, n_shards);
   }
   if (st != CT_OK) {
     remove_tree(tmp);
@@ -266,15 +275,20 @@ ct_status ct_checkpoint_write_dir(const char *dir, int step, const ct_config *cf
   return CT_OK;
 }
 
-ct_status ct_checkpoint_save(const char *out_dir, int step, const ct_config *cfg, ct_model *m,
-                             const ct_train_state *ts, int keep_last, char *saved_path,
-                             size_t saved_cap) {
+ct_status ct_checkpoint_write_dir(const char *dir, int step, const ct_config *cfg, ct_model *m,
+                                  const ct_train_state *ts) {
+  return write_dir(dir, step, cfg, m, ts, 0);
+}
+
+static ct_status save(const char *out_dir, int step, const ct_config *cfg, ct_model *m,
+                      const ct_train_state *ts, int n_shards, int keep_last, char *saved_path,
+                      size_t saved_cap) {
   char ckdir[4096], final[4200], link_tmp[4200], link[4200], target[64];
   snprintf(ckdir, sizeof ckdir, "%s/ckpt", out_dir);
   CT_TRY(ct_mkdirs(ckdir));
   snprintf(target, sizeof target, "step_%08d", step);
   snprintf(final, sizeof final, "%s/%s", ckdir, target);
-  CT_TRY(ct_checkpoint_write_dir(final, step, cfg, m, ts));
+  CT_TRY(write_dir(final, step, cfg, m, ts, n_shards));
   snprintf(link, sizeof link, "%s/latest", ckdir);
   snprintf(link_tmp, sizeof link_tmp, "%s/latest.tmp", ckdir);
   unlink(link_tmp);
@@ -283,6 +297,216 @@ ct_status ct_checkpoint_save(const char *out_dir, int step, const ct_config *cfg
   prune(ckdir, keep_last);
   if (saved_path) snprintf(saved_path, saved_cap, "%s", final);
   return CT_OK;
+}
+
+ct_status ct_checkpoint_save(const char *out_dir, int step, const ct_config *cfg, ct_model *m,
+                             const ct_train_state *ts, int keep_last, char *saved_path,
+                             size_t saved_cap) {
+  return save(out_dir, step, cfg, m, ts, 0, keep_last, saved_path, saved_cap);
+}
+
+ct_status ct_checkpoint_save_sharded(const char *out_dir, int step, const ct_config *cfg,
+                                     ct_model *m, const ct_train_state *ts, int n_shards,
+                                     int keep_last, char *saved_path, size_t saved_cap) {
+  if (n_shards <= 0) return ct_set_error(CT_ERR_USAGE, "sharded checkpoint without shards");
+  return save(out_dir, step, cfg, m, ts, n_shards, keep_last, saved_path, saved_cap);
+}
+
+/* ---- sharded optimizer state ---- */
+
+ct_status ct_checkpoint_tmp_dir(const char *out_dir, int step, bool create, char *tmp, size_t cap) {
+  char ckdir[4096];
+  snprintf(ckdir, sizeof ckdir, "%s/ckpt", out_dir);
+  snprintf(tmp, cap, "%s/step_%08d.tmp", ckdir, step);
+  const char *abort_env = getenv("CT_CKPT_ABORT_AFTER"); /* counts this rank's blocks/tensors */
+  abort_after = abort_env ? atol(abort_env) : -1;
+  if (!create) return CT_OK;
+  CT_TRY(ct_mkdirs(ckdir));
+  remove_tree(tmp);
+  if (mkdir(tmp, 0777) != 0)
+    return ct_set_error(CT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
+  return CT_OK;
+}
+
+/* One block of a whole tensor: dataset <group>/<name>/<index> (rows, cols), attributes row0, col0. */
+static ct_status write_block(hid_t f, const char *file, const char *group, const char *name,
+                             int index, int row0, int rows, int col0, int cols, const float *data) {
+  char path[320];
+  snprintf(path, sizeof path, "%s/%s", group, name);
+  if (H5Lexists(f, group, H5P_DEFAULT) <= 0) {
+    hid_t g = H5Gcreate2(f, group, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (g < 0) return ct_set_error(CT_ERR_IO, "%s: cannot create group %s", file, group);
+    H5Gclose(g);
+  }
+  if (H5Lexists(f, path, H5P_DEFAULT) <= 0) {
+    hid_t g = H5Gcreate2(f, path, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (g < 0) return ct_set_error(CT_ERR_IO, "%s: cannot create group %s", file, path);
+    H5Gclose(g);
+  }
+  snprintf(path, sizeof path, "%s/%s/%d", group, name, index);
+  hsize_t dims[2] = {(hsize_t)rows, (hsize_t)cols};
+  hid_t space = H5Screate_simple(2, dims, NULL);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_chunk(dcpl, 2, dims);
+  H5Pset_fletcher32(dcpl);
+  hid_t d = H5Dcreate2(f, path, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  herr_t rc = d < 0 ? -1 : H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data);
+  ct_status st = rc < 0 ? ct_set_error(CT_ERR_IO, "%s: cannot write %s", file, path) : CT_OK;
+  if (st == CT_OK) st = write_i64(d, "row0", row0);
+  if (st == CT_OK) st = write_i64(d, "col0", col0);
+  if (d >= 0) H5Dclose(d);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+  if (abort_after >= 0 && --abort_after < 0) {
+    H5Fflush(f, H5F_SCOPE_GLOBAL);
+    fprintf(stderr, "CT_CKPT_ABORT_AFTER: aborting mid-save (testing)\n");
+    abort();
+  }
+  return st;
+}
+
+ct_status ct_checkpoint_write_shard(const char *tmp, int rank, const ct_model *full,
+                                    const ct_model *local, int tp_rank, const ct_ckpt_range *ranges,
+                                    int n) {
+  char file[4300];
+  snprintf(file, sizeof file, "%s/state-rank%05d.h5", tmp, rank);
+  H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  hid_t f = H5Fcreate(file, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (f < 0) return ct_set_error(CT_ERR_IO, "%s: cannot create checkpoint shard", file);
+  ct_status st = write_i64(f, "rank", rank);
+  int *count = ct_calloc((size_t)ct_model_n_params(local), sizeof(int), "shard");
+  if (!count) st = CT_ERR_NOMEM;
+  for (int r = 0; r < n && st == CT_OK; r++) {
+    const ct_ckpt_range *g = &ranges[r];
+    for (int i = 0; i < ct_model_n_params(local) && st == CT_OK; i++) {
+      const ct_param *p = ct_model_param(local, i), *fp = ct_model_param(full, i);
+      /* every tp rank holds the replicated tensors: tp rank 0 writes them */
+      if (ct_model_tp_size(local) > 1 && tp_rank != 0 &&
+          (p->tp_split == CT_TP_REPLICATED || p->tp_split == CT_TP_PARTIAL))
+        continue;
+      const size_t a = p->offset > g->lo ? p->offset : g->lo;
+      const size_t b = p->offset + p->numel < g->hi ? p->offset + p->numel : g->hi;
+      if (a >= b) continue;
+      const size_t lc = (size_t)(p->ndim == 2 ? p->shape[1] : 1);
+      int seg[3][3], fcol0;
+      const int ns = ct_tp_segments(full, p, fp, tp_rank, seg, &fcol0);
+      /* the element range [a, b) as row runs: a partial first row, whole rows, a partial last */
+      for (size_t e = a - p->offset; e < b - p->offset && st == CT_OK;) {
+        const size_t row = e / lc, col = e % lc, left = b - p->offset - e;
+        size_t rows = 1, cols = lc - col < left ? lc - col : left;
+        if (col == 0 && left >= lc) { rows = left / lc; cols = lc; }
+        for (int j = 0; j < ns && st == CT_OK; j++) { /* cut along the tensor-parallel segments */
+          const size_t s0 = (size_t)seg[j][0], s1 = s0 + (size_t)seg[j][2];
+          const size_t r0 = row > s0 ? row : s0, r1 = row + rows < s1 ? row + rows : s1;
+          if (r0 >= r1) continue;
+          const size_t at = p->offset + r0 * lc + col - g->lo;
+          const int frow = seg[j][1] + (int)(r0 - s0), fcol = fcol0 + (int)col;
+          st = write_block(f, file, "m", fp->name, count[i], frow, (int)(r1 - r0), fcol, (int)cols, g->m + at);
+          if (st == CT_OK)
+            st = write_block(f, file, "v", fp->name, count[i], frow, (int)(r1 - r0), fcol, (int)cols, g->v + at);
+          count[i]++;
+        }
+        e += rows * cols;
+      }
+    }
+  }
+  free(count);
+  if (H5Fclose(f) < 0 && st == CT_OK) st = ct_set_error(CT_ERR_IO, "%s: close failed", file);
+  return st;
+}
+
+/* Assembles whole moments (host, the layout of m) from every state-rank*.h5 in dir; every element
+ * of every tensor must be covered. */
+static ct_status read_shards(const char *dir, int n_shards, const ct_model *m, float *hm, float *hv) {
+  DIR *d = opendir(dir);
+  if (!d) return ct_set_error(CT_ERR_INPUT, "%s: cannot list the checkpoint directory", dir);
+  char **files = NULL;
+  int nf = 0, cap = 0;
+  struct dirent *e;
+  ct_status st = CT_OK;
+  while ((e = readdir(d)) && st == CT_OK)
+    if (!strncmp(e->d_name, "state-rank", 10) && strstr(e->d_name, ".h5")) {
+      if (nf == cap) {
+        cap = cap ? 2 * cap : 16;
+        char **grown = realloc(files, sizeof *files * (size_t)cap);
+        if (!grown) { st = CT_ERR_NOMEM; break; }
+        files = grown;
+      }
+      files[nf] = ct_malloc(strlen(dir) + strlen(e->d_name) + 2, "path");
+      if (!files[nf]) { st = CT_ERR_NOMEM; break; }
+      sprintf(files[nf++], "%s/%s", dir, e->d_name);
+    }
+  closedir(d);
+  if (st == CT_OK && nf != n_shards)
+    st = ct_set_error(CT_ERR_INPUT, "%s: state.h5 names %d shard files (state-rank*.h5), %d found"
+                      " (an incomplete copy of the checkpoint?)", dir, n_shards, nf);
+  const int np = ct_model_n_params(m);
+  size_t *covered = st == CT_OK ? ct_calloc((size_t)np * 2, sizeof(size_t), "coverage") : NULL;
+  if (st == CT_OK && !covered) st = CT_ERR_NOMEM;
+  float *buf = NULL;
+  for (int k = 0; k < nf && st == CT_OK; k++) {
+    hid_t f = H5Fopen(files[k], H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) { st = ct_set_error(CT_ERR_INPUT, "%s: not a readable HDF5 file (truncated?)", files[k]); break; }
+    for (int i = 0; i < np && st == CT_OK; i++) {
+      const ct_param *p = ct_model_param(m, i);
+      const size_t pc = (size_t)(p->ndim == 2 ? p->shape[1] : 1);
+      for (int w = 0; w < 2 && st == CT_OK; w++) {
+        float *dst = w ? hv : hm;
+        char path[320];
+        for (int j = 0;; j++) {
+          snprintf(path, sizeof path, "%s/%s/%d", w ? "v" : "m", p->name, j);
+          if (j == 0) {
+            char grp[320];
+            snprintf(grp, sizeof grp, "%s", w ? "v" : "m");
+            if (H5Lexists(f, grp, H5P_DEFAULT) <= 0) break;
+            snprintf(grp, sizeof grp, "%s/%s", w ? "v" : "m", p->name);
+            if (H5Lexists(f, grp, H5P_DEFAULT) <= 0) break;
+          }
+          if (H5Lexists(f, path, H5P_DEFAULT) <= 0) break;
+          hid_t ds = H5Dopen2(f, path, H5P_DEFAULT);
+          hid_t space = ds < 0 ? -1 : H5Dget_space(ds);
+          hsize_t dims[2] = {0, 0};
+          long long row0 = -1, col0 = -1;
+          if (space >= 0) { H5Sget_simple_extent_dims(space, dims, NULL); H5Sclose(space); }
+          if (ds < 0 || read_num_attr(ds, "row0", H5T_NATIVE_LLONG, &row0, files[k]) != CT_OK ||
+              read_num_attr(ds, "col0", H5T_NATIVE_LLONG, &col0, files[k]) != CT_OK ||
+              row0 < 0 || col0 < 0 || row0 + (long long)dims[0] > p->shape[0] ||
+              col0 + (long long)dims[1] > (long long)pc) {
+            if (ds >= 0) H5Dclose(ds);
+            st = ct_set_error(CT_ERR_INPUT, "%s: block %s does not fit tensor %s (%d x %zu)", files[k],
+                              path, p->name, p->shape[0], pc);
+            break;
+          }
+          float *grown = realloc(buf, sizeof(float) * (size_t)(dims[0] * dims[1]) + 4);
+          if (!grown) { H5Dclose(ds); st = CT_ERR_NOMEM; break; }
+          buf = grown;
+          if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) < 0) {
+            H5Dclose(ds);
+            st = ct_set_error(CT_ERR_INPUT, "%s: block %s is corrupted (Fletcher32 checksum"
+                              " mismatch or truncated file)", files[k], path);
+            break;
+          }
+          H5Dclose(ds);
+          for (hsize_t r = 0; r < dims[0]; r++)
+            memcpy(dst + p->offset + ((size_t)row0 + r) * pc + (size_t)col0, buf + r * dims[1],
+                   sizeof(float) * dims[1]);
+          covered[2 * i + w] += dims[0] * dims[1];
+        }
+      }
+    }
+    H5Fclose(f);
+  }
+  for (int i = 0; i < np && st == CT_OK; i++)
+    for (int w = 0; w < 2 && st == CT_OK; w++)
+      if (covered[2 * i + w] != ct_model_param(m, i)->numel)
+        st = ct_set_error(CT_ERR_INPUT, "%s: the shard files hold %zu of the %zu elements of %s"
+                          " for adam_%c (a missing or foreign shard?)", dir, covered[2 * i + w],
+                          ct_model_param(m, i)->numel, ct_model_param(m, i)->name, w ? 'v' : 'm');
+  for (int k = 0; k < nf; k++) free(files[k]);
+  free(files);
+  free(covered);
+  free(buf);
+  return st;
 }
 
 bool ct_checkpoint_latest(const char *out_dir, char *model_file, size_t cap) {
@@ -369,10 +593,28 @@ ct_status ct_checkpoint_load_state(const char *model_file, ct_model *m, ct_train
     free(mode);
   }
   ts->tensor_parallel = (int)tp;
-  CT_TRY_GOTO(read_tensors(f, path, "adam_m", m, host), done);
-  ct_model_ops(m)->to_device(ts->opt->m, host, numel * sizeof(float));
-  CT_TRY_GOTO(read_tensors(f, path, "adam_v", m, host), done);
-  ct_model_ops(m)->to_device(ts->opt->v, host, numel * sizeof(float));
+  long long shards = 0;
+  if (H5Aexists(f, "shards") > 0)
+    CT_TRY_GOTO(read_num_attr(f, "shards", H5T_NATIVE_LLONG, &shards, path), done);
+  if (shards > 0) { /* moments in the ranks' shard files: assemble whole tensors */
+    float *hv = ct_calloc(numel, sizeof(float), "checkpoint staging");
+    if (!hv) { st = CT_ERR_NOMEM; goto done; }
+    char *slash = strrchr(path, '/');
+    if (slash) *slash = '\0';
+    else snprintf(path, sizeof path, ".");
+    st = read_shards(path, (int)shards, m, host, hv);
+    if (st == CT_OK) {
+      ct_model_ops(m)->to_device(ts->opt->m, host, numel * sizeof(float));
+      ct_model_ops(m)->to_device(ts->opt->v, hv, numel * sizeof(float));
+    }
+    free(hv);
+    if (st != CT_OK) goto done;
+  } else {
+    CT_TRY_GOTO(read_tensors(f, path, "adam_m", m, host), done);
+    ct_model_ops(m)->to_device(ts->opt->m, host, numel * sizeof(float));
+    CT_TRY_GOTO(read_tensors(f, path, "adam_v", m, host), done);
+    ct_model_ops(m)->to_device(ts->opt->v, host, numel * sizeof(float));
+  }
   ts->step = (int)step;
   ts->opt->step = (int)adam_step;
   ts->data_position = pos;

@@ -4,7 +4,8 @@
  *   model.h5   every parameter as an fp32 dataset named as in the parameter table (shape as
  *              the table, chunked, Fletcher32-checksummed); root attributes "config" (the
  *              resolved config as TOML text) and "step".
- *   state.h5   training state (absent in weights-only checkpoints such as import-hf output):
+ *   state.h5   training state (absent in weights-only checkpoints such as import-hf output;
+ *              sharded layouts keep the moments in state-rank*.h5, see below):
  *              groups adam_m/ and adam_v/ (one dataset per parameter, same names: a checkpoint
  *              is resharded by name, not by offset), root attributes step, adam_step,
  *              data_position, data_seed, world_size, rank, loss_scale, scaler_good_steps,
@@ -63,6 +64,40 @@ ct_status ct_checkpoint_load_params(const char *model_file, ct_model *m);
 /* Loads state.h5 next to model_file into *ts (and ts->opt's moments). CT_ERR_INPUT if the
  * checkpoint has no training state or it does not match the model. */
 ct_status ct_checkpoint_load_state(const char *model_file, ct_model *m, ct_train_state *ts);
+
+/* ---- sharded optimizer state (ZeRO, tensor parallelism) ----
+ * The AdamW moments are not gathered: every rank writes its own pieces into the step's temporary
+ * directory as state-rank<RANK>.h5, groups m/<tensor>/ and v/<tensor>/ holding datasets 0, 1, ...
+ * each a block [row0, row0 + rows) x [col0, col0 + cols) of the whole tensor (attributes row0,
+ * col0; Fletcher32). A ZeRO slice of a flat buffer becomes up to 3 blocks per tensor (partial
+ * row, whole rows, partial row), a tensor-parallel slice one block per segment (q, k, v heads;
+ * gate, up). state.h5 then holds no moments but attribute shards = the number of shard files,
+ * and ct_checkpoint_load_state assembles whole moments from all of them, whatever layout wrote
+ * them, checking that every element of every tensor is covered. model.h5 stays whole (rank 0),
+ * so everything that reads weights is unchanged.
+ * Protocol: rank 0 ct_checkpoint_tmp_dir(create) -> barrier -> every writing rank
+ * ct_checkpoint_write_shard -> agreement that all succeeded -> rank 0 ct_checkpoint_save_sharded
+ * (model.h5, state.h5, rename, latest, prune). A crash anywhere leaves only a .tmp directory. */
+typedef struct ct_ckpt_range {
+  size_t lo, hi;        /* floats [lo, hi) of the flat buffer of `local` */
+  const float *m, *v;   /* (hi - lo) host floats each */
+} ct_ckpt_range;
+
+/* <out_dir>/ckpt/step_<step>.tmp into tmp; with create (rank 0 only) made afresh and empty. */
+ct_status ct_checkpoint_tmp_dir(const char *out_dir, int step, bool create, char *tmp, size_t cap);
+
+/* Writes tmp/state-rank<rank>.h5 with the moments of `ranges` of the flat buffer of `local`
+ * (the tensor-parallel model of rank tp_rank, or the model itself) as blocks of the tensors of
+ * `full` (the same table with whole shapes; only its table is read). */
+ct_status ct_checkpoint_write_shard(const char *tmp, int rank, const ct_model *full,
+                                    const ct_model *local, int tp_rank, const ct_ckpt_range *ranges,
+                                    int n);
+
+/* As ct_checkpoint_save, into the existing tmp directory holding n_shards shard files; ts->opt
+ * is not read. */
+ct_status ct_checkpoint_save_sharded(const char *out_dir, int step, const ct_config *cfg,
+                                     ct_model *m, const ct_train_state *ts, int n_shards,
+                                     int keep_last, char *saved_path, size_t saved_cap);
 
 /* Path of <out_dir>/ckpt/latest/model.h5 if it exists (returns false otherwise). */
 bool ct_checkpoint_latest(const char *out_dir, char *model_file, size_t cap);

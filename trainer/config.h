@@ -40,6 +40,8 @@ typedef struct ct_model_cfg {
   int head_chunk;       /* not a config key (kernels.head_chunk): the head matmul and the
                          * cross-entropy run over this many rows at a time, the head's backward
                          * right after each chunk, so logits exist for one chunk only (0: all) */
+  bool no_grads;        /* not a config key: no full gradient buffer (ZeRO-2/3 repoint every
+                         * unit's gradients to their own buffers before backward) */
   int tp_size, tp_rank; /* not config keys: tensor-parallel degree (0/1 = none) and this rank's
                          * place in its tp group; the model then holds its slice (parallel/tp.h) */
 } ct_model_cfg;

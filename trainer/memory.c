@@ -19,6 +19,18 @@ static char sizing_dummy[64] __attribute__((aligned(64)));
 static void *sizing_alloc(size_t bytes) { (void)bytes; return sizing_dummy; }
 static void sizing_free(void *p) { (void)p; }
 
+static const ct_ops *sizing_table(const ct_ops *ops) {
+  static ct_ops t; /* one table per process is enough: only alloc/free differ */
+  t = *ops;
+  t.alloc = sizing_alloc;
+  t.free = sizing_free;
+  return &t;
+}
+
+ct_status ct_memory_table_model(const ct_model_cfg *cfg, const ct_ops *ops, ct_model **out) {
+  return ct_model_create(cfg, sizing_table(ops), 1, 1, out);
+}
+
 size_t ct_memory_model_state(const ct_mem_estimate *e) {
   return e->master + e->working + e->grads + e->optim;
 }
@@ -65,14 +77,15 @@ ct_status ct_memory_estimate(const ct_config *cfg, int world, const ct_ops *ops,
   e->working = !work ? 0 : stage == 3 ? ab * n / dp : ab * n;
   if (stage == 3) /* gathered weights: global units + two layers (or every layer) */
     e->working += ab * (u_glob + (cfg->parallel.reshard_after_forward ? 2 * u_layer : u_all));
-  e->grads = stage >= 2 ? F * (n / dp + u_glob + u_layer) : F * n;
+  e->grads = stage >= 2 ? F * (n / dp + u_glob + 2 * u_layer) : F * n; /* 2 layer slots */
   e->optim = stage >= 1 ? 2 * F * n / dp : 2 * F * n;
   /* cuBLAS workspace on the GPU; tp cross-entropy buffers (3 + 1 floats and a target per token) */
   e->workspace = (strncmp(ops->name, "cuda", 4) ? 0 : (size_t)32 << 20) +
                  (T > 1 ? N * (4 * F + sizeof(int32_t)) : 0);
   e->total = ct_memory_model_state(e) + e->acts + e->workspace;
-  /* saving: ZeRO gathers whole moments (and zero3 weights), tp all-gathers T slices */
-  e->ckpt_transient = (stage ? 2 * F * n : 0) + (stage == 3 ? F * n : 0) + (T > 1 ? F * n * T : 0);
+  /* saving (device memory): zero3 gathers this rank's whole weights, tp all-gathers T slices of
+   * them; the moments go to disk from each rank's own shard (host copies only) */
+  e->ckpt_transient = (stage == 3 ? F * n : 0) + (T > 1 ? F * n * T : 0);
   return CT_OK;
 }
 
@@ -102,6 +115,9 @@ void ct_memory_print(const ct_config *cfg, const ct_mem_estimate *e, const char 
  * CPU table (fp32). No device is touched: the sizing functions are host code. */
 static const ct_ops *estimate_ops(const ct_config *cfg) {
 #if CT_HAVE_CUDA
+  /* the variant choice (and so the attention state's size) is set up by ct_cuda_init, which a
+   * machine without a GPU never runs: ask for the defaults explicitly (no device is touched) */
+  ct_cuda_set_variant("attention", "default");
   const char *p = cfg->train.precision;
   if (!strcmp(p, "fp32")) return ct_ops_cuda();
   if (!strcmp(p, "fp16")) return ct_ops_cuda_fp16();

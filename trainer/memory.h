@@ -8,7 +8,8 @@
  *   zero2      4n            2n              4n / dp + unit buffers   8n / dp
  *   zero3      4n / dp       2n / dp + gathered units   4n / dp + unit buffers   8n / dp
  *   (* 16-bit working weights; none for fp32 compute, which runs on the master)
- * "unit buffers" are the full gradients of the embedding and final units plus one layer's;
+ * "unit buffers" are the full gradients of the embedding and final units plus two layers'
+ * (a layer's reduce-scatter overlaps the backward of the next);
  * "gathered units" the embedding and final units plus two layers (one with
  * parallel.reshard_after_forward = false: every layer). Activations are the model's own arena
  * sizing (ct_model_arena_bytes for the micro-batch), computed by creating the model with an op
@@ -22,12 +23,13 @@
 #include "common/status.h"
 #include "kernels/ops.h"
 #include "trainer/config.h"
+#include "trainer/model.h"
 
 typedef struct ct_mem_estimate {
   int world, dp, tp;
   size_t numel;                       /* floats in this rank's flat buffer */
   size_t master, working, grads, optim, acts, workspace, total; /* bytes */
-  size_t ckpt_transient;              /* extra while saving a checkpoint (gathered tensors) */
+  size_t ckpt_transient;              /* extra while saving a checkpoint (gathered weights) */
 } ct_mem_estimate;
 
 /* Estimate for one rank of `world` ranks laid out as cfg->parallel says, with op table `ops`
@@ -40,6 +42,10 @@ void ct_memory_print(const ct_config *cfg, const ct_mem_estimate *e, const char 
 
 /* Model state (master + working + gradients + optimizer) in bytes. */
 size_t ct_memory_model_state(const ct_mem_estimate *e);
+
+/* A model that holds no memory (an op table whose alloc hands out nothing): for its parameter
+ * table and sizes only. Destroy with ct_model_destroy. */
+ct_status ct_memory_table_model(const ct_model_cfg *cfg, const ct_ops *ops, ct_model **out);
 
 /* `ctrain memory CONFIG.toml [--world N] [key=value ...]` */
 ct_status ct_cmd_memory(int argc, char **argv);

@@ -266,17 +266,17 @@ ct_status ct_model_create(const ct_model_cfg *cfg, const ct_ops *ops, int max_B,
 
   m->ab = (size_t)ops->act_bytes;
   m->w = ops->alloc(m->numel * sizeof(float));
-  m->g = ops->alloc(m->numel * sizeof(float));
+  m->g = cfg->no_grads ? NULL : ops->alloc(m->numel * sizeof(float));
   /* fp32 tables compute on the master weights; others keep a working copy (cast lazily) */
   m->wk = m->ab == sizeof(float) ? (char *)m->w : ops->alloc(m->numel * m->ab);
-  if (!m->w || !m->g || !m->wk) {
+  if (!m->w || (!m->g && !cfg->no_grads) || !m->wk) {
     st = ct_set_error(CT_ERR_NOMEM, "out of memory for %zu parameters (+ gradients) on %s",
                       m->numel, ops->name);
     goto fail;
   }
   for (int u = 0; u < m->n_units; u++) {
     m->uw[u] = m->wk + m->uoff[u] * m->ab;
-    m->ug[u] = m->g + m->uoff[u];
+    m->ug[u] = m->g ? m->g + m->uoff[u] : NULL;
   }
 
   /* Activation arena: everything a forward keeps for backward, plus backward scratch. */

@@ -139,42 +139,95 @@ static ct_status tp_take(run *r, ct_model *fm, const ct_adamw *fopt, ct_adamw *l
   return CT_OK;
 }
 
-/* Saves a checkpoint of whole tensors: every tp rank's weights and moments (ts->opt, the local
- * layout) are all-gathered over the tp group and pasted into a full model that rank 0 writes. */
-static ct_status tp_save(run *r, int step, const ct_train_state *ts, bool writer, char *saved,
-                         size_t cap) {
+/* ---- sharded checkpoints (ZeRO, tensor parallelism): each rank writes its own moments ---- */
+
+/* Every rank learns whether all succeeded (collective over the world). */
+static ct_status agree(run *r, ct_status st, const char *what) {
+  float failed = st != CT_OK;
+  ct_status cst = host_all_reduce(r, r->world, &failed, 1, CT_MAX);
+  if (st != CT_OK) return st;
+  if (cst != CT_OK) return cst;
+  return failed > 0 ? ct_set_error(CT_ERR_IO, "%s failed on another rank (see its log)", what) : CT_OK;
+}
+
+/* This rank's moments as ranges of its flat buffer, copied to the host, into tmp/state-rank*.h5. */
+static ct_status write_own_shard(run *r, const char *tmp) {
   const ct_ops *o = r->be.ops;
-  const ct_train_cfg *t = &r->cfg->train;
+  const ct_adamw *a = r->zero ? ct_zero_moments(r->zero) : &r->opt;
+  const size_t n = r->zero ? a->hi - a->lo : ct_model_numel(r->model);
+  const int nr = r->zero ? ct_zero_n_units(r->zero) : 1;
+  float *hm = ct_malloc(n * sizeof(float), "checkpoint shard"), *hv = ct_malloc(n * sizeof(float), "checkpoint shard");
+  ct_ckpt_range *rg = ct_calloc((size_t)nr, sizeof *rg, "checkpoint shard");
+  ct_model *full = NULL;
+  ct_status st = hm && hv && rg ? CT_OK : CT_ERR_NOMEM;
+  if (st == CT_OK) {
+    o->to_host(hm, a->m, n * sizeof(float));
+    o->to_host(hv, a->v, n * sizeof(float));
+    for (int u = 0; u < nr; u++) {
+      size_t flat = 0, cnt = n, at = 0;
+      if (r->zero) ct_zero_unit_slice(r->zero, u, &flat, &cnt, &at);
+      rg[u] = (ct_ckpt_range){flat, flat + cnt, hm + at, hv + at};
+    }
+    /* the whole-tensor table (no memory) that the blocks are cut from */
+    if (r->T > 1) st = ct_memory_table_model(&r->cfg->model, r->be.ops, &full);
+  }
+  if (st == CT_OK)
+    st = ct_checkpoint_write_shard(tmp, r->env.rank, full ? full : r->model, r->model, r->tp_rank, rg, nr);
+  ct_model_destroy(full);
+  free(hm);
+  free(hv);
+  free(rg);
+  return st;
+}
+
+/* Whole weights of a tensor-parallel model in a full host model on the writer (all-gathered over
+ * the tp group, pasted by parameter). */
+static ct_status tp_gather_weights(run *r, bool writer, ct_model **fm_out) {
+  const ct_ops *o = r->be.ops;
   const size_t n = ct_model_numel(r->model), T = (size_t)r->T;
   ct_model *fm = NULL;
-  ct_adamw fopt = {0};
   ct_status st = CT_OK;
   float *dev = o->alloc(T * n * sizeof(float)), *host = ct_malloc(T * n * sizeof(float), "checkpoint");
-  if (!dev || !host) { st = ct_set_error(CT_ERR_NOMEM, "out of memory gathering a tensor-parallel checkpoint"); goto out; }
-  if (writer) {
-    CT_TRY_GOTO(full_host_model(r, &fm), out);
-    CT_TRY_GOTO(ct_adamw_create(&fopt, fm, t), out);
-  }
-  const float *src[3] = {ct_model_params(r->model), ts->opt->m, ts->opt->v};
-  float *dst[3] = {fm ? ct_model_params(fm) : NULL, fopt.m, fopt.v};
-  for (int i = 0; i < 3; i++) {
-    CT_TRY_GOTO(ct_comm_all_gather(r->tp, src[i], dev, n, CT_F32), out);
-    CT_TRY_GOTO(ct_comm_sync(r->tp), out);
-    o->to_host(host, dev, T * n * sizeof(float));
-    for (size_t k = 0; writer && k < T; k++) ct_tp_paste(fm, dst[i], r->model, host + k * n, (int)k);
-  }
-  if (writer) {
-    ct_train_state fts = *ts;
-    fopt.step = ts->opt->step;
-    fts.opt = &fopt;
-    st = ct_checkpoint_save(t->out_dir, step, r->cfg, fm, &fts, t->keep_last, saved, cap);
-  }
+  if (!dev || !host) { st = ct_set_error(CT_ERR_NOMEM, "out of memory gathering tensor-parallel weights"); goto out; }
+  if (writer) CT_TRY_GOTO(full_host_model(r, &fm), out);
+  CT_TRY_GOTO(ct_comm_all_gather(r->tp, ct_model_params(r->model), dev, n, CT_F32), out);
+  CT_TRY_GOTO(ct_comm_sync(r->tp), out);
+  o->to_host(host, dev, T * n * sizeof(float));
+  for (size_t k = 0; writer && k < T; k++) ct_tp_paste(fm, ct_model_params(fm), r->model, host + k * n, (int)k);
 out:
-  if (fm) ct_adamw_destroy(&fopt, ct_model_ops(fm));
-  ct_model_destroy(fm);
   if (dev) o->free(dev);
   free(host);
+  if (st != CT_OK) ct_model_destroy(fm);
+  else *fm_out = fm;
   return st;
+}
+
+/* A checkpoint whose moments stay sharded: rank 0 makes the temporary directory, every rank
+ * holding moments of its own writes its shard file, the weights are made whole (zero3 gather,
+ * tensor-parallel gather) and rank 0 finishes the directory (model.h5, state.h5, rename). */
+static ct_status save_sharded(run *r, int step, const ct_train_state *ts, bool writer, char *saved,
+                              size_t cap) {
+  const ct_train_cfg *t = &r->cfg->train;
+  char tmp[4200];
+  CT_TRY(agree(r, ct_checkpoint_tmp_dir(t->out_dir, step, writer, tmp, sizeof tmp), "creating the checkpoint directory"));
+  /* ZeRO: every rank owns distinct moments; tp without ZeRO: one copy per tp rank (dp rank 0) */
+  const bool mine = r->zero || r->dp_rank == 0;
+  const int n_shards = r->zero ? r->env.world_size : r->T;
+  CT_TRY(agree(r, mine ? write_own_shard(r, tmp) : CT_OK, "writing a checkpoint shard"));
+  ct_model *fm = NULL;
+  ct_status st = CT_OK;
+  if (r->zero) st = ct_zero_gather_full(r->zero, NULL); /* zero3 lends whole local weights */
+  if (st == CT_OK && r->T > 1) st = tp_gather_weights(r, writer, &fm);
+  if (st == CT_OK && writer) {
+    ct_train_state w = *ts;
+    ct_adamw step_only = {.step = r->zero ? ct_zero_adam_step(r->zero) : r->opt.step};
+    w.opt = &step_only;
+    st = ct_checkpoint_save_sharded(t->out_dir, step, r->cfg, fm ? fm : r->model, &w, n_shards,
+                                    t->keep_last, saved, cap);
+  }
+  if (r->zero) ct_zero_release_full(r->zero, NULL);
+  ct_model_destroy(fm);
+  return agree(r, st, "finishing the checkpoint");
 }
 
 /* Rank and world from the environment (launcher, Open MPI, Slurm, or a single process). */
@@ -366,6 +419,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   const bool sharded = zstage > 0;
   ct_model_cfg mcfg = cfg->model;
   if (sharded) mcfg.numel_multiple = ct_zero_numel_multiple(world); /* equal unit slices */
+  mcfg.no_grads = zstage >= 2; /* zero2/3 keep gradient shards and per-unit buffers instead */
   mcfg.tp_size = r.T;
   mcfg.tp_rank = r.tp_rank;
   mcfg.head_chunk = cfg->kernels.head_chunk;
@@ -392,8 +446,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   if (!strcmp(t->cuda_graphs, "on") && !ct_model_graphs(r.model))
     ct_log_warn("train.cuda_graphs = \"on\": the %s backend records no graphs; running without",
                 r.be.ops->name);
-  /* ZeRO: whole moments live in `full` until the model is sharded (after loading) */
-  CT_TRY_GOTO(ct_adamw_create(sharded ? &full : &r.opt, r.model, t), done);
+  /* ZeRO: a checkpoint's whole moments live in `full` until the model is sharded */
+  if (!sharded) CT_TRY_GOTO(ct_adamw_create(&r.opt, r.model, t), done);
   ct_train_state ts = {.data_seed = t->seed, .world_size = world, .rank = rank, .loss_scale = 1.0,
                        .opt = sharded ? &full : &r.opt};
   char ckfile[4200];
@@ -401,6 +455,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     /* exact resume: weights, AdamW moments and step, data position; the schedule is a
      * function of the step, and every other source of randomness is counter-based */
     CT_TRY_GOTO(ct_checkpoint_load_params(ckfile, fm ? fm : r.model), done);
+    if (sharded) CT_TRY_GOTO(ct_adamw_create(&full, r.model, t), done);
     if (fm) {
       CT_TRY_GOTO(ct_adamw_create(&fopt, fm, t), done);
       ts.opt = &fopt;
@@ -418,8 +473,10 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     if (ts.world_size != world)
       ct_log_info("world size %d -> %d: data continues at window %llu of the shared stream",
                   ts.world_size, world, (unsigned long long)ts.data_position);
-    ct_log_info("resumed from %s at step %d (saved as %s on %d ranks, tensor parallel %d)",
-                ckfile, ts.step, ts.parallel_data, ts.world_size, ts.tensor_parallel);
+    ct_log_info("checkpoint layout: %s on %d data-parallel ranks, tensor parallel %d (now %s on"
+                " %d, tensor parallel %d)", ts.parallel_data, ts.world_size, ts.tensor_parallel,
+                r.comm ? cfg->parallel.data : "ddp", world, r.T);
+    ct_log_info("resumed from %s at step %d", ckfile, ts.step);
   } else if (t->init_from[0]) {
     ct_config src;
     CT_TRY_GOTO(ct_checkpoint_read_config(t->init_from, &src, ckfile, sizeof ckfile), done);
@@ -437,7 +494,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     CT_TRY_GOTO(broadcast_params(&r), done);
   if (sharded) { /* take this rank's slices; zero2/3 free the full gradients (and weights) */
     CT_TRY_GOTO(ct_zero_create(r.model, r.comm, zstage, cfg->parallel.reshard_after_forward, t,
-                               &full, &r.zero), done);
+                               full.m ? &full : NULL, &r.zero), done);
     ct_zero_set_tp(r.zero, r.tp);
     ct_adamw_destroy(&full, r.be.ops);
     ts.opt = NULL;
@@ -583,12 +640,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       ts.tensor_parallel = r.T;
       ts.loss_scale = scaler.scale;
       ts.scaler_good_steps = scaler.good_steps;
-      if (sharded) { /* whole moments (and zero3 weights) gathered: rank 0 writes by name */
-        CT_TRY_GOTO(ct_zero_gather_full(r.zero, &full), done);
-        ts.opt = &full;
-      }
-      if (r.T > 1) /* collective over the tp group: whole tensors assembled for rank 0 */
-        st = tp_save(&r, step + 1, &ts, writer, saved, sizeof saved);
+      if (sharded || r.T > 1) /* moments per rank, weights whole (collective) */
+        st = save_sharded(&r, step + 1, &ts, writer, saved, sizeof saved);
       else if (writer)
         st = ct_checkpoint_save(t->out_dir, step + 1, cfg, r.model, &ts, t->keep_last, saved,
                                 sizeof saved);
@@ -597,10 +650,6 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
           ct_progress_end();
           ct_log_info("step %d: saved %s", step + 1, saved);
         }
-      }
-      if (sharded) {
-        ct_zero_release_full(r.zero, &full);
-        ts.opt = NULL;
       }
       if (st != CT_OK) goto done;
       if (r.world) CT_TRY_GOTO(ct_comm_barrier(r.world), done); /* saved before anyone exits */

@@ -7,7 +7,8 @@
  * against values it computes itself: all_reduce (f32 sum/avg/max/min, i32/i64/u8, bf16 and f16
  * sums within a tolerance, bf16 max/min exactly), reduce_scatter and all_gather (out of place and
  * in place, with guard elements past the end), broadcast from each root, a staggered barrier,
- * splits (singleton groups, reversed keys, a rank with no color), argument errors (a host
+ * splits (singleton groups, reversed keys, a rank with no color), overlap mode on a split copy
+ * (side-stream collectives, ct_comm_join_lagging), argument errors (a host
  * pointer), then prints algbw / busbw for 256 MiB all_reduce, reduce_scatter and all_gather the
  * nccl-tests way (busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for the others; time
  * averaged over ranks after warm-up).
@@ -427,6 +428,49 @@ static void test_all_gather(ct_comm *c) {
   free(hl);
 }
 
+/* Overlap mode (a split copy of the group): a collective on the side stream sees what the
+ * compute stream wrote before the call; after ct_comm_join (or join_lagging past it) the compute
+ * stream sees its result; the last `keep` collectives may still run. */
+static void test_overlap(ct_comm *c) {
+  int me = ct_comm_rank(c), n = ct_comm_size(c);
+  ct_comm *g = NULL;
+  CHECK_MSG(ct_comm_split(c, 0, me, &g) == CT_OK && g, "split: %s", ct_last_error());
+  if (!g) return;
+  CHECK_MSG(ct_comm_set_overlap(g, true) == CT_OK, "set_overlap: %s", ct_last_error());
+  const size_t cnt = (size_t)1 << 22;
+  float *d[3], *h = malloc(cnt * 4);
+  for (int k = 0; k < 3; k++) d[k] = dmalloc(cnt * 4);
+  for (size_t i = 0; i < cnt; i++) h[i] = fval(me, i);
+  size_t bad = 0;
+  for (int k = 0; k < 3; k++) { /* compute-stream writes, not waited for by the host */
+    cudaError_t e = cudaMemcpyAsync(d[k], h, cnt * 4, cudaMemcpyHostToDevice, stream);
+    if (e != cudaSuccess) die_cuda("upload", e);
+    CHECK(ct_comm_all_reduce(g, d[k], cnt, CT_F32, CT_SUM) == CT_OK);
+  }
+  CHECK_MSG(ct_comm_join_lagging(g, 1) == CT_OK, "join_lagging: %s", ct_last_error());
+  for (int k = 0; k < 2; k++) { /* read on the compute stream after the join */
+    cudaError_t e = cudaMemcpyAsync(h, d[k], cnt * 4, cudaMemcpyDeviceToHost, stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    if (e != cudaSuccess) die_cuda("download", e);
+    for (size_t i = 0; i < cnt; i += 97) {
+      float want = 0;
+      for (int r = 0; r < n; r++) want += fval(r, i);
+      bad += h[i] != want;
+    }
+  }
+  if (fetch(g, h, d[2], cnt * 4))
+    for (size_t i = 0; i < cnt; i += 97) {
+      float want = 0;
+      for (int r = 0; r < n; r++) want += fval(r, i);
+      bad += h[i] != want;
+    }
+  CHECK_MSG(bad == 0, "overlap-mode all_reduce: %zu wrong values", bad);
+  CHECK(ct_comm_set_overlap(g, false) == CT_OK);
+  for (int k = 0; k < 3; k++) cudaFree(d[k]);
+  free(h);
+  ct_comm_destroy(g);
+}
+
 static void test_broadcast(ct_comm *c) {
   int me = ct_comm_rank(c), n = ct_comm_size(c);
   const size_t counts[] = {1, 1000, 262147};
@@ -662,6 +706,7 @@ static void full_scenario(ct_store *s, int me, int n) {
   test_broadcast(c);
   test_barrier(c, s);
   test_split(c);
+  test_overlap(c);
   test_speed(c);
   t0 = ct_now();
   ct_comm_destroy(c);

@@ -5,8 +5,10 @@
 # the same losses and gradient norms (<= 1e-5 relative) over 10 steps and end with the same
 # weights (<= 1e-5 absolute, every tensor of the checkpoint); validation losses match ddp's. A checkpoint saved in
 # one layout resumes in another (zero3@2 -> ddp@1, ddp@1 -> zero3@2, zero2@2 -> zero1@2,
-# zero3@2 -> ddp@2) and continues the uninterrupted run's losses. ddp with small buckets reduces
-# them during backward (overlap) with the same losses.
+# zero3@2 -> ddp@2) and continues the uninterrupted run's losses; ZeRO checkpoints keep the
+# moments in one shard file per rank (a missing shard is a clear error, a crash mid-save keeps
+# the previous checkpoint). ddp with small buckets reduces them during backward with the same
+# losses. `ctrain memory` shows zero3 holding ~1/N of ddp's model state.
 source "$(dirname "$0")/lib.sh"
 SRC=${CT_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 LAUNCH=$(dirname "$CTRAIN")/ctrain-launch
@@ -100,5 +102,30 @@ expect_fail 2 'parallel\.tensor = 2 does not divide the world size 3' -- "$CTRAI
 two parallel.data=zero3 "train.out_dir=$TMP/mem"
 check "training logs the estimate and the measured peak" \
   bash -c "grep -q 'memory per rank: 2 ranks' '$TMP/last.log' && grep -qE 'rank 1: estimated [0-9.]+ MiB per rank .* measured peak [0-9.]+ MiB' '$TMP/last.log'"
+# sharded optimizer state: each rank wrote its own moments, state.h5 holds none, model.h5 is whole
+z3ck="$TMP/r-zero3@2 -> ddp@2/ckpt/step_00000005"
+check "zero3 checkpoint: one moments shard per rank, none in state.h5, whole weights" bash -c \
+  "test -f '$z3ck/state-rank00000.h5' && test -f '$z3ck/state-rank00001.h5' &&
+   ! h5ls '$z3ck/state.h5' | grep -q adam_m && h5ls '$z3ck/model.h5' | grep -q 'wte  *Dataset {320, 64}'"
+cp -r "$TMP/r-zero3@2 -> ddp@2" "$TMP/missing"
+rm -rf "$TMP/missing/ckpt/step_00000010" && ln -sfn step_00000005 "$TMP/missing/ckpt/latest"
+rm "$TMP/missing/ckpt/step_00000005/state-rank00001.h5"
+expect_fail 2 'state\.h5 names 2 shard files \(state-rank\*\.h5\), 1 found' -- \
+  "$CTRAIN" train "${args[@]}" train.grad_accum=2 train.resume=auto "train.out_dir=$TMP/missing"
+cp -r "$TMP/r-zero3@2 -> ddp@2" "$TMP/corrupt"
+rm -rf "$TMP/corrupt/ckpt/step_00000010" && ln -sfn step_00000005 "$TMP/corrupt/ckpt/latest"
+shard="$TMP/corrupt/ckpt/step_00000005/state-rank00000.h5"
+head -c 64 /dev/zero | tr '\0' '\132' | \
+  dd of="$shard" bs=1 seek=$(($(stat -c %s "$shard") / 2)) conv=notrunc status=none
+expect_fail 2 'state-rank00000\.h5: (block .* is corrupted \(Fletcher32|not a readable HDF5)' -- \
+  "$CTRAIN" train "${args[@]}" train.grad_accum=2 train.resume=auto "train.out_dir=$TMP/corrupt"
+# a crash while ranks write their shards leaves the previous checkpoint as latest
+two parallel.data=zero3 train.stop_after=5 "train.out_dir=$TMP/crash"
+CT_CKPT_ABORT_AFTER=3 two parallel.data=zero3 train.resume=auto "train.out_dir=$TMP/crash"
+check "crash during a sharded save: latest is still step 5" \
+  test "$(readlink "$TMP/crash/ckpt/latest")" = step_00000005
+two parallel.data=zero3 train.resume=auto "train.out_dir=$TMP/crash"
+check "crash during a sharded save: resuming finishes with the uninterrupted losses" \
+  close "$TMP/gpt2-one" "$TMP/crash" loss 1e-5 5
 check "the checkpoint records its layout" bash -c "h5dump -a /parallel_data '$TMP/r-zero3@2 -> ddp@2/ckpt/step_00000005/state.h5' | grep -q zero3"
 finish

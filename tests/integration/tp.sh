@@ -73,6 +73,10 @@ resume() { # resume NAME REF FROM_NPROC "FROM ARGS" TO_NPROC "TO ARGS"
 resume "tp2@2 -> tp1@1" "$TMP/gpt2-one" 2 "parallel.tensor=2" 1 ""
 resume "tp1@1 -> tp2@2" "$TMP/gpt2-one" 1 "" 2 "parallel.tensor=2"
 resume "zero3@2 -> tp2@2 (accumulation 2)" "$TMP/gpt2-acc" 2 "parallel.data=zero3" 2 "parallel.tensor=2 train.grad_accum=2"
+# the 4-rank mesh's moments are blocks cut by both the tp heads / halves and the ZeRO slices
+resume "llama tp2 x zero3 dp2 @4 -> 1 process" "$TMP/llama-acc" 4 "${llama[*]} parallel.tensor=2 parallel.data=zero3" 1 "${llama[*]} train.grad_accum=2"
+check "the mesh checkpoint has 4 moment shards" \
+  bash -c "ls '$TMP/r-llama tp2 x zero3 dp2 @4 -> 1 process/ckpt/step_00000005/' | grep -c 'state-rank' | grep -qx 4"
 check "tp=2 checkpoint generates text with ctrain generate" \
   bash -c "'$CTRAIN' generate --model '$TMP/r-tp1@1 -> tp2@2/ckpt/latest' --prompt 'The ' --max_new_tokens 8 >/dev/null 2>&1"
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ZeRO-1 (parallel.data = "zero1") on CPU ranks over Gloo: the optimizer state is sharded, yet
-# 2 ranks train the same losses as ddp on 2 ranks; its checkpoints (whole moments, by name)
-# resume bit-exactly at the same world size and load under ddp and at another world size.
+# 2 ranks train the same losses as ddp on 2 ranks; its checkpoints
+# (moments in one shard file per rank, reassembled by tensor name on load) resume bit-exactly at
+# the same world size and load under ddp and at another world size.
 source "$(dirname "$0")/lib.sh"
 SRC=${CT_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 LAUNCH=$(dirname "$CTRAIN")/ctrain-launch
@@ -31,7 +32,7 @@ launch 2 parallel.data=zero1 train.resume=auto "train.out_dir=$TMP/zsplit" >"$TM
 check "zero1 resumed at step 6" grep -q "resumed from .* at step 6" "$TMP/zsplit.log"
 losses() { grep '"loss":' "$1/metrics.jsonl" | sed 's/, "tokens_per_s".*//'; }
 check "zero1: 12 straight == 6 + resume + 6, exact" diff <(losses "$TMP/zero") <(losses "$TMP/zsplit")
-# the checkpoint holds whole moments: it resumes under ddp at 2 ranks (same numbers) and at 3 ranks
+# the moments are reassembled whole on load: the checkpoint resumes under ddp at 2 ranks (same numbers) and at 3 ranks
 launch 2 parallel.data=zero1 train.stop_after=6 "train.out_dir=$TMP/z2d" >/dev/null 2>&1
 launch 2 parallel.data=ddp train.resume=auto "train.out_dir=$TMP/z2d" >/dev/null 2>&1
 check "zero1 checkpoint resumed under ddp continues the same losses" close "$TMP/zero" "$TMP/z2d" loss 1e-5
