@@ -156,7 +156,8 @@ static ct_status write_own_shard(run *r, const char *tmp) {
   const ct_adamw *a = r->zero ? ct_zero_moments(r->zero) : &r->opt;
   const size_t n = r->zero ? a->hi - a->lo : ct_model_numel(r->model);
   const int nr = r->zero ? ct_zero_n_units(r->zero) : 1;
-  float *hm = ct_malloc(n * sizeof(float), "checkpoint shard"), *hv = ct_malloc(n * sizeof(float), "checkpoint shard");
+  float *hm = ct_malloc(n * sizeof(float), "checkpoint shard");
+  float *hv = ct_malloc(n * sizeof(float), "checkpoint shard");
   ct_ckpt_range *rg = ct_calloc((size_t)nr, sizeof *rg, "checkpoint shard");
   ct_model *full = NULL;
   ct_status st = hm && hv && rg ? CT_OK : CT_ERR_NOMEM;
@@ -172,7 +173,8 @@ static ct_status write_own_shard(run *r, const char *tmp) {
     if (r->T > 1) st = ct_memory_table_model(&r->cfg->model, r->be.ops, &full);
   }
   if (st == CT_OK)
-    st = ct_checkpoint_write_shard(tmp, r->env.rank, full ? full : r->model, r->model, r->tp_rank, rg, nr);
+    st = ct_checkpoint_write_shard(tmp, r->env.rank, full ? full : r->model, r->model, r->tp_rank,
+                                   rg, nr);
   ct_model_destroy(full);
   free(hm);
   free(hv);
@@ -188,12 +190,16 @@ static ct_status tp_gather_weights(run *r, bool writer, ct_model **fm_out) {
   ct_model *fm = NULL;
   ct_status st = CT_OK;
   float *dev = o->alloc(T * n * sizeof(float)), *host = ct_malloc(T * n * sizeof(float), "checkpoint");
-  if (!dev || !host) { st = ct_set_error(CT_ERR_NOMEM, "out of memory gathering tensor-parallel weights"); goto out; }
+  if (!dev || !host) {
+    st = ct_set_error(CT_ERR_NOMEM, "out of memory gathering tensor-parallel weights");
+    goto out;
+  }
   if (writer) CT_TRY_GOTO(full_host_model(r, &fm), out);
   CT_TRY_GOTO(ct_comm_all_gather(r->tp, ct_model_params(r->model), dev, n, CT_F32), out);
   CT_TRY_GOTO(ct_comm_sync(r->tp), out);
   o->to_host(host, dev, T * n * sizeof(float));
-  for (size_t k = 0; writer && k < T; k++) ct_tp_paste(fm, ct_model_params(fm), r->model, host + k * n, (int)k);
+  for (size_t k = 0; writer && k < T; k++)
+    ct_tp_paste(fm, ct_model_params(fm), r->model, host + k * n, (int)k);
 out:
   if (dev) o->free(dev);
   free(host);
@@ -209,7 +215,8 @@ static ct_status save_sharded(run *r, int step, const ct_train_state *ts, bool w
                               size_t cap) {
   const ct_train_cfg *t = &r->cfg->train;
   char tmp[4200];
-  CT_TRY(agree(r, ct_checkpoint_tmp_dir(t->out_dir, step, writer, tmp, sizeof tmp), "creating the checkpoint directory"));
+  CT_TRY(agree(r, ct_checkpoint_tmp_dir(t->out_dir, step, writer, tmp, sizeof tmp),
+               "creating the checkpoint directory"));
   /* ZeRO: every rank owns distinct moments; tp without ZeRO: one copy per tp rank (dp rank 0) */
   const bool mine = r->zero || r->dp_rank == 0;
   const int n_shards = r->zero ? r->env.world_size : r->T;

@@ -3,7 +3,7 @@
 # 1) trains the same losses, gradient norms and validation losses as one process (<= 1e-5
 # relative) and ends with the same weights, for the tiny gpt2 (tied vocab-parallel head, biases)
 # and llama (GQA: kv heads split, qk_norm, gate_up halves, untied head) models; the 2-D mesh
-# tp 2 x dp 2 on 4 ranks (with zero3, and with zero1) matches one process with the same global
+# tp 2 x dp 2 on 4 ranks (with ddp, zero1, zero2 and zero3) matches one process with the same global
 # batch. Checkpoints hold whole tensors: tp 2 -> tp 1, tp 1 -> tp 2 and zero3@2 -> tp 2 resume
 # and continue the same losses. Layouts that cannot work fail with the key named.
 source "$(dirname "$0")/lib.sh"
@@ -60,6 +60,10 @@ check "llama tp 2 x zero3 dp 2 (4 ranks) == 1 process x 2: final weights" same_w
 one train.grad_accum=2 "train.out_dir=$TMP/gpt2-acc"
 run 4 parallel.tensor=2 parallel.data=ddp "train.out_dir=$TMP/mesh-ddp"
 check "gpt2 tp 2 x ddp dp 2 (4 ranks) == 1 process x 2: losses" close "$TMP/gpt2-acc" "$TMP/mesh-ddp" loss 1e-5
+run 4 "${llama[@]}" parallel.tensor=2 parallel.data=zero2 "train.out_dir=$TMP/mesh-zero2"
+check "llama tp 2 x zero2 dp 2 (4 ranks) == 1 process x 2: losses" close "$TMP/llama-acc" "$TMP/mesh-zero2" loss 1e-5
+run 4 parallel.tensor=2 parallel.data=zero1 "train.out_dir=$TMP/mesh-zero1"
+check "gpt2 tp 2 x zero1 dp 2 (4 ranks) == 1 process x 2: losses" close "$TMP/gpt2-acc" "$TMP/mesh-zero1" loss 1e-5
 
 # checkpoints across tensor-parallel degrees
 resume() { # resume NAME REF FROM_NPROC "FROM ARGS" TO_NPROC "TO ARGS"
