@@ -23,7 +23,10 @@ T_START = time.perf_counter()  # time to first step counts from here (imports in
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", choices=["gpt2", "llama"], required=True)
+    ap.add_argument("--arch", choices=["gpt2", "llama", "qwen3"], required=True)
+    ap.add_argument("--head_dim", type=int, default=None)
+    ap.add_argument("--tie", action="store_true", help="tied embeddings (llama/qwen3)")
+    ap.add_argument("--rope_theta", type=float, default=10000.0)
     ap.add_argument("--n_layer", type=int, required=True)
     ap.add_argument("--d_model", type=int, required=True)
     ap.add_argument("--n_head", type=int, required=True)
@@ -58,6 +61,14 @@ def main():
                 activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
                 attn_pdrop=0.0, tie_word_embeddings=True, use_cache=False)
             cls = transformers.GPT2LMHeadModel
+        elif a.arch == "qwen3":  # Qwen3: GQA, q/k RMSNorm, explicit head_dim
+            cfg = transformers.Qwen3Config(
+                vocab_size=a.vocab_size, hidden_size=a.d_model, intermediate_size=a.d_ff,
+                num_hidden_layers=a.n_layer, num_attention_heads=a.n_head,
+                num_key_value_heads=a.n_kv_head, head_dim=a.head_dim or a.d_model // a.n_head,
+                max_position_embeddings=a.seq_len, rope_theta=a.rope_theta,
+                tie_word_embeddings=a.tie, use_cache=False)
+            cls = transformers.Qwen3ForCausalLM
         else:
             cfg = transformers.LlamaConfig(
                 vocab_size=a.vocab_size, hidden_size=a.d_model, intermediate_size=a.d_ff,
@@ -107,6 +118,8 @@ def main():
     tok = a.micro_batch * a.seq_len
     # MFU as the issue defines it: 6N + 6 L T d FLOPs per token (N without position embeddings)
     n_mfu = n_params - (a.seq_len * a.d_model if a.arch == "gpt2" else 0)
+    if a.arch != "gpt2" and a.tie:  # the tied head is a matmul too
+        n_mfu += a.vocab_size * a.d_model
     flops_tok = 6 * n_mfu + 6 * a.n_layer * a.seq_len * a.d_model
     tps = tok / statistics.median(times)
     print(json.dumps({
