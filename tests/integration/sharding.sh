@@ -144,6 +144,13 @@ check "generate from the zero3 checkpoint == from its consolidated copy (${#g1} 
 "$CTRAIN" export-hf "$TMP/z3whole" "$TMP/hf-whole" >/dev/null 2>&1
 check "export-hf from the zero3 checkpoint == from its consolidated copy" \
   cmp "$TMP/hf-sharded/model.safetensors" "$TMP/hf-whole/model.safetensors"
+one train.max_steps=2 "train.init_from=$z3ck" "train.out_dir=$TMP/init-sharded"
+one train.max_steps=2 "train.init_from=$TMP/z3whole" "train.out_dir=$TMP/init-whole"
+check "train.init_from the zero3 checkpoint == from its consolidated copy: losses, bit for bit" \
+  close "$TMP/init-whole" "$TMP/init-sharded" loss 0 2
+check "... and they start from the trained weights (first loss below a fresh model's)" \
+  awk -v a="$(field "$TMP/init-sharded" loss | head -1)" -v b="$(field "$TMP/gpt2-one" loss | head -1)" \
+  'BEGIN { printf "  first loss %s from the checkpoint, %s fresh\n", a, b; exit !(a > 0 && a < b - 0.1) }'
 cp -r "$TMP/r-zero3@2 -> ddp@2" "$TMP/nowshard"
 rm -rf "$TMP/nowshard/ckpt/step_00000010" && ln -sfn step_00000005 "$TMP/nowshard/ckpt/latest"
 rm "$TMP/nowshard/ckpt/step_00000005/model-rank00001.h5"
