@@ -424,3 +424,4 @@ void ct_zero_unit_slice(const ct_zero *z, int u, size_t *flat, size_t *n, size_t
   *at = shard_at(z, u);
 }
 const ct_adamw *ct_zero_moments(const ct_zero *z) { return &z->opt; }
+const float *ct_zero_master_shard(const ct_zero *z) { return z->stage == 3 ? z->sw : NULL; }

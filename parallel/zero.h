@@ -94,5 +94,9 @@ void ct_zero_release_full(ct_zero *z, ct_adamw *full);
 int ct_zero_n_units(const ct_zero *z);
 void ct_zero_unit_slice(const ct_zero *z, int u, size_t *flat, size_t *n, size_t *at);
 const ct_adamw *ct_zero_moments(const ct_zero *z);
+/* Stage 3: this rank's fp32 master shard (numel / world floats, backend memory, the shard layout
+ * of ct_zero_unit_slice's `at`), which sharded checkpoints save; NULL below stage 3 (the
+ * model's full buffer holds the weights). */
+const float *ct_zero_master_shard(const ct_zero *z);
 
 #endif

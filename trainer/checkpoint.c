@@ -9,7 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "common/util.h"
+#include "kernels/ops.h"
 #include "parallel/tp.h"
 
 /* ---- attributes ---- */
@@ -145,12 +147,17 @@ static ct_status read_tensors(hid_t f, const char *file, const char *group, cons
 
 /* ---- files ---- */
 
-static ct_status write_model_file(const char *path, int step, const ct_config *cfg, ct_model *m) {
+/* weight_shards > 0: the weights are in the ranks' model-rank*.h5 files; model.h5 gets the
+ * attributes only (m's weights are not read: under zero3 no rank holds them whole). */
+static ct_status write_model_file(const char *path, int step, const ct_config *cfg, ct_model *m,
+                                  int weight_shards) {
   ct_status st = CT_OK;
   const size_t numel = ct_model_numel(m);
-  float *host = ct_malloc(numel * sizeof(float), "checkpoint staging");
-  if (!host) return CT_ERR_NOMEM;
-  ct_model_ops(m)->to_host(host, ct_model_params(m), numel * sizeof(float));
+  float *host = NULL;
+  if (weight_shards == 0) {
+    if (!(host = ct_malloc(numel * sizeof(float), "checkpoint staging"))) return CT_ERR_NOMEM;
+    ct_model_ops(m)->to_host(host, ct_model_params(m), numel * sizeof(float));
+  }
   char *toml = ct_config_to_toml(cfg);
   hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (f < 0 || !toml) {
@@ -159,7 +166,8 @@ static ct_status write_model_file(const char *path, int step, const ct_config *c
   }
   CT_TRY_GOTO(write_string_attr(f, "config", toml), done);
   CT_TRY_GOTO(write_i64(f, "step", step), done);
-  CT_TRY_GOTO(write_tensors(f, path, "", m, host), done);
+  if (weight_shards > 0) CT_TRY_GOTO(write_i64(f, "weight_shards", weight_shards), done);
+  else CT_TRY_GOTO(write_tensors(f, path, "", m, host), done);
 done:
   if (f >= 0 && H5Fclose(f) < 0 && st == CT_OK) st = ct_set_error(CT_ERR_IO, "%s: close failed", path);
   free(toml);
@@ -171,8 +179,8 @@ static ct_status write_state_file(const char *path, const ct_train_state *ts, ct
                                   int n_shards) {
   ct_status st = CT_OK;
   const size_t numel = ct_model_numel(m);
-  float *host = ct_malloc(numel * sizeof(float), "checkpoint staging");
-  if (!host) return CT_ERR_NOMEM;
+  float *host = n_shards > 0 ? NULL : ct_malloc(numel * sizeof(float), "checkpoint staging");
+  if (n_shards == 0 && !host) return CT_ERR_NOMEM;
   hid_t f = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (f < 0) {
     st = ct_set_error(CT_ERR_IO, "%s: cannot create checkpoint file", path);
@@ -245,9 +253,10 @@ static void prune(const char *ckdir, int keep_last) {
   }
 }
 
-/* n_shards > 0: dir.tmp already holds the ranks' shard files (ct_checkpoint_write_shard). */
+/* n_shards > 0: dir.tmp already holds the ranks' shard files (ct_checkpoint_write_shard), with
+ * the weights too when weight_shards > 0. */
 static ct_status write_dir(const char *dir, int step, const ct_config *cfg, ct_model *m,
-                           const ct_train_state *ts, int n_shards) {
+                           const ct_train_state *ts, int n_shards, int weight_shards) {
   char tmp[4200], file[4300];
   const char *abort_env = getenv("CT_CKPT_ABORT_AFTER");
   if (n_shards == 0) abort_after = abort_env ? atol(abort_env) : -1; /* shards counted already */
@@ -259,7 +268,7 @@ static ct_status write_dir(const char *dir, int step, const ct_config *cfg, ct_m
       return ct_set_error(CT_ERR_IO, "cannot create %s: %s", tmp, strerror(errno));
   }
   snprintf(file, sizeof file, "%s/model.h5", tmp);
-  ct_status st = write_model_file(file, step, cfg, m);
+  ct_status st = write_model_file(file, step, cfg, m, weight_shards);
   if (st == CT_OK && ts) {
     snprintf(file, sizeof file, "%s/state.h5", tmp);
     st = write_state_file(file, ts, m, n_shards);
@@ -277,18 +286,18 @@ static ct_status write_dir(const char *dir, int step, const ct_config *cfg, ct_m
 
 ct_status ct_checkpoint_write_dir(const char *dir, int step, const ct_config *cfg, ct_model *m,
                                   const ct_train_state *ts) {
-  return write_dir(dir, step, cfg, m, ts, 0);
+  return write_dir(dir, step, cfg, m, ts, 0, 0);
 }
 
 static ct_status save(const char *out_dir, int step, const ct_config *cfg, ct_model *m,
-                      const ct_train_state *ts, int n_shards, int keep_last, char *saved_path,
-                      size_t saved_cap) {
+                      const ct_train_state *ts, int n_shards, int weight_shards, int keep_last,
+                      char *saved_path, size_t saved_cap) {
   char ckdir[4096], final[4200], link_tmp[4200], link[4200], target[64];
   snprintf(ckdir, sizeof ckdir, "%s/ckpt", out_dir);
   CT_TRY(ct_mkdirs(ckdir));
   snprintf(target, sizeof target, "step_%08d", step);
   snprintf(final, sizeof final, "%s/%s", ckdir, target);
-  CT_TRY(write_dir(final, step, cfg, m, ts, n_shards));
+  CT_TRY(write_dir(final, step, cfg, m, ts, n_shards, weight_shards));
   snprintf(link, sizeof link, "%s/latest", ckdir);
   snprintf(link_tmp, sizeof link_tmp, "%s/latest.tmp", ckdir);
   unlink(link_tmp);
@@ -302,14 +311,16 @@ static ct_status save(const char *out_dir, int step, const ct_config *cfg, ct_mo
 ct_status ct_checkpoint_save(const char *out_dir, int step, const ct_config *cfg, ct_model *m,
                              const ct_train_state *ts, int keep_last, char *saved_path,
                              size_t saved_cap) {
-  return save(out_dir, step, cfg, m, ts, 0, keep_last, saved_path, saved_cap);
+  return save(out_dir, step, cfg, m, ts, 0, 0, keep_last, saved_path, saved_cap);
 }
 
 ct_status ct_checkpoint_save_sharded(const char *out_dir, int step, const ct_config *cfg,
                                      ct_model *m, const ct_train_state *ts, int n_shards,
-                                     int keep_last, char *saved_path, size_t saved_cap) {
+                                     bool weights_sharded, int keep_last, char *saved_path,
+                                     size_t saved_cap) {
   if (n_shards <= 0) return ct_set_error(CT_ERR_USAGE, "sharded checkpoint without shards");
-  return save(out_dir, step, cfg, m, ts, n_shards, keep_last, saved_path, saved_cap);
+  return save(out_dir, step, cfg, m, ts, n_shards, weights_sharded ? n_shards : 0, keep_last,
+              saved_path, saved_cap);
 }
 
 /* ---- sharded optimizer state ---- */
@@ -368,12 +379,24 @@ static ct_status write_block(hid_t f, const char *file, const char *group, const
 ct_status ct_checkpoint_write_shard(const char *tmp, int rank, const ct_model *full,
                                     const ct_model *local, int tp_rank, const ct_ckpt_range *ranges,
                                     int n) {
-  char file[4300];
+  char file[4300], wfile[4300];
   snprintf(file, sizeof file, "%s/state-rank%05d.h5", tmp, rank);
+  snprintf(wfile, sizeof wfile, "%s/model-rank%05d.h5", tmp, rank);
   H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+  bool weights = false; /* all ranges carry weights or none do */
+  for (int r = 0; r < n; r++) weights |= ranges[r].w != NULL;
+  for (int r = 0; r < n; r++)
+    if (weights && !ranges[r].w)
+      return ct_set_error(CT_ERR_USAGE, "%s: range %d of %d carries no weights", wfile, r, n);
   hid_t f = H5Fcreate(file, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (f < 0) return ct_set_error(CT_ERR_IO, "%s: cannot create checkpoint shard", file);
+  hid_t wf = weights ? H5Fcreate(wfile, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT) : -1;
+  if (weights && wf < 0) {
+    H5Fclose(f);
+    return ct_set_error(CT_ERR_IO, "%s: cannot create checkpoint shard", wfile);
+  }
   ct_status st = write_i64(f, "rank", rank);
+  if (st == CT_OK && weights) st = write_i64(wf, "rank", rank);
   int *count = ct_calloc((size_t)ct_model_n_params(local), sizeof(int), "shard");
   if (!count) st = CT_ERR_NOMEM;
   for (int r = 0; r < n && st == CT_OK; r++) {
@@ -404,6 +427,8 @@ ct_status ct_checkpoint_write_shard(const char *tmp, int rank, const ct_model *f
           st = write_block(f, file, "m", fp->name, count[i], frow, (int)(r1 - r0), fcol, (int)cols, g->m + at);
           if (st == CT_OK)
             st = write_block(f, file, "v", fp->name, count[i], frow, (int)(r1 - r0), fcol, (int)cols, g->v + at);
+          if (st == CT_OK && weights)
+            st = write_block(wf, wfile, "w", fp->name, count[i], frow, (int)(r1 - r0), fcol, (int)cols, g->w + at);
           count[i]++;
         }
         e += rows * cols;
@@ -412,54 +437,57 @@ ct_status ct_checkpoint_write_shard(const char *tmp, int rank, const ct_model *f
   }
   free(count);
   if (H5Fclose(f) < 0 && st == CT_OK) st = ct_set_error(CT_ERR_IO, "%s: close failed", file);
+  if (wf >= 0 && H5Fclose(wf) < 0 && st == CT_OK) st = ct_set_error(CT_ERR_IO, "%s: close failed", wfile);
   return st;
 }
 
-/* Assembles whole moments (host, the layout of m) from every state-rank*.h5 in dir; every element
- * of every tensor must be covered. */
-static ct_status read_shards(const char *dir, int n_shards, const ct_model *m, float *hm, float *hv) {
+/* Assembles whole tensors (host, the layout of m) from the shard files <prefix>00000.h5 ...
+ * <prefix><n_shards - 1>.h5 in dir that `index` (model.h5 or state.h5) names: group groups[g]
+ * into dst[g] (labelled what[g] in errors). Every element of every tensor must be covered. */
+static ct_status read_shards(const char *dir, const char *index, const char *prefix, int n_shards,
+                             const ct_model *m, int ng, const char *const *groups,
+                             const char *const *what, float *const *dst) {
   DIR *d = opendir(dir);
   if (!d) return ct_set_error(CT_ERR_INPUT, "%s: cannot list the checkpoint directory", dir);
-  char **files = NULL;
-  int nf = 0, cap = 0;
+  int nf = 0;
   struct dirent *e;
-  ct_status st = CT_OK;
-  while ((e = readdir(d)) && st == CT_OK)
-    if (!strncmp(e->d_name, "state-rank", 10) && strstr(e->d_name, ".h5")) {
-      if (nf == cap) {
-        cap = cap ? 2 * cap : 16;
-        char **grown = realloc(files, sizeof *files * (size_t)cap);
-        if (!grown) { st = CT_ERR_NOMEM; break; }
-        files = grown;
-      }
-      files[nf] = ct_malloc(strlen(dir) + strlen(e->d_name) + 2, "path");
-      if (!files[nf]) { st = CT_ERR_NOMEM; break; }
-      sprintf(files[nf++], "%s/%s", dir, e->d_name);
-    }
+  while ((e = readdir(d)))
+    if (!strncmp(e->d_name, prefix, strlen(prefix)) && strstr(e->d_name, ".h5")) nf++;
   closedir(d);
+  char **files = ct_calloc((size_t)(n_shards > 0 ? n_shards : 1), sizeof *files, "shard paths");
+  ct_status st = files ? CT_OK : CT_ERR_NOMEM;
+  for (int k = 0; k < n_shards && st == CT_OK; k++) { /* rank k wrote <prefix>k */
+    files[k] = ct_malloc(strlen(dir) + strlen(prefix) + 16, "path");
+    if (!files[k]) { st = CT_ERR_NOMEM; break; }
+    sprintf(files[k], "%s/%s%05d.h5", dir, prefix, k);
+    if (!ct_file_exists(files[k]))
+      st = ct_set_error(CT_ERR_INPUT, "%s is missing: %s names %d shard files (%s*.h5), %d found"
+                        " (an incomplete copy of the checkpoint?)", files[k], index, n_shards,
+                        prefix, nf);
+  }
   if (st == CT_OK && nf != n_shards)
-    st = ct_set_error(CT_ERR_INPUT, "%s: state.h5 names %d shard files (state-rank*.h5), %d found"
-                      " (an incomplete copy of the checkpoint?)", dir, n_shards, nf);
+    st = ct_set_error(CT_ERR_INPUT, "%s: %s names %d shard files (%s*.h5), %d found (files of"
+                      " another checkpoint mixed in?)", dir, index, n_shards, prefix, nf);
   const int np = ct_model_n_params(m);
-  size_t *covered = st == CT_OK ? ct_calloc((size_t)np * 2, sizeof(size_t), "coverage") : NULL;
+  size_t *covered = st == CT_OK ? ct_calloc((size_t)np * (size_t)ng, sizeof(size_t), "coverage") : NULL;
   if (st == CT_OK && !covered) st = CT_ERR_NOMEM;
   float *buf = NULL;
-  for (int k = 0; k < nf && st == CT_OK; k++) {
+  for (int k = 0; k < n_shards && st == CT_OK; k++) {
     hid_t f = H5Fopen(files[k], H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) { st = ct_set_error(CT_ERR_INPUT, "%s: not a readable HDF5 file (truncated?)", files[k]); break; }
     for (int i = 0; i < np && st == CT_OK; i++) {
       const ct_param *p = ct_model_param(m, i);
       const size_t pc = (size_t)(p->ndim == 2 ? p->shape[1] : 1);
-      for (int w = 0; w < 2 && st == CT_OK; w++) {
-        float *dst = w ? hv : hm;
+      for (int w = 0; w < ng && st == CT_OK; w++) {
+        float *out = dst[w];
         char path[320];
         for (int j = 0;; j++) {
-          snprintf(path, sizeof path, "%s/%s/%d", w ? "v" : "m", p->name, j);
+          snprintf(path, sizeof path, "%s/%s/%d", groups[w], p->name, j);
           if (j == 0) {
             char grp[320];
-            snprintf(grp, sizeof grp, "%s", w ? "v" : "m");
+            snprintf(grp, sizeof grp, "%s", groups[w]);
             if (H5Lexists(f, grp, H5P_DEFAULT) <= 0) break;
-            snprintf(grp, sizeof grp, "%s/%s", w ? "v" : "m", p->name);
+            snprintf(grp, sizeof grp, "%s/%s", groups[w], p->name);
             if (H5Lexists(f, grp, H5P_DEFAULT) <= 0) break;
           }
           if (H5Lexists(f, path, H5P_DEFAULT) <= 0) break;
@@ -488,25 +516,35 @@ static ct_status read_shards(const char *dir, int n_shards, const ct_model *m, f
           }
           H5Dclose(ds);
           for (hsize_t r = 0; r < dims[0]; r++)
-            memcpy(dst + p->offset + ((size_t)row0 + r) * pc + (size_t)col0, buf + r * dims[1],
+            memcpy(out + p->offset + ((size_t)row0 + r) * pc + (size_t)col0, buf + r * dims[1],
                    sizeof(float) * dims[1]);
-          covered[2 * i + w] += dims[0] * dims[1];
+          covered[(size_t)ng * (size_t)i + (size_t)w] += dims[0] * dims[1];
         }
       }
     }
     H5Fclose(f);
   }
   for (int i = 0; i < np && st == CT_OK; i++)
-    for (int w = 0; w < 2 && st == CT_OK; w++)
-      if (covered[2 * i + w] != ct_model_param(m, i)->numel)
-        st = ct_set_error(CT_ERR_INPUT, "%s: the shard files hold %zu of the %zu elements of %s"
-                          " for adam_%c (a missing or foreign shard?)", dir, covered[2 * i + w],
-                          ct_model_param(m, i)->numel, ct_model_param(m, i)->name, w ? 'v' : 'm');
-  for (int k = 0; k < nf; k++) free(files[k]);
+    for (int w = 0; w < ng && st == CT_OK; w++)
+      if (covered[(size_t)ng * (size_t)i + (size_t)w] != ct_model_param(m, i)->numel)
+        st = ct_set_error(CT_ERR_INPUT, "%s: the shard files (%s*.h5) hold %zu of the %zu elements"
+                          " of %s for %s (a missing or foreign shard?)", dir, prefix,
+                          covered[(size_t)ng * (size_t)i + (size_t)w], ct_model_param(m, i)->numel,
+                          ct_model_param(m, i)->name, what[w]);
+  for (int k = 0; files && k < n_shards; k++) free(files[k]);
   free(files);
   free(covered);
   free(buf);
   return st;
+}
+
+/* The directory part of a file path (or "."). */
+static void dir_of(const char *file, char *dir, size_t cap) {
+  snprintf(dir, cap, "%s", file);
+  char *slash = strrchr(dir, '/');
+  if (slash == dir) slash[1] = '\0';
+  else if (slash) *slash = '\0';
+  else snprintf(dir, cap, ".");
 }
 
 bool ct_checkpoint_latest(const char *out_dir, char *model_file, size_t cap) {
@@ -550,7 +588,19 @@ ct_status ct_checkpoint_load_params(const char *model_file, ct_model *m) {
   if (f < 0) return ct_set_error(CT_ERR_INPUT, "%s: not a readable HDF5 file (truncated?)", model_file);
   const size_t numel = ct_model_numel(m);
   float *host = ct_calloc(numel, sizeof(float), "checkpoint staging");
-  ct_status st = host ? read_tensors(f, model_file, "", m, host) : CT_ERR_NOMEM;
+  ct_status st = host ? CT_OK : CT_ERR_NOMEM;
+  long long shards = 0;
+  if (st == CT_OK && H5Aexists(f, "weight_shards") > 0)
+    st = read_num_attr(f, "weight_shards", H5T_NATIVE_LLONG, &shards, model_file);
+  if (st == CT_OK && shards > 0) { /* each rank's weight blocks in model-rank*.h5: reassemble */
+    char dir[4200];
+    dir_of(model_file, dir, sizeof dir);
+    const char *groups[] = {"w"}, *what[] = {"the weights"};
+    float *dst[] = {host};
+    st = read_shards(dir, "model.h5", "model-rank", (int)shards, m, 1, groups, what, dst);
+  } else if (st == CT_OK) {
+    st = read_tensors(f, model_file, "", m, host);
+  }
   if (st == CT_OK) ct_model_ops(m)->to_device(ct_model_params(m), host, numel * sizeof(float));
   free(host);
   H5Fclose(f);
@@ -599,10 +649,11 @@ ct_status ct_checkpoint_load_state(const char *model_file, ct_model *m, ct_train
   if (shards > 0) { /* moments in the ranks' shard files: assemble whole tensors */
     float *hv = ct_calloc(numel, sizeof(float), "checkpoint staging");
     if (!hv) { st = CT_ERR_NOMEM; goto done; }
-    char *slash = strrchr(path, '/');
-    if (slash) *slash = '\0';
-    else snprintf(path, sizeof path, ".");
-    st = read_shards(path, (int)shards, m, host, hv);
+    char dir[4200];
+    dir_of(path, dir, sizeof dir);
+    const char *groups[] = {"m", "v"}, *what[] = {"adam_m", "adam_v"};
+    float *dst[] = {host, hv};
+    st = read_shards(dir, "state.h5", "state-rank", (int)shards, m, 2, groups, what, dst);
     if (st == CT_OK) {
       ct_model_ops(m)->to_device(ts->opt->m, host, numel * sizeof(float));
       ct_model_ops(m)->to_device(ts->opt->v, hv, numel * sizeof(float));
@@ -626,5 +677,41 @@ ct_status ct_checkpoint_load_state(const char *model_file, ct_model *m, ct_train
 done:
   free(host);
   H5Fclose(f);
+  return st;
+}
+
+/* ---- ctrain consolidate ---- */
+
+static const char *CONSOLIDATE_USAGE =
+    "usage: ctrain consolidate CKPT OUT_CKPT\n"
+    "  CKPT      a checkpoint (step directory, <out_dir>/ckpt/latest or <out_dir>), sharded or not\n"
+    "  OUT_CKPT  directory for a weights-only checkpoint with whole tensors in model.h5\n";
+
+ct_status ct_cmd_consolidate(int argc, char **argv) {
+  for (int i = 0; i < argc; i++)
+    if (argv[i][0] == '-')
+      return ct_set_error(CT_ERR_USAGE, "consolidate: unknown argument %s\n%s", argv[i],
+                          CONSOLIDATE_USAGE);
+  if (argc != 2)
+    return ct_set_error(CT_ERR_USAGE, "consolidate: expected CKPT and OUT_CKPT (got %d arguments)"
+                        "\n%s", argc, CONSOLIDATE_USAGE);
+  const double t0 = ct_now();
+  ct_config cfg;
+  char model_file[4200];
+  CT_TRY(ct_checkpoint_read_config(argv[0], &cfg, model_file, sizeof model_file));
+  long long step = 0;
+  hid_t f = H5Fopen(model_file, H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f < 0) return ct_set_error(CT_ERR_INPUT, "%s: not a readable HDF5 file (truncated?)", model_file);
+  ct_status st = read_num_attr(f, "step", H5T_NATIVE_LLONG, &step, model_file);
+  H5Fclose(f);
+  CT_TRY(st);
+  ct_model *m = NULL;
+  CT_TRY(ct_model_create(&cfg.model, ct_ops_cpu(), 1, 1, &m));
+  st = ct_checkpoint_load_params(model_file, m);
+  if (st == CT_OK) st = ct_checkpoint_write_dir(argv[1], (int)step, &cfg, m, NULL);
+  if (st == CT_OK)
+    ct_log_info("consolidate: %s -> %s/model.h5: %d tensors, step %lld (%.2f s)", model_file,
+                argv[1], ct_model_n_params(m), step, ct_now() - t0);
+  ct_model_destroy(m);
   return st;
 }

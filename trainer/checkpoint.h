@@ -3,15 +3,18 @@
  * <out_dir>/ckpt/step_NNNNNNNN/
  *   model.h5   every parameter as an fp32 dataset named as in the parameter table (shape as
  *              the table, chunked, Fletcher32-checksummed); root attributes "config" (the
- *              resolved config as TOML text) and "step".
+ *              resolved config as TOML text) and "step". Layouts whose weights are sharded
+ *              (zero3, tensor parallelism) write no datasets here but root attribute
+ *              weight_shards = N: the weights are blocks in model-rank*.h5 (see below), and
+ *              ct_checkpoint_load_params reassembles them.
  *   state.h5   training state (absent in weights-only checkpoints such as import-hf output;
  *              sharded layouts keep the moments in state-rank*.h5, see below):
  *              groups adam_m/ and adam_v/ (one dataset per parameter, same names: a checkpoint
  *              is resharded by name, not by offset), root attributes step, adam_step,
  *              data_position, data_seed, world_size, rank, loss_scale, scaler_good_steps,
  *              and the layout it was saved from: parallel_data ("ddp", "zero3", ...) and
- *              tensor_parallel (informational: tensors are always whole, gathered from every
- *              rank's shards before rank 0 writes, so any layout loads any checkpoint).
+ *              tensor_parallel (informational: readers always assemble whole tensors, from
+ *              model.h5 / state.h5 or from the shard files, so any layout loads any checkpoint).
  * The directory is written as step_NNNNNNNN.tmp and renamed when complete; <out_dir>/ckpt/latest
  * (a symlink) is replaced atomically afterwards; older step directories beyond keep_last are
  * removed last. A crash at any point leaves the previous checkpoint intact and `latest`
@@ -57,8 +60,10 @@ ct_status ct_checkpoint_write_dir(const char *dir, int step, const ct_config *cf
 ct_status ct_checkpoint_read_config(const char *path, ct_config *cfg, char *model_file,
                                     size_t model_file_cap);
 
-/* Loads parameters into a model whose table matches. Missing or mis-shaped tensors, checksum
- * failures and truncated files are CT_ERR_INPUT naming the file and the tensor. */
+/* Loads parameters into a model whose table matches, from model.h5's tensors or, when model.h5
+ * says weight_shards, from the model-rank*.h5 files beside it. Missing or mis-shaped tensors,
+ * missing shard files, uncovered elements, checksum failures and truncated files are
+ * CT_ERR_INPUT naming the file and the tensor. */
 ct_status ct_checkpoint_load_params(const char *model_file, ct_model *m);
 
 /* Loads state.h5 next to model_file into *ts (and ts->opt's moments). CT_ERR_INPUT if the
@@ -73,14 +78,24 @@ ct_status ct_checkpoint_load_state(const char *model_file, ct_model *m, ct_train
  * row, whole rows, partial row), a tensor-parallel slice one block per segment (q, k, v heads;
  * gate, up). state.h5 then holds no moments but attribute shards = the number of shard files,
  * and ct_checkpoint_load_state assembles whole moments from all of them, whatever layout wrote
- * them, checking that every element of every tensor is covered. model.h5 stays whole (rank 0),
- * so everything that reads weights is unchanged.
+ * them, checking that every element of every tensor is covered.
+ * Weights: where no rank holds them whole (zero3: each rank has a 1/N slice; parallel.tensor > 1:
+ * each tp rank has its heads / halves) they are not gathered either. Each shard-writing rank
+ * also writes model-rank<RANK>.h5 with group w/<tensor>/ holding the same blocks of the weights
+ * (same cuts, same row0/col0, Fletcher32); model.h5 then holds no tensors, only config, step
+ * and weight_shards = N (the files model-rank00000.h5 ... model-rank<N-1>.h5, written by ranks
+ * 0..N-1). ct_checkpoint_load_params reassembles whole weights from them (every element covered,
+ * a missing file named), so generate, eval, export-hf, export-gguf, init_from and resume read
+ * them unchanged. zero1/zero2 without tensor parallelism keep every rank's full weights, so
+ * rank 0 still writes them whole to model.h5 (no weight shards).
  * Protocol: rank 0 ct_checkpoint_tmp_dir(create) -> barrier -> every writing rank
  * ct_checkpoint_write_shard -> agreement that all succeeded -> rank 0 ct_checkpoint_save_sharded
  * (model.h5, state.h5, rename, latest, prune). A crash anywhere leaves only a .tmp directory. */
 typedef struct ct_ckpt_range {
   size_t lo, hi;        /* floats [lo, hi) of the flat buffer of `local` */
   const float *m, *v;   /* (hi - lo) host floats each */
+  const float *w;       /* (hi - lo) host floats of the fp32 weights, or NULL in every range:
+                         * the weights are written whole to model.h5 instead */
 } ct_ckpt_range;
 
 /* <out_dir>/ckpt/step_<step>.tmp into tmp; with create (rank 0 only) made afresh and empty. */
@@ -88,16 +103,24 @@ ct_status ct_checkpoint_tmp_dir(const char *out_dir, int step, bool create, char
 
 /* Writes tmp/state-rank<rank>.h5 with the moments of `ranges` of the flat buffer of `local`
  * (the tensor-parallel model of rank tp_rank, or the model itself) as blocks of the tensors of
- * `full` (the same table with whole shapes; only its table is read). */
+ * `full` (the same table with whole shapes; only its table is read), and, when the ranges carry
+ * weights, tmp/model-rank<rank>.h5 with the same blocks of the weights. */
 ct_status ct_checkpoint_write_shard(const char *tmp, int rank, const ct_model *full,
                                     const ct_model *local, int tp_rank, const ct_ckpt_range *ranges,
                                     int n);
 
 /* As ct_checkpoint_save, into the existing tmp directory holding n_shards shard files; ts->opt
- * is not read. */
+ * is not read. weights_sharded: the shard files carry the weights too (model-rank*.h5), model.h5
+ * gets weight_shards = n_shards and no tensors, and m's weights are not read (m's table is). */
 ct_status ct_checkpoint_save_sharded(const char *out_dir, int step, const ct_config *cfg,
                                      ct_model *m, const ct_train_state *ts, int n_shards,
-                                     int keep_last, char *saved_path, size_t saved_cap);
+                                     bool weights_sharded, int keep_last, char *saved_path,
+                                     size_t saved_cap);
+
+/* `ctrain consolidate CKPT OUT_CKPT`: a weights-only checkpoint with whole tensors in model.h5
+ * (same config and step) from any checkpoint, sharded or not: for tools that read model.h5's
+ * datasets directly (h5py, h5diff). */
+ct_status ct_cmd_consolidate(int argc, char **argv);
 
 /* Path of <out_dir>/ckpt/latest/model.h5 if it exists (returns false otherwise). */
 bool ct_checkpoint_latest(const char *out_dir, char *model_file, size_t cap);

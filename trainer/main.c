@@ -5,6 +5,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "trainer/checkpoint.h"
 #include "trainer/data.h"
 #include "trainer/device.h"
 #include "trainer/generate.h"
@@ -24,6 +25,7 @@ static const char *USAGE =
     "  eval --model PATH --data FILE.h5      loss and perplexity (--device_map across GPUs)\n"
     "  import-hf DIR OUT_CKPT                Hugging Face model dir -> ctrain checkpoint\n"
     "  export-hf CKPT DIR [--dtype bf16]     ctrain checkpoint -> Hugging Face model dir\n"
+    "  consolidate CKPT OUT_CKPT             sharded checkpoint -> whole weights in model.h5\n"
     "  import-gguf FILE.gguf OUT_CKPT        llama GGUF (llama.cpp) model -> ctrain checkpoint\n"
     "  memory CONFIG.toml [--world N]        per-rank memory estimate for the parallel layout\n"
     "  env [--model PATH [--device_map M]]   devices, precision, backends, libraries\n"
@@ -43,6 +45,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(cmd, "eval")) st = ct_cmd_eval(argc - 2, argv + 2);
   else if (!strcmp(cmd, "import-hf")) st = ct_cmd_import_hf(argc - 2, argv + 2);
   else if (!strcmp(cmd, "export-hf")) st = ct_cmd_export_hf(argc - 2, argv + 2);
+  else if (!strcmp(cmd, "consolidate")) st = ct_cmd_consolidate(argc - 2, argv + 2);
   else if (!strcmp(cmd, "memory")) st = ct_cmd_memory(argc - 2, argv + 2);
   else if (!strcmp(cmd, "import-gguf")) st = ct_cmd_import_gguf(argc - 2, argv + 2);
   else if (!strcmp(cmd, "env")) st = ct_cmd_env(argc - 2, argv + 2);

@@ -83,9 +83,8 @@ ct_status ct_memory_estimate(const ct_config *cfg, int world, const ct_ops *ops,
   e->workspace = (strncmp(ops->name, "cuda", 4) ? 0 : (size_t)32 << 20) +
                  (T > 1 ? N * (4 * F + sizeof(int32_t)) : 0);
   e->total = ct_memory_model_state(e) + e->acts + e->workspace;
-  /* saving (device memory): zero3 gathers this rank's whole weights, tp all-gathers T slices of
-   * them; the moments go to disk from each rank's own shard (host copies only) */
-  e->ckpt_transient = (stage == 3 ? F * n : 0) + (T > 1 ? F * n * T : 0);
+  /* saving takes no device memory: each rank writes its own shard of the moments (and, under
+   * zero3 or tp, of the weights) from host copies; nothing is gathered */
   return CT_OK;
 }
 
@@ -105,9 +104,6 @@ void ct_memory_print(const ct_config *cfg, const ct_mem_estimate *e, const char 
   fprintf(f, "  %-28s %12.1f MiB\n", "activations", mib(e->acts));
   fprintf(f, "  %-28s %12.1f MiB\n", "workspace", mib(e->workspace));
   fprintf(f, "  %-28s %12.1f MiB\n", "total", mib(e->total));
-  if (e->ckpt_transient)
-    fprintf(f, "  %-28s %12.1f MiB   (while saving a checkpoint)\n", "+ checkpoint gathering",
-            mib(e->ckpt_transient));
 }
 
 /* The op table whose dtype and attention sizing the estimate uses: the GPU table for the

@@ -29,7 +29,6 @@ typedef struct ct_mem_estimate {
   int world, dp, tp;
   size_t numel;                       /* floats in this rank's flat buffer */
   size_t master, working, grads, optim, acts, workspace, total; /* bytes */
-  size_t ckpt_transient;              /* extra while saving a checkpoint (gathered weights) */
 } ct_mem_estimate;
 
 /* Estimate for one rank of `world` ranks laid out as cfg->parallel says, with op table `ops`

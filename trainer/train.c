@@ -150,24 +150,38 @@ static ct_status agree(run *r, ct_status st, const char *what) {
   return failed > 0 ? ct_set_error(CT_ERR_IO, "%s failed on another rank (see its log)", what) : CT_OK;
 }
 
-/* This rank's moments as ranges of its flat buffer, copied to the host, into tmp/state-rank*.h5. */
+/* Whether no rank holds the whole weights (zero3 slices, tensor-parallel cuts): then each rank
+ * writes its weight blocks beside its moments and nothing is gathered for a checkpoint. */
+static bool weights_sharded(const run *r) {
+  return r->T > 1 || (r->zero && ct_zero_stage(r->zero) == 3);
+}
+
+/* This rank's moments (and, when weights_sharded, its weights) as ranges of its flat buffer,
+ * copied to the host, into tmp/state-rank*.h5 (and tmp/model-rank*.h5). */
 static ct_status write_own_shard(run *r, const char *tmp) {
   const ct_ops *o = r->be.ops;
   const ct_adamw *a = r->zero ? ct_zero_moments(r->zero) : &r->opt;
   const size_t n = r->zero ? a->hi - a->lo : ct_model_numel(r->model);
   const int nr = r->zero ? ct_zero_n_units(r->zero) : 1;
+  const bool with_w = weights_sharded(r);
+  const float *zw = r->zero ? ct_zero_master_shard(r->zero) : NULL; /* zero3: the master shard */
   float *hm = ct_malloc(n * sizeof(float), "checkpoint shard");
   float *hv = ct_malloc(n * sizeof(float), "checkpoint shard");
+  float *hw = with_w ? ct_malloc(n * sizeof(float), "checkpoint shard") : NULL;
   ct_ckpt_range *rg = ct_calloc((size_t)nr, sizeof *rg, "checkpoint shard");
   ct_model *full = NULL;
-  ct_status st = hm && hv && rg ? CT_OK : CT_ERR_NOMEM;
+  ct_status st = hm && hv && rg && (hw || !with_w) ? CT_OK : CT_ERR_NOMEM;
   if (st == CT_OK) {
     o->to_host(hm, a->m, n * sizeof(float));
     o->to_host(hv, a->v, n * sizeof(float));
+    if (with_w && (zw || !r->zero)) o->to_host(hw, zw ? zw : ct_model_params(r->model), n * sizeof(float));
     for (int u = 0; u < nr; u++) {
       size_t flat = 0, cnt = n, at = 0;
       if (r->zero) ct_zero_unit_slice(r->zero, u, &flat, &cnt, &at);
-      rg[u] = (ct_ckpt_range){flat, flat + cnt, hm + at, hv + at};
+      /* zero1/2 under tensor parallelism: the owned slices of the full local weights */
+      if (with_w && r->zero && !zw)
+        o->to_host(hw + at, ct_model_params(r->model) + flat, cnt * sizeof(float));
+      rg[u] = (ct_ckpt_range){flat, flat + cnt, hm + at, hv + at, with_w ? hw + at : NULL};
     }
     /* the whole-tensor table (no memory) that the blocks are cut from */
     if (r->T > 1) st = ct_memory_table_model(&r->cfg->model, r->be.ops, &full);
@@ -178,39 +192,15 @@ static ct_status write_own_shard(run *r, const char *tmp) {
   ct_model_destroy(full);
   free(hm);
   free(hv);
+  free(hw);
   free(rg);
   return st;
 }
 
-/* Whole weights of a tensor-parallel model in a full host model on the writer (all-gathered over
- * the tp group, pasted by parameter). */
-static ct_status tp_gather_weights(run *r, bool writer, ct_model **fm_out) {
-  const ct_ops *o = r->be.ops;
-  const size_t n = ct_model_numel(r->model), T = (size_t)r->T;
-  ct_model *fm = NULL;
-  ct_status st = CT_OK;
-  float *dev = o->alloc(T * n * sizeof(float)), *host = ct_malloc(T * n * sizeof(float), "checkpoint");
-  if (!dev || !host) {
-    st = ct_set_error(CT_ERR_NOMEM, "out of memory gathering tensor-parallel weights");
-    goto out;
-  }
-  if (writer) CT_TRY_GOTO(full_host_model(r, &fm), out);
-  CT_TRY_GOTO(ct_comm_all_gather(r->tp, ct_model_params(r->model), dev, n, CT_F32), out);
-  CT_TRY_GOTO(ct_comm_sync(r->tp), out);
-  o->to_host(host, dev, T * n * sizeof(float));
-  for (size_t k = 0; writer && k < T; k++)
-    ct_tp_paste(fm, ct_model_params(fm), r->model, host + k * n, (int)k);
-out:
-  if (dev) o->free(dev);
-  free(host);
-  if (st != CT_OK) ct_model_destroy(fm);
-  else *fm_out = fm;
-  return st;
-}
-
 /* A checkpoint whose moments stay sharded: rank 0 makes the temporary directory, every rank
- * holding moments of its own writes its shard file, the weights are made whole (zero3 gather,
- * tensor-parallel gather) and rank 0 finishes the directory (model.h5, state.h5, rename). */
+ * holding moments of its own writes its shard files (with its weight blocks when no rank holds
+ * whole weights: zero3, tensor parallelism; no gather) and rank 0 finishes the directory
+ * (model.h5 — whole weights for zero1/2, else only attributes —, state.h5, rename). */
 static ct_status save_sharded(run *r, int step, const ct_train_state *ts, bool writer, char *saved,
                               size_t cap) {
   const ct_train_cfg *t = &r->cfg->train;
@@ -221,19 +211,15 @@ static ct_status save_sharded(run *r, int step, const ct_train_state *ts, bool w
   const bool mine = r->zero || r->dp_rank == 0;
   const int n_shards = r->zero ? r->env.world_size : r->T;
   CT_TRY(agree(r, mine ? write_own_shard(r, tmp) : CT_OK, "writing a checkpoint shard"));
-  ct_model *fm = NULL;
   ct_status st = CT_OK;
-  if (r->zero) st = ct_zero_gather_full(r->zero, NULL); /* zero3 lends whole local weights */
-  if (st == CT_OK && r->T > 1) st = tp_gather_weights(r, writer, &fm);
-  if (st == CT_OK && writer) {
+  if (writer) {
     ct_train_state w = *ts;
     ct_adamw step_only = {.step = r->zero ? ct_zero_adam_step(r->zero) : r->opt.step};
     w.opt = &step_only;
-    st = ct_checkpoint_save_sharded(t->out_dir, step, r->cfg, fm ? fm : r->model, &w, n_shards,
-                                    t->keep_last, saved, cap);
+    /* zero1/2 without tensor parallelism: every rank's model holds the whole weights */
+    st = ct_checkpoint_save_sharded(t->out_dir, step, r->cfg, r->model, &w, n_shards,
+                                    weights_sharded(r), t->keep_last, saved, cap);
   }
-  if (r->zero) ct_zero_release_full(r->zero, NULL);
-  ct_model_destroy(fm);
   return agree(r, st, "finishing the checkpoint");
 }
 

@@ -7,7 +7,10 @@
 # one layout resumes in another (zero3@2 -> ddp@1, ddp@1 -> zero3@2, zero2@2 -> zero1@2,
 # zero3@2 -> ddp@2) and continues the uninterrupted run's losses; ZeRO checkpoints keep the
 # moments in one shard file per rank (a missing shard is a clear error, a crash mid-save keeps
-# the previous checkpoint). ddp with small buckets reduces them during backward with the same
+# the previous checkpoint). zero3 checkpoints gather no weights either: each rank writes its weight
+# blocks to model-rank<R>.h5 and model.h5 holds none; they resume bit-identically in zero3@2,
+# load in other layouts, generate and export-hf as a whole checkpoint does, and a missing weight
+# shard is an error naming the file. ddp with small buckets reduces them during backward with the same
 # losses. `ctrain memory` shows zero3 holding ~1/N of ddp's model state.
 source "$(dirname "$0")/lib.sh"
 SRC=${CT_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -25,9 +28,21 @@ close() { # close DIR_A DIR_B FIELD TOL [MIN_VALUES]
     END { printf "  %s: %d values, worst relative difference %.2e (tolerance %s)\n", "'"$3"'", n, worst, tol;
           exit !(n >= min && worst <= tol) }'
 }
+# whole RUN_DIR: the path of a model.h5 with whole tensors for the run's latest checkpoint
+# (a sharded one, model.h5 with weight_shards, goes through `ctrain consolidate` first)
+whole() {
+  local f=$1/ckpt/latest/model.h5
+  if [ -f "$f" ] && h5dump -a /weight_shards "$f" >/dev/null 2>&1; then
+    rm -rf "$1.whole"
+    "$CTRAIN" consolidate "$1/ckpt/latest" "$1.whole" >/dev/null 2>&1 || return 1
+    f=$1.whole/model.h5
+  fi
+  echo "$f"
+}
 # same_weights A B TOL: every dataset of the two final model.h5 files within TOL (absolute)
 same_weights() {
-  local a=$1/ckpt/latest/model.h5 b=$2/ckpt/latest/model.h5
+  local a b
+  a=$(whole "$1") && b=$(whole "$2") || { echo "  consolidate failed"; return 1; }
   [ -f "$a" ] && [ -f "$b" ] || { echo "  missing checkpoint"; return 1; }
   h5diff -r -d 0 "$a" "$b" | awk -v tol="$3" '
     /^dataset:/ { ds = 1; sets++; next } /^attribute:/ { ds = 0; next }
@@ -81,6 +96,9 @@ resume "zero3@2 -> ddp@1" 2 "parallel.data=zero3" 1 "train.grad_accum=2"
 resume "ddp@1 -> zero3@2" 1 "train.grad_accum=2" 2 "parallel.data=zero3"
 resume "zero2@2 -> zero1@2" 2 "parallel.data=zero2" 2 "parallel.data=zero1"
 resume "zero3@2 -> ddp@2" 2 "parallel.data=zero3" 2 "parallel.data=ddp"
+resume "zero3@2 -> zero3@2" 2 "parallel.data=zero3" 2 "parallel.data=zero3"
+check "zero3@2 -> zero3@2: the same losses as the uninterrupted zero3@2 run, bit for bit" \
+  close "$TMP/gpt2-zero3" "$TMP/r-zero3@2 -> zero3@2" loss 0
 # memory accounting: zero3 keeps ~1/N of ddp's model state (plus the embedding and final units
 # and two gathered layers); the log prints the estimate and the measured peak
 state() { "$CTRAIN" memory "$SRC/configs/$1" --world "$2" "parallel.data=$3" | awk '/= model state/ { print $4 }'; }
@@ -105,15 +123,44 @@ expect_fail 2 'parallel\.tensor = 2 does not divide the world size 3' -- "$CTRAI
 two parallel.data=zero3 "train.out_dir=$TMP/mem"
 check "training logs the estimate and the measured peak" \
   bash -c "grep -q 'memory per rank: 2 ranks' '$TMP/last.log' && grep -qE 'rank 1: estimated [0-9.]+ MiB per rank .* measured peak [0-9.]+ MiB' '$TMP/last.log'"
-# sharded optimizer state: each rank wrote its own moments, state.h5 holds none, model.h5 is whole
+# sharded optimizer state and weights: each rank wrote its own moments and weight blocks, state.h5
+# and model.h5 hold none (model.h5 says weight_shards = 2); zero2 keeps whole weights in model.h5
 z3ck="$TMP/r-zero3@2 -> ddp@2/ckpt/step_00000005"
-check "zero3 checkpoint: one moments shard per rank, none in state.h5, whole weights" bash -c \
-  "test -f '$z3ck/state-rank00000.h5' && test -f '$z3ck/state-rank00001.h5' &&
-   ! h5ls '$z3ck/state.h5' | grep -q adam_m && h5ls '$z3ck/model.h5' | grep -q 'wte  *Dataset {320, 64}'"
+check "zero3 checkpoint: one moments shard per rank, none in state.h5" bash -c \
+  "test -f '$z3ck/state-rank00000.h5' && test -f '$z3ck/state-rank00001.h5' && ! h5ls '$z3ck/state.h5' | grep -q adam_m"
+check "zero3 checkpoint: no tensor in model.h5, weight_shards = 2, wte in blocks from both ranks" bash -c \
+  "[ \$(h5ls -r '$z3ck/model.h5' | grep -c Dataset) -eq 0 ] && h5dump -a /weight_shards '$z3ck/model.h5' | grep -q '(0): 2' &&
+   h5ls -r '$z3ck/model-rank00000.h5' | grep -q '^/w/wte/0 ' && h5ls -r '$z3ck/model-rank00001.h5' | grep -q '^/w/wte/0 '"
+check "zero2 checkpoint: whole weights in model.h5, no weight shards" bash -c \
+  "h5ls '$TMP/gpt2-zero2/ckpt/latest/model.h5' | grep -q 'wte  *Dataset {320, 64}' && ! ls '$TMP/gpt2-zero2/ckpt/latest/' | grep -q model-rank"
+# readers of weights: generate and export-hf give what they give from the consolidated checkpoint
+"$CTRAIN" consolidate "$z3ck" "$TMP/z3whole" >/dev/null 2>&1
+check "consolidate wrote whole tensors" bash -c "h5ls '$TMP/z3whole/model.h5' | grep -q 'wte  *Dataset {320, 64}'"
+gen() { "$CTRAIN" generate --model "$1" --prompt 'The ' --max_new_tokens 12 --greedy 2>/dev/null; }
+g1=$(gen "$z3ck"); g2=$(gen "$TMP/z3whole")
+check "generate from the zero3 checkpoint == from its consolidated copy (${#g1} characters)" \
+  bash -c '[ -n "$1" ] && [ "$1" = "$2" ]' _ "$g1" "$g2"
+"$CTRAIN" export-hf "$z3ck" "$TMP/hf-sharded" >/dev/null 2>&1
+"$CTRAIN" export-hf "$TMP/z3whole" "$TMP/hf-whole" >/dev/null 2>&1
+check "export-hf from the zero3 checkpoint == from its consolidated copy" \
+  cmp "$TMP/hf-sharded/model.safetensors" "$TMP/hf-whole/model.safetensors"
+one train.max_steps=2 "train.init_from=$z3ck" "train.out_dir=$TMP/init-sharded"
+one train.max_steps=2 "train.init_from=$TMP/z3whole" "train.out_dir=$TMP/init-whole"
+check "train.init_from the zero3 checkpoint == from its consolidated copy: losses, bit for bit" \
+  close "$TMP/init-whole" "$TMP/init-sharded" loss 0 2
+check "... and they start from the trained weights (first loss below a fresh model's)" \
+  awk -v a="$(field "$TMP/init-sharded" loss | head -1)" -v b="$(field "$TMP/gpt2-one" loss | head -1)" \
+  'BEGIN { printf "  first loss %s from the checkpoint, %s fresh\n", a, b; exit !(a > 0 && a < b - 0.1) }'
+cp -r "$TMP/r-zero3@2 -> ddp@2" "$TMP/nowshard"
+rm -rf "$TMP/nowshard/ckpt/step_00000010" && ln -sfn step_00000005 "$TMP/nowshard/ckpt/latest"
+rm "$TMP/nowshard/ckpt/step_00000005/model-rank00001.h5"
+expect_fail 2 'model-rank00001\.h5 is missing: model\.h5 names 2 shard files' -- \
+  "$CTRAIN" train "${args[@]}" train.grad_accum=2 train.resume=auto "train.out_dir=$TMP/nowshard"
+expect_fail 2 'model-rank00001\.h5 is missing' -- "$CTRAIN" generate --model "$TMP/nowshard/ckpt/latest" --max_new_tokens 2
 cp -r "$TMP/r-zero3@2 -> ddp@2" "$TMP/missing"
 rm -rf "$TMP/missing/ckpt/step_00000010" && ln -sfn step_00000005 "$TMP/missing/ckpt/latest"
 rm "$TMP/missing/ckpt/step_00000005/state-rank00001.h5"
-expect_fail 2 'state\.h5 names 2 shard files \(state-rank\*\.h5\), 1 found' -- \
+expect_fail 2 'state-rank00001\.h5 is missing: state\.h5 names 2 shard files \(state-rank\*\.h5\), 1 found' -- \
   "$CTRAIN" train "${args[@]}" train.grad_accum=2 train.resume=auto "train.out_dir=$TMP/missing"
 cp -r "$TMP/r-zero3@2 -> ddp@2" "$TMP/corrupt"
 rm -rf "$TMP/corrupt/ckpt/step_00000010" && ln -sfn step_00000005 "$TMP/corrupt/ckpt/latest"

@@ -4,8 +4,11 @@
 # relative) and ends with the same weights, for the tiny gpt2 (tied vocab-parallel head, biases)
 # and llama (GQA: kv heads split, qk_norm, gate_up halves, untied head) models; the 2-D mesh
 # tp 2 x dp 2 on 4 ranks (with ddp, zero1, zero2 and zero3) matches one process with the same global
-# batch. Checkpoints hold whole tensors: tp 2 -> tp 1, tp 1 -> tp 2 and zero3@2 -> tp 2 resume
-# and continue the same losses. Layouts that cannot work fail with the key named.
+# batch (and, from its sharded checkpoints, the same final weights). Checkpoints are sharded: each
+# writing rank puts its weight blocks in model-rank<R>.h5 (no gather; model.h5 holds no tensors)
+# and readers reassemble whole tensors: tp 2 -> tp 2 resumes bit-identically, tp 2 -> tp 1,
+# tp 1 -> tp 2, zero3@2 -> tp 2 and the 4-rank mesh -> 1 process continue the same losses, and
+# generate / export-hf read them. Layouts that cannot work fail with the key named.
 source "$(dirname "$0")/lib.sh"
 SRC=${CT_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 LAUNCH=$(dirname "$CTRAIN")/ctrain-launch
@@ -25,8 +28,20 @@ close() { # close DIR_A DIR_B FIELD TOL [MIN_VALUES]
 # Final weights, every tensor within TOL absolute. AdamW turns last-bit differences of tiny
 # gradients (split matmul sums) into up to ~lr-sized steps on a few elements, so the TP
 # tolerance is 5e-5 with lr 3e-3; a wrong cut moves weights by 1e-2 and more.
+# whole RUN_DIR: the path of a model.h5 with whole tensors for the run's latest checkpoint
+# (a sharded one, model.h5 with weight_shards, goes through `ctrain consolidate` first)
+whole() {
+  local f=$1/ckpt/latest/model.h5
+  if [ -f "$f" ] && h5dump -a /weight_shards "$f" >/dev/null 2>&1; then
+    rm -rf "$1.whole"
+    "$CTRAIN" consolidate "$1/ckpt/latest" "$1.whole" >/dev/null 2>&1 || return 1
+    f=$1.whole/model.h5
+  fi
+  echo "$f"
+}
 same_weights() {
-  local a=$1/ckpt/latest/model.h5 b=$2/ckpt/latest/model.h5
+  local a b
+  a=$(whole "$1") && b=$(whole "$2") || { echo "  consolidate failed"; return 1; }
   [ -f "$a" ] && [ -f "$b" ] || { echo "  missing checkpoint"; return 1; }
   h5diff -r -d 0 "$a" "$b" | awk -v tol="$3" '
     /^dataset:/ { ds = 1; sets++; next } /^attribute:/ { ds = 0; next }
@@ -60,10 +75,17 @@ check "llama tp 2 x zero3 dp 2 (4 ranks) == 1 process x 2: final weights" same_w
 one train.grad_accum=2 "train.out_dir=$TMP/gpt2-acc"
 run 4 parallel.tensor=2 parallel.data=ddp "train.out_dir=$TMP/mesh-ddp"
 check "gpt2 tp 2 x ddp dp 2 (4 ranks) == 1 process x 2: losses" close "$TMP/gpt2-acc" "$TMP/mesh-ddp" loss 1e-5
+check "gpt2 tp 2 x ddp dp 2 (4 ranks) == 1 process x 2: final weights" same_weights "$TMP/gpt2-acc" "$TMP/mesh-ddp" 5e-5
+check "tp 2 x ddp dp 2: 2 weight shards (dp rank 0 of each tp rank), no tensor in model.h5" bash -c \
+  "[ \$(ls '$TMP/mesh-ddp/ckpt/latest/' | grep -c model-rank) -eq 2 ] && [ \$(h5ls -r '$TMP/mesh-ddp/ckpt/latest/model.h5' | grep -c Dataset) -eq 0 ]"
 run 4 "${llama[@]}" parallel.tensor=2 parallel.data=zero2 "train.out_dir=$TMP/mesh-zero2"
 check "llama tp 2 x zero2 dp 2 (4 ranks) == 1 process x 2: losses" close "$TMP/llama-acc" "$TMP/mesh-zero2" loss 1e-5
+check "llama tp 2 x zero2 dp 2 (4 ranks) == 1 process x 2: final weights" same_weights "$TMP/llama-acc" "$TMP/mesh-zero2" 5e-5
 run 4 parallel.tensor=2 parallel.data=zero1 "train.out_dir=$TMP/mesh-zero1"
 check "gpt2 tp 2 x zero1 dp 2 (4 ranks) == 1 process x 2: losses" close "$TMP/gpt2-acc" "$TMP/mesh-zero1" loss 1e-5
+check "tp 2 x zero1 dp 2: 4 weight shards (each rank its ZeRO slice of its tp rank's weights)" bash -c \
+  "[ \$(ls '$TMP/mesh-zero1/ckpt/latest/' | grep -c model-rank) -eq 4 ]"
+check "gpt2 tp 2 x zero1 dp 2 (4 ranks) == 1 process x 2: final weights" same_weights "$TMP/gpt2-acc" "$TMP/mesh-zero1" 5e-5
 
 # checkpoints across tensor-parallel degrees
 resume() { # resume NAME REF FROM_NPROC "FROM ARGS" TO_NPROC "TO ARGS"
@@ -76,6 +98,27 @@ resume() { # resume NAME REF FROM_NPROC "FROM ARGS" TO_NPROC "TO ARGS"
 }
 resume "tp2@2 -> tp1@1" "$TMP/gpt2-one" 2 "parallel.tensor=2" 1 ""
 resume "tp1@1 -> tp2@2" "$TMP/gpt2-one" 1 "" 2 "parallel.tensor=2"
+resume "tp2@2 -> tp2@2" "$TMP/gpt2-one" 2 "parallel.tensor=2" 2 "parallel.tensor=2"
+check "tp2@2 -> tp2@2: the same losses as the uninterrupted tp=2 run, bit for bit" \
+  close "$TMP/gpt2-tp2" "$TMP/r-tp2@2 -> tp2@2" loss 0
+tpck="$TMP/r-tp2@2 -> tp1@1/ckpt/step_00000005"
+check "tp=2 checkpoint: no tensor in model.h5, weight_shards = 2, both halves of the qkv weights" bash -c \
+  "[ \$(h5ls -r '$tpck/model.h5' | grep -c Dataset) -eq 0 ] && h5dump -a /weight_shards '$tpck/model.h5' | grep -q '(0): 2' &&
+   h5ls -r '$tpck/model-rank00000.h5' | grep -q '^/w/h.0.attn.c_attn.weight/0 ' && h5ls -r '$tpck/model-rank00001.h5' | grep -q '^/w/h.0.attn.c_attn.weight/0 '"
+"$CTRAIN" consolidate "$tpck" "$TMP/tpwhole" >/dev/null 2>&1
+"$CTRAIN" export-hf "$tpck" "$TMP/hf-sharded" >/dev/null 2>&1
+"$CTRAIN" export-hf "$TMP/tpwhole" "$TMP/hf-whole" >/dev/null 2>&1
+check "export-hf from the tp=2 checkpoint == from its consolidated copy" \
+  cmp "$TMP/hf-sharded/model.safetensors" "$TMP/hf-whole/model.safetensors"
+gen() { "$CTRAIN" generate --model "$1" --prompt 'The ' --max_new_tokens 12 --greedy 2>/dev/null; }
+g1=$(gen "$tpck"); g2=$(gen "$TMP/tpwhole")
+check "generate from the tp=2 checkpoint == from its consolidated copy (${#g1} characters)" \
+  bash -c '[ -n "$1" ] && [ "$1" = "$2" ]' _ "$g1" "$g2"
+cp -r "$TMP/r-tp2@2 -> tp1@1" "$TMP/nowshard"
+rm -rf "$TMP/nowshard/ckpt/step_00000010" && ln -sfn step_00000005 "$TMP/nowshard/ckpt/latest"
+rm "$TMP/nowshard/ckpt/step_00000005/model-rank00000.h5"
+expect_fail 2 'model-rank00000\.h5 is missing: model\.h5 names 2 shard files' -- \
+  "$CTRAIN" train "${args[@]}" train.resume=auto "train.out_dir=$TMP/nowshard"
 resume "zero3@2 -> tp2@2 (accumulation 2)" "$TMP/gpt2-acc" 2 "parallel.data=zero3" 2 "parallel.tensor=2 train.grad_accum=2"
 # the 4-rank mesh's moments are blocks cut by both the tp heads / halves and the ZeRO slices
 resume "llama tp2 x zero3 dp2 @4 -> 1 process" "$TMP/llama-acc" 4 "${llama[*]} parallel.tensor=2 parallel.data=zero3" 1 "${llama[*]} train.grad_accum=2"
