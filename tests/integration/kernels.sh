@@ -4,6 +4,7 @@
 # DDP ranks, and shrinks the activation estimate; [kernels] entries and [attention] are applied
 # and printed; the eval table is used for validation without changing training.
 source "$(dirname "$0")/lib.sh"
+CLOSE_MIN=12 # runs of 12 steps
 SRC=${CT_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
 LAUNCH=$(dirname "$CTRAIN")/ctrain-launch
 make_data "$TMP/data" || exit 1
@@ -11,13 +12,6 @@ args=("$SRC/configs/smoke.toml" "data.train=$TMP/data/train.h5" "data.val=$TMP/d
       model.n_layer=2 model.d_model=64 model.max_seq_len=64 train.seq_len=64 train.micro_batch=8
       train.eval_every=4 train.eval_steps=2 train.sample_tokens=0 train.warmup_steps=2
       train.max_steps=12 train.threads=1)
-field() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1/metrics.jsonl" | grep -v '^$'; }
-close() {
-  paste -d' ' <(field "$1" "$3") <(field "$2" "$3") | awk -v tol="$4" -v min="${5:-12}" '
-    { n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r }
-    END { printf "  %s: %d values, worst relative difference %.2e (tolerance %s)\n", "'"$3"'", n, worst, tol;
-          exit !(n >= min && worst <= tol) }'
-}
 "$CTRAIN" train "${args[@]}" "train.out_dir=$TMP/full" >"$TMP/full.log" 2>&1
 "$CTRAIN" train "${args[@]}" kernels.head_chunk=100 "train.out_dir=$TMP/chunk" >"$TMP/chunk.log" 2>&1
 check "head in chunks of 100 rows (512 per micro-batch) trains (exit $?)" test -f "$TMP/chunk/ckpt/latest/model.h5"

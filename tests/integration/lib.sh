@@ -49,3 +49,18 @@ make_data() {
     return 1
   fi
 }
+
+# Values of one metrics.jsonl field of a run directory, one per line.
+field() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1/metrics.jsonl" 2>/dev/null | grep -v '^$'; }
+
+# close DIR_A DIR_B FIELD TOL [MIN_VALUES]: the two runs' FIELD values agree to a relative
+# tolerance and there are at least MIN_VALUES of them (default $CLOSE_MIN, else 10).
+close() {
+  paste -d' ' <(field "$1" "$3") <(field "$2" "$3") | awk -v tol="$4" -v min="${5:-${CLOSE_MIN:-10}}" '
+    { n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r }
+    END { printf "  %s: %d values, worst relative difference %.2e (tolerance %s)\n", "'"$3"'", n, worst, tol;
+          exit !(n >= min && worst <= tol) }'
+}
+
+# The step lines of a run without timings: step, loss, lr, grad_norm (exact floats).
+losses() { grep '"loss":' "$1/metrics.jsonl" | sed 's/, "tokens_per_s".*//'; }

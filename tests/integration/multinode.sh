@@ -62,7 +62,6 @@ no_survivors() { # no_survivors WHAT: nothing of the run is left (retries briefl
   # shellcheck disable=SC2086  # one line of pids
   [ -z "$left" ] || ps -o pid,args -p "$(echo $left | tr ' ' ,)" || true
 }
-field() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1/metrics.jsonl" 2>/dev/null | grep -v '^$'; }
 last_step() { sed -n 's/^{"step": \([0-9]*\), "loss".*/\1/p' "$1/metrics.jsonl" 2>/dev/null | tail -1; }
 wait_step() { # wait_step DIR STEP SECONDS: until metrics reach STEP
   for _ in $(seq $(($3 * 10))); do [ "$(last_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.1; done
@@ -71,12 +70,6 @@ wait_step() { # wait_step DIR STEP SECONDS: until metrics reach STEP
 wait_line() { # wait_line FILE PATTERN SECONDS
   for _ in $(seq $(($3 * 10))); do grep -qE -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
   return 1
-}
-close() { # close DIR1 DIR2 FIELD TOLERANCE: the two runs' values agree
-  paste -d' ' <(field "$1" "$3") <(field "$2" "$3") | awk -v tol="$4" '
-    { n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r }
-    END { printf "  %s: %d values, worst relative difference %.2e (tolerance %s)\n", "'"$3"'", n, worst, tol;
-          exit !(n >= 10 && worst <= tol) }'
 }
 
 make_data "$TMP/data" || exit 1

@@ -13,7 +13,6 @@ run() { # run OUT_DIR key=value...
     train.eval_every=5 train.eval_steps=2 train.sample_tokens=0 train.warmup_steps=3 \
     "train.out_dir=$out" "$@"
 }
-losses() { grep '"loss":' "$1/metrics.jsonl" | sed 's/, "tokens_per_s".*//'; }  # step, loss, lr, grad_norm
 vals() { grep '"val_loss"' "$1/metrics.jsonl"; }
 
 run "$TMP/straight" train.max_steps=20 >/dev/null 2>&1

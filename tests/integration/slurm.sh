@@ -150,14 +150,6 @@ args=("$SRC/configs/smoke.toml" "data.train=$TMP/data/train.h5" "data.val=$TMP/d
       model.n_layer=2 model.d_model=64 model.max_seq_len=64 train.seq_len=64 train.micro_batch=4
       train.eval_every=5 train.eval_steps=2 train.sample_tokens=0 train.warmup_steps=2
       train.max_steps=10 train.threads=1)
-field() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1/metrics.jsonl" | grep -v '^$'; }
-close() { # as ddp.sh: two columns of numbers to a relative tolerance
-  paste -d' ' <(field "$1" "$3") <(field "$2" "$3") | awk -v tol="$4" '
-    { n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r }
-    END { printf "  %s: %d values, worst relative difference %.2e (tolerance %s)\n", "'"$3"'", n, worst, tol;
-          exit !(n >= 10 && worst <= tol) }'
-}
-losses() { grep '"loss":' "$1/metrics.jsonl" | sed 's/, "tokens_per_s".*//'; } # step, loss, lr, grad_norm
 state() { scontrol show job "$1" 2>/dev/null | grep -oE "$2=[^ ]+" | head -1 | cut -d= -f2; }
 wait_state() { # wait_state JOB SECONDS STATE...: until the job is in one of the states
   local j=$1 n=$(($2 * 5)) s

@@ -18,13 +18,6 @@ args=("$SRC/configs/smoke.toml" "data.train=$TMP/data/train.h5" "data.val=$TMP/d
       train.eval_every=5 train.eval_steps=2 train.sample_tokens=0 train.warmup_steps=2
       train.max_steps=10 train.threads=1)
 llama=(model.arch=llama model.n_kv_head=2 model.qk_norm=true model.tie_embeddings=false)
-field() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1/metrics.jsonl" | grep -v '^$'; }
-close() { # close DIR_A DIR_B FIELD TOL [MIN_VALUES]
-  paste -d' ' <(field "$1" "$3") <(field "$2" "$3") | awk -v tol="$4" -v min="${5:-10}" '
-    { n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r }
-    END { printf "  %s: %d values, worst relative difference %.2e (tolerance %s)\n", "'"$3"'", n, worst, tol;
-          exit !(n >= min && worst <= tol) }'
-}
 # Final weights, every tensor within TOL absolute. AdamW turns last-bit differences of tiny
 # gradients (split matmul sums) into up to ~lr-sized steps on a few elements, so the TP
 # tolerance is 5e-5 with lr 3e-3; a wrong cut moves weights by 1e-2 and more.
