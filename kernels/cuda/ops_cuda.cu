@@ -1228,7 +1228,7 @@ __global__ void __launch_bounds__(XS_THREADS, 2)
   if (grad_scale == 0.0f) return;
   const float k = grad_scale / s;
   for (int kv = tid; kv < nv; kv += XS_THREADS) {
-    float f[16 / sizeof(T) > 8 ? 8 : 16 / sizeof(T)];
+    float f[16 / sizeof(T)];
     const T *e = row + kv * per;
 #pragma unroll
     for (int i = 0; i < per; i++) {
@@ -1240,16 +1240,8 @@ __global__ void __launch_bounds__(XS_THREADS, 2)
       }
       f[i] = v;
     }
-    if constexpr (sizeof(T) == 2) {
-      uint4 u;
-      u.x = pack2<T>(f[0], f[1]);
-      u.y = pack2<T>(f[2], f[3]);
-      u.z = pack2<T>(f[4], f[5]);
-      u.w = pack2<T>(f[6], f[7]);
-      reinterpret_cast<uint4 *>(x)[kv] = u;
-    } else {
-      reinterpret_cast<float4 *>(x)[kv] = make_float4(f[0], f[1], f[2], f[3]);
-    }
+    if constexpr (sizeof(T) == 2) store8(x + kv * per, f);
+    else reinterpret_cast<float4 *>(x)[kv] = make_float4(f[0], f[1], f[2], f[3]);
   }
 }
 
