@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# bench/ddp_probe.sh — where the 2-GPU DDP step loses time against 1 GPU (issue #6): GPT-2 124M,
+# bf16, micro-batch 64, T=1024, median tokens/s over steps 4..N of: one GPU alone; two
+# independent one-GPU runs at once (the machine's own contention, no communication); ddp with
+# several bucket sizes and with gradient clipping off; and optionally the extra overrides in
+# $EXTRA. Prints one line per run.  usage: bench/ddp_probe.sh [BUILD_DIR]   env: STEPS (23)
+set -uo pipefail
+BUILD=${1:-build-gpu}
+cd "$(dirname "$0")/.."
+CT=$BUILD/ctrain LAUNCH=$BUILD/ctrain-launch
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+G="configs/smoke.toml model.n_layer=12 model.d_model=768 model.n_head=12 model.vocab_size=50257
+   model.max_seq_len=1024 train.seq_len=1024 train.max_steps=${STEPS:-23} train.eval_every=0 data.val=
+   train.sample_tokens=0 train.warmup_steps=5 train.lr=6e-4 train.precision=bf16
+   train.checkpoint_every=100000 train.micro_batch=64"
+med() { python3 -c "
+import json, statistics, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if '\"tokens_per_s\"' in l][3:]
+print('%.0f' % statistics.median(x['tokens_per_s'] for x in r) if r else 'failed')" "$1/metrics.jsonl" 2>/dev/null || echo failed; }
+one() { # NAME DIR [overrides]
+  local name=$1 d=$TMP/$2; shift 2
+  "$CT" train $G "train.out_dir=$d" "$@" >"$d.log" 2>&1
+  printf '%-40s %s tok/s\n' "$name" "$(med "$d")"
+}
+two() { # NAME DIR [overrides]
+  local name=$1 d=$TMP/$2; shift 2
+  NCCL_NVLS_ENABLE=0 "$LAUNCH" --nproc_per_node 2 --standalone $G "train.out_dir=$d" "$@" >"$d.log" 2>&1
+  printf '%-40s %s tok/s (both ranks)\n' "$name" "$(med "$d")"
+  grep -h "CT_CUDA_PROFILE\|^ *[0-9.]* ms" "$d.log" | head -0
+}
+one "1 GPU" a
+CUDA_VISIBLE_DEVICES=0 "$CT" train $G "train.out_dir=$TMP/b0" >"$TMP/b0.log" 2>&1 &
+CUDA_VISIBLE_DEVICES=1 "$CT" train $G "train.out_dir=$TMP/b1" >"$TMP/b1.log" 2>&1 &
+wait
+printf '%-40s %s + %s tok/s\n' "2 independent 1-GPU runs at once" "$(med "$TMP/b0")" "$(med "$TMP/b1")"
+two "ddp bucket 25 MiB" c
+two "ddp bucket 100 MiB" d parallel.bucket_mb=100
+two "ddp bucket 6 MiB" e parallel.bucket_mb=6
+two "ddp grad_clip=0" f train.grad_clip=0
+one "1 GPU grad_clip=0" g train.grad_clip=0
+for x in ${EXTRA:-}; do two "ddp $x" "x$RANDOM" $x; done
+if [ -n "${PROFILE:-}" ]; then
+  CT_CUDA_PROFILE=1 "$CT" train $G "train.out_dir=$TMP/p1" >"$TMP/p1.log" 2>&1
+  echo "== profile, 1 GPU"; grep -v "^step\|^\[" "$TMP/p1.log" | tail -45
+  CT_CUDA_PROFILE=1 NCCL_NVLS_ENABLE=0 "$LAUNCH" --nproc_per_node 2 --standalone $G "train.out_dir=$TMP/p2" >"$TMP/p2.log" 2>&1
+  echo "== profile, ddp 2 GPUs (both ranks' stderr)"; grep -v "step " "$TMP/p2.log" | tail -90
+fi
