@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # bench/ddp_probe.sh — where the 2-GPU DDP step loses time against 1 GPU (issue #6): GPT-2 124M,
 # bf16, micro-batch 64, T=1024, median tokens/s over steps 4..N of: one GPU alone; two
-# independent one-GPU runs at once (the machine's own contention, no communication); ddp with
-# several bucket sizes and with gradient clipping off; and optionally the extra overrides in
-# $EXTRA. Prints one line per run.  usage: bench/ddp_probe.sh [BUILD_DIR]   env: STEPS (23)
+# independent one-GPU runs at once (the machine's own contention, no communication); ddp at the
+# default bucket size; ddp with the overrides in $EXTRA and the environment settings in $ENVS (one run each);
+# with PROFILE=1 the per-op profiles of 1 GPU and 2-GPU ddp. Prints one line per run.
+#   usage: bench/ddp_probe.sh [BUILD_DIR]   env: STEPS (23), EXTRA, ENVS, PROFILE
 set -uo pipefail
 BUILD=${1:-build-gpu}
 cd "$(dirname "$0")/.."
 CT=$BUILD/ctrain LAUNCH=$BUILD/ctrain-launch
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+[ -f data/fortunes/train.h5 ] || "$CT" prepare --out-dir data/fortunes >/dev/null 2>&1 ||
+  "$CT" prepare --out-dir data/fortunes /usr/lib/python3*/*.py >/dev/null 2>&1
 G="configs/smoke.toml model.n_layer=12 model.d_model=768 model.n_head=12 model.vocab_size=50257
    model.max_seq_len=1024 train.seq_len=1024 train.max_steps=${STEPS:-23} train.eval_every=0 data.val=
    train.sample_tokens=0 train.warmup_steps=5 train.lr=6e-4 train.precision=bf16
@@ -26,7 +29,6 @@ two() { # NAME DIR [overrides]
   local name=$1 d=$TMP/$2; shift 2
   NCCL_NVLS_ENABLE=0 "$LAUNCH" --nproc_per_node 2 --standalone $G "train.out_dir=$d" "$@" >"$d.log" 2>&1
   printf '%-40s %s tok/s (both ranks)\n' "$name" "$(med "$d")"
-  grep -h "CT_CUDA_PROFILE\|^ *[0-9.]* ms" "$d.log" | head -0
 }
 one "1 GPU" a
 CUDA_VISIBLE_DEVICES=0 "$CT" train $G "train.out_dir=$TMP/b0" >"$TMP/b0.log" 2>&1 &
@@ -34,14 +36,11 @@ CUDA_VISIBLE_DEVICES=1 "$CT" train $G "train.out_dir=$TMP/b1" >"$TMP/b1.log" 2>&
 wait
 printf '%-40s %s + %s tok/s\n' "2 independent 1-GPU runs at once" "$(med "$TMP/b0")" "$(med "$TMP/b1")"
 two "ddp bucket 25 MiB" c
-two "ddp bucket 100 MiB" d parallel.bucket_mb=100
-two "ddp bucket 6 MiB" e parallel.bucket_mb=6
-two "ddp grad_clip=0" f train.grad_clip=0
-one "1 GPU grad_clip=0" g train.grad_clip=0
 for x in ${EXTRA:-}; do two "ddp $x" "x$RANDOM" $x; done
+for e in ${ENVS:-}; do export "$e"; two "ddp $e" "e$RANDOM"; unset "${e%%=*}"; done
 if [ -n "${PROFILE:-}" ]; then
   CT_CUDA_PROFILE=1 "$CT" train $G "train.out_dir=$TMP/p1" >"$TMP/p1.log" 2>&1
-  echo "== profile, 1 GPU"; grep -v "^step\|^\[" "$TMP/p1.log" | tail -45
+  echo "== profile, 1 GPU"; grep -A40 "cuda op profile" "$TMP/p1.log"
   CT_CUDA_PROFILE=1 NCCL_NVLS_ENABLE=0 "$LAUNCH" --nproc_per_node 2 --standalone $G "train.out_dir=$TMP/p2" >"$TMP/p2.log" 2>&1
-  echo "== profile, ddp 2 GPUs (both ranks' stderr)"; grep -v "step " "$TMP/p2.log" | tail -90
+  echo "== profile, ddp 2 GPUs (both ranks' stderr)"; grep -A40 "cuda op profile" "$TMP/p2.log"
 fi
