@@ -3,8 +3,9 @@
 # bf16, micro-batch 64, T=1024, median tokens/s over steps 4..N of: one GPU alone; two
 # independent one-GPU runs at once (the machine's own contention, no communication); ddp at the
 # default bucket size; ddp with the overrides in $EXTRA and the environment settings in $ENVS (one run each);
-# with PROFILE=1 the per-op profiles of 1 GPU and 2-GPU ddp. Prints one line per run.
-#   usage: bench/ddp_probe.sh [BUILD_DIR]   env: STEPS (23), EXTRA, ENVS, PROFILE
+# with PROFILE=1 the per-op profiles of 1 GPU and 2-GPU ddp, with MARKS=1 the mean time of each
+# phase of the step (CT_STEP_MARKS). Prints one line per run.
+#   usage: bench/ddp_probe.sh [BUILD_DIR]   env: STEPS (23), EXTRA, ENVS, PROFILE, MARKS
 set -uo pipefail
 BUILD=${1:-build-gpu}
 cd "$(dirname "$0")/.."
@@ -43,4 +44,10 @@ if [ -n "${PROFILE:-}" ]; then
   echo "== profile, 1 GPU"; grep -A40 "cuda op profile" "$TMP/p1.log"
   CT_CUDA_PROFILE=1 NCCL_NVLS_ENABLE=0 "$LAUNCH" --nproc_per_node 2 --standalone $G "train.out_dir=$TMP/p2" >"$TMP/p2.log" 2>&1
   echo "== profile, ddp 2 GPUs (both ranks' stderr)"; grep -A40 "cuda op profile" "$TMP/p2.log"
+fi
+if [ -n "${MARKS:-}" ]; then
+  CT_STEP_MARKS=1 "$CT" train $G "train.out_dir=$TMP/m1" >"$TMP/m1.log" 2>&1
+  echo "== step marks, 1 GPU"; grep -A12 "step marks" "$TMP/m1.log"
+  CT_STEP_MARKS=1 NCCL_NVLS_ENABLE=0 "$LAUNCH" --nproc_per_node 2 --standalone $G "train.out_dir=$TMP/m2" >"$TMP/m2.log" 2>&1
+  echo "== step marks, ddp 2 GPUs"; grep -A12 "step marks" "$TMP/m2.log"
 fi

@@ -203,6 +203,9 @@ typedef struct ct_ops {
   /* dst_host = src (bytes), queued: valid after `sync`. */
   void (*to_host_async)(void *dst_host, const void *src, size_t bytes);
   void (*sync)(void);
+  /* A named point in the stream's timeline (optional, NULL on the CPU): with CT_STEP_MARKS=1 the
+   * CUDA backend prints at shutdown the mean stream time from each mark to the next. */
+  void (*mark)(const char *name);
 
   /* ---- graph capture (optional: NULL where the backend has none, e.g. the CPU) ----
    * Between graph_begin and graph_end the ops are recorded instead of run; graph_end returns the

@@ -585,8 +585,11 @@ static ct_status forward_device(ct_model *m, const int32_t *targets, float grad_
                   PW(0, P_LN1_W), PWO(0, P_LN1_B), N);
   else norm_fwd(m, A(m->lnf), AF(m->lnf_mean), AF(m->lnf_rstd), x, PW(G, P_LNF_W),
                 PWO(G, P_LNF_B), N);
+  /* Evaluation keeps no activations for backward: every block reuses block 0's slots (each op
+   * reads and writes different buffers of a slot, and the residual adds are in place). */
+  const bool keep = grad_scale != 0.0f;
   for (int l = 0; l < L; l++) {
-    layer_acts *a = &m->la[l];
+    layer_acts *a = &m->la[keep ? l : 0];
     qkv_fwd(m, a, l, A(a->ln1), B, T, 0);
     o->attention_fwd(A(a->atty), AF(a->att), A(a->qkv), B, T, H, KV, hd);
     o->matmul_fwd(A(a->res2), A(a->atty), PW(l, P_ATTO_W), PWB(l, P_ATTO_B), N, H * hd, C);
@@ -597,7 +600,7 @@ static ct_status forward_device(ct_model *m, const int32_t *targets, float grad_
     TP_AR(A(a->out), (size_t)N * C);
     HOOK(pre_forward, l + 2); /* the next layer, or the final norm (unit L + 1) */
     if (l + 1 < L) {
-      layer_acts *n = &m->la[l + 1];
+      layer_acts *n = &m->la[keep ? l + 1 : 0];
       o->add_norm_fwd(A(a->out), A(n->ln1), AF(n->ln1_mean), AF(n->ln1_rstd), A(a->out),
                       A(a->res2), PW(l + 1, P_LN1_W), PWO(l + 1, P_LN1_B), N, C, eps, rms);
     } else {
@@ -646,6 +649,7 @@ ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *ta
   CT_TRY(load_batch(m, inputs, targets, B, T));
   refresh_working(m);
   CT_TRY(forward_device(m, targets, grad_scale));
+  if (m->ops->mark) m->ops->mark("forward");
   if (!targets) return CT_OK;
   read_loss(m, targets, mean_loss);
   m->have_grad = grad_scale != 0.0f;

@@ -98,7 +98,8 @@ int ct_model_max_T(const ct_model *m);           /* longest sequence the activat
 
 /* Forward pass over inputs (B,T) (host int32). With targets (B,T), *mean_loss receives the
  * mean token loss; grad_scale != 0 prepares backward (see above). targets may be NULL
- * (inference: logits only). */
+ * (inference: logits only). With grad_scale == 0 (evaluation) nothing is kept for backward:
+ * every block runs in the first block's activation slots. */
 ct_status ct_model_forward(ct_model *m, const int32_t *inputs, const int32_t *targets, int B,
                            int T, float grad_scale, float *mean_loss);
 /* Backward for the last forward (which must have had grad_scale != 0). */

@@ -74,6 +74,11 @@ static ct_status dp_all_reduce_host(run *r, float *vals, int n, ct_redop op) {
   return host_all_reduce(r, r->comm, vals, n, op);
 }
 
+/* A named point of the step for CT_STEP_MARKS=1 (kernels/ops.h, mark). */
+static void mark(run *r, const char *name) {
+  if (r->be.ops->mark) r->be.ops->mark(name);
+}
+
 static ct_status dp_mean(run *r, double *v) {
   float f = (float)*v;
   CT_TRY(dp_all_reduce_host(r, &f, 1, CT_AVG));
@@ -541,6 +546,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   for (int step = ts.step; step < t->max_steps; step++) {
     double t0 = ct_now();
     double loss = 0;
+    mark(&r, "step");
     if (r.zero) ct_zero_zero_grad(r.zero);
     else ct_model_zero_grad(r.model);
     const double gfactor = r.zero ? ct_zero_grad_factor(r.zero) : 1.0;
@@ -553,6 +559,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       CT_TRY_GOTO(ct_model_train_micro(r.model, r.inputs, r.targets, B, T, grad_scale, &l), done);
       loss += l / t->grad_accum;
     }
+    mark(&r, "backward");
     double norm = 0;
     if (sharded) { /* each rank averages and keeps its own slice of the gradient */
       CT_TRY_GOTO(ct_zero_finish_grads(r.zero), done);
@@ -568,6 +575,15 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       }
       if (r.tpx) CT_TRY_GOTO(ct_tp_grad_norm(r.tpx, &norm), done);
       else norm = ct_grad_norm(r.model);
+    }
+    mark(&r, "grads reduced + norm");
+    /* Every rank must agree to stop at the same step. Asked here, where the host has just waited
+     * for the gradients anyway: after the optimizer it would drain the GPU every step. */
+    double sig = stop_signal;
+    if (r.comm) {
+      float f = (float)sig;
+      CT_TRY_GOTO(host_all_reduce(&r, r.world, &f, 1, CT_MAX), done);
+      sig = f;
     }
     if (step + 1 == poison_step) norm = INFINITY; /* testing: an overflowed gradient */
     double lr = ct_lr_at(t, step);
@@ -598,6 +614,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       if (sharded) CT_TRY_GOTO(ct_zero_step(r.zero, lr, gs), done);
       else ct_adamw_step(&r.opt, r.model, lr, gs);
     }
+    mark(&r, "optimizer");
     CT_TRY_GOTO(ct_backend_check(&r.be), done);
     double dt = ct_now() - t0;
     if (step > 0) { timed += dt; timed_steps++; }  /* the first step includes warm-up */
@@ -609,12 +626,6 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       ct_progress(step + 1, t->max_steps, loss, tok_s, avg_step * (t->max_steps - step - 1),
                   (step + 1) % t->log_every == 0 || step + 1 == t->max_steps);
     bool last = step + 1 == t->max_steps;
-    double sig = stop_signal; /* every rank must agree to stop at the same step */
-    if (r.comm) {
-      float f = (float)sig;
-      CT_TRY_GOTO(host_all_reduce(&r, r.world, &f, 1, CT_MAX), done);
-      sig = f;
-    }
     bool stopping = !last && ((t->stop_after > 0 && step + 1 - start_step == t->stop_after) || sig);
     if (r.val && ((t->eval_every > 0 && (step + 1) % t->eval_every == 0) || last)) {
       double vl;

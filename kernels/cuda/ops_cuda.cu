@@ -189,6 +189,42 @@ struct profiler {
 };
 profiler prof;
 
+// CT_STEP_MARKS=1: ops->mark(name) queues an event; at shutdown the mean stream time from each
+// mark to the next is printed per (mark, next mark) pair, counted from the 4th "step" mark (the
+// first steps include autotuning and lazy loading). Cheap enough to leave the step's speed alone.
+struct marker {
+  bool on;
+  int steps;
+  std::vector<std::pair<std::string, cudaEvent_t>> pending; // [0]: the last mark already counted
+  std::map<std::string, prof_stat> spans;
+  std::vector<std::string> order; // pairs in first-seen order
+  void flush() {
+    if (pending.size() < 2) return;
+    cudaEventSynchronize(pending.back().second);
+    for (size_t i = 1; i < pending.size(); i++) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, pending[i - 1].second, pending[i].second);
+      std::string key = pending[i - 1].first + " -> " + pending[i].first;
+      if (!spans.count(key)) order.push_back(key);
+      prof_stat &s = spans[key];
+      s.ms += ms;
+      s.calls++;
+      cudaEventDestroy(pending[i - 1].second);
+    }
+    pending.erase(pending.begin(), pending.end() - 1);
+  }
+  void report() {
+    flush();
+    if (spans.empty()) return;
+    fprintf(stderr, "step marks (stream time, mean over steps 4..):\n");
+    for (const std::string &k : order) {
+      const prof_stat &s = spans[k];
+      fprintf(stderr, "  %-36s %9.3f ms  (%ld)\n", k.c_str(), s.ms / s.calls, s.calls);
+    }
+  }
+};
+marker marks;
+
 struct op_scope {
   bool ok, timed, counted;
   const char *name;
@@ -3818,6 +3854,17 @@ template <typename E> void cu_to_host_f32_16(float *dst, const void *src, size_t
 // only this thread's launches on g.stream are recorded; an op that would synchronize while
 // recording (to_host, scratch growth) fails the capture, which graph_end reports as NULL.
 
+void cu_mark(const char *name) {
+  if (!marks.on || g.capturing || !g.ready) return;
+  if (!strcmp(name, "step") && ++marks.steps < 4) return;
+  if (marks.steps < 4) return;
+  cudaEvent_t e;
+  if (cudaEventCreate(&e) != cudaSuccess) return;
+  cudaEventRecord(e, g.stream);
+  marks.pending.push_back({name, e});
+  if (marks.pending.size() >= 512) marks.flush();
+}
+
 void cu_graph_begin() {
   OP("graph_begin");
   if (CK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal))) g.capturing = 1;
@@ -3973,6 +4020,7 @@ template <typename A> ct_ops make_table() {
   t.adamw_multi = cu_adamw_multi;
   t.sumsq = cu_sumsq;
   t.scale = cu_scale;
+  t.mark = cu_mark;
   t.graph_begin = cu_graph_begin;
   t.graph_end = cu_graph_end;
   t.graph_launch = cu_graph_launch;
@@ -4107,6 +4155,7 @@ extern "C" int ct_cuda_init(int device, char *err, size_t errcap) {
     INIT_FAIL("cublasSetMathMode: %s", cublasGetStatusString(s));
   g.sync_debug = env_on("CT_CUDA_SYNC");
   prof.on = env_on("CT_CUDA_PROFILE");
+  marks.on = env_on("CT_STEP_MARKS");
   const char *attn = getenv("CT_CUDA_ATTN");
   g.attn_variant = ATTN_DEFAULT;
   if (attn && attn[0] && set_variant("attention", attn) != 0)
@@ -4141,6 +4190,7 @@ extern "C" void ct_cuda_shutdown(void) {
   ct_cuda_release_other_devices();
   cudaStreamSynchronize(g.stream);
   if (prof.on) prof.report();
+  if (marks.on) marks.report();
   release();
 }
 

@@ -222,6 +222,25 @@ static void run_case(const gc_case *gc) {
   CHECK_MSG(fabs(L0 - loss) <= 1e-6 * fabs(L0), "%s: model mean loss %.9g vs double %.12g",
             gc->label, loss, L0);
 
+  /* evaluation (grad_scale 0) runs every block in block 0's activation slots: the same loss bit
+   * for bit, and a training step right after it the same gradient */
+  {
+    float eval_loss = -1, again = -1;
+    st = ct_model_forward(m, in, tg, B, T, 0.0f, &eval_loss);
+    CHECK_MSG(st == CT_OK && eval_loss == loss, "%s: eval loss %.9g vs train-mode loss %.9g",
+              gc->label, eval_loss, loss);
+    CHECK_MSG(ct_model_backward(m) != CT_OK, "%s: backward after an eval forward was accepted",
+              gc->label);
+    float *g3 = calloc(numel, sizeof(float));
+    ct_model_zero_grad(m);
+    st = ct_model_forward(m, in, tg, B, T, 1.0f / (float)N, &again);
+    if (st == CT_OK) st = ct_model_backward(m);
+    ops->to_host(g3, ct_model_grads(m), numel * sizeof(float));
+    CHECK_MSG(st == CT_OK && again == loss && memcmp(g3, g, numel * sizeof(float)) == 0,
+              "%s: the training step after an eval forward differs", gc->label);
+    free(g3);
+  }
+
   /* every tensor must get a gradient (a zero one would make the comparison vacuous), and the
    * padded vocab rows exactly zero */
   for (int i = 0; i < ct_model_n_params(m); i++) {
