@@ -377,7 +377,9 @@ static ct_status nccl_set_overlap(void *impl, bool on) {
      * the backward kernels retire, instead of queuing behind the whole next kernel. */
     int least = 0, greatest = 0;
     cudaDeviceGetStreamPriorityRange(&least, &greatest);
-    cudaError_t e = cudaStreamCreateWithPriority(&g->side, cudaStreamNonBlocking, greatest);
+    const char *pri = getenv("CT_NCCL_SIDE_PRIORITY"); /* "0": the default priority (measuring) */
+    cudaError_t e = cudaStreamCreateWithPriority(&g->side, cudaStreamNonBlocking,
+                                                 pri && !strcmp(pri, "0") ? least : greatest);
     if (e != cudaSuccess) {
       g->side = NULL;
       return cuda_fail(g, "set_overlap", "cudaStreamCreateWithPriority", e);
