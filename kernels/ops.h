@@ -43,6 +43,10 @@ typedef struct ct_ops {
   /* Working copy of the fp32 master parameters: dst (n, working dtype) = src (n, fp32),
    * round to nearest even. (fp32 tables: a copy; the model then uses the master directly.) */
   void (*cast_params)(void *dst, const float *src, size_t n);
+  /* Gradients on the wire (parallel.reduce_dtype = "bf16"), in every table whatever its dtype:
+   * dst (n, bf16 bits) = src (n, fp32) rounded to nearest even (a NaN becomes 0x7fff), and back (exact). */
+  void (*f32_to_bf16)(void *dst, const float *src, size_t n);
+  void (*bf16_to_f32)(float *dst, const void *src, size_t n);
   /* dst_host (n, fp32) = src (n, working dtype, backend memory): logits to the host. */
   void (*to_host_f32)(float *dst_host, const void *src, size_t n);
   /* 2-D copy within device memory: `rows` rows of `row_bytes`, strides in bytes

@@ -1,6 +1,7 @@
 /* parallel/ddp.c — bucketed gradient averaging (see ddp.h). */
 #include "parallel/ddp.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "common/util.h"
@@ -30,14 +31,34 @@ struct ct_ddp {
   ct_model *m;
   ct_comm *c;
   size_t bucket;
+  void *wire;    /* reduce_dtype bf16: the gradients rounded to bf16 (numel x 2 bytes), or NULL */
   bool armed;
   size_t lo, hi; /* pending range of finished, not yet reduced gradients */
   int buckets;   /* issued in this backward */
 };
 
+/* All-reduces grads[lo, hi): in place in fp32, or rounded into the bf16 wire buffer (widened back
+ * in ct_ddp_finish, after the join). */
+static ct_status reduce_range(ct_ddp *d, size_t lo, size_t n) {
+  float *g = ct_model_grads(d->m) + lo;
+  if (!d->wire) return ct_ddp_reduce_grads(d->c, g, n, d->bucket);
+  const ct_ops *o = ct_model_ops(d->m);
+  uint16_t *w = (uint16_t *)d->wire + lo;
+  o->f32_to_bf16(w, g, n);
+  const size_t per = d->bucket * 2; /* a bucket holds as many bytes as in fp32 */
+  for (size_t off = 0; off < n; off += per) {
+    const size_t k = n - off < per ? n - off : per;
+    ct_status st = ct_comm_all_reduce(d->c, w + off, k, CT_BF16, CT_AVG);
+    if (st != CT_OK)
+      return ct_add_context(st, "ddp gradient bucket in bf16 (elements %zu..%zu): ", lo + off,
+                            lo + off + k);
+  }
+  return CT_OK;
+}
+
 static ct_status flush(ct_ddp *d) {
   if (d->lo == d->hi) return CT_OK;
-  ct_status st = ct_ddp_reduce_grads(d->c, ct_model_grads(d->m) + d->lo, d->hi - d->lo, d->bucket);
+  ct_status st = reduce_range(d, d->lo, d->hi - d->lo);
   if (st != CT_OK)
     return ct_add_context(st, "overlapped ddp (elements %zu..%zu): ", d->lo, d->hi);
   d->hi = d->lo;
@@ -59,12 +80,25 @@ static ct_status post_backward(void *ctx, int u) {
   return CT_OK;
 }
 
-ct_status ct_ddp_create(ct_model *model, ct_comm *c, size_t bucket_floats, ct_ddp **out) {
+ct_status ct_ddp_create(ct_model *model, ct_comm *c, size_t bucket_floats, ct_dtype reduce_dtype,
+                        ct_ddp **out) {
+  if (reduce_dtype != CT_F32 && reduce_dtype != CT_BF16)
+    return ct_set_error(CT_ERR_USAGE, "ddp: gradients are reduced in fp32 or bf16, not %s",
+                        ct_dtype_name(reduce_dtype));
   ct_ddp *d = ct_calloc(1, sizeof *d, "ddp");
   if (!d) return CT_ERR_NOMEM;
   d->m = model;
   d->c = c;
   d->bucket = bucket_floats ? bucket_floats : ct_ddp_bucket_floats(0);
+  if (reduce_dtype == CT_BF16) {
+    const size_t bytes = ct_model_numel(model) * sizeof(uint16_t);
+    d->wire = ct_model_ops(model)->alloc(bytes);
+    if (!d->wire) {
+      free(d);
+      return ct_set_error(CT_ERR_NOMEM, "ddp: no memory for the bf16 gradient buffer (%.1f MiB)",
+                          (double)bytes / 1048576.0);
+    }
+  }
   ct_model_hooks h = {.ctx = d, .post_backward = post_backward};
   ct_model_set_hooks(model, &h);
   *out = d;
@@ -74,6 +108,7 @@ ct_status ct_ddp_create(ct_model *model, ct_comm *c, size_t bucket_floats, ct_dd
 void ct_ddp_destroy(ct_ddp *d) {
   if (!d) return;
   ct_model_set_hooks(d->m, NULL);
+  if (d->wire) ct_model_ops(d->m)->free(d->wire);
   free(d);
 }
 
@@ -89,6 +124,8 @@ ct_status ct_ddp_finish(ct_ddp *d) {
   d->armed = false;
   ct_status off = ct_comm_set_overlap(d->c, false); /* joins the side stream */
   if (st == CT_OK) st = off;
+  if (st == CT_OK && d->wire && d->buckets) /* queued after the join: sees every result */
+    ct_model_ops(d->m)->bf16_to_f32(ct_model_grads(d->m), d->wire, ct_model_numel(d->m));
   if (st == CT_OK) st = ct_comm_sync(d->c); /* bounded wait: a dead peer is an error */
   return st;
 }

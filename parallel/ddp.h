@@ -29,8 +29,12 @@ size_t ct_ddp_bucket_floats(double bucket_mb);
  * each call blocks, so the CPU simply issues each bucket as soon as it is ready. */
 typedef struct ct_ddp ct_ddp;
 
-/* Installs the hook on `model` (not owned; neither is c). */
-ct_status ct_ddp_create(ct_model *model, ct_comm *c, size_t bucket_floats, ct_ddp **out);
+/* Installs the hook on `model` (not owned; neither is c). reduce_dtype CT_F32 reduces the fp32
+ * gradients in place; CT_BF16 rounds each bucket into a bf16 buffer of the model's backend
+ * (numel x 2 bytes), reduces that (half the bytes on the wire, like torch DDP's
+ * bf16_compress_hook) and widens the averages back into the fp32 gradients in ct_ddp_finish. */
+ct_status ct_ddp_create(ct_model *model, ct_comm *c, size_t bucket_floats, ct_dtype reduce_dtype,
+                        ct_ddp **out);
 void ct_ddp_destroy(ct_ddp *d); /* clears the model's hooks; NULL is ignored */
 /* Whether the next backward reduces (the last micro-batch of a step; earlier ones only
  * accumulate, like torch's no_sync()). */

@@ -92,6 +92,8 @@ static const key_def KEYS[] = {
   {"parallel", "reshard_after_forward", K_BOOL, F(parallel, reshard_after_forward), 0, NULL,
    "zero3: free gathered layers after forward (false: keep them for backward)"},
   {"parallel", "bucket_mb", K_FLOAT, F(parallel, bucket_mb), 0, NULL, "all-reduce bucket (MiB)"},
+  {"parallel", "reduce_dtype", K_ENUM, F(parallel, reduce_dtype), S(parallel, reduce_dtype),
+   "fp32|bf16", "ddp: gradient buckets all-reduced in fp32, or rounded to bf16 (half the bytes)"},
   {"parallel", "timeout_s", K_FLOAT, F(parallel, timeout_s), 0, NULL,
    "rendezvous / collective timeout"},
   {"attention", "implementation", K_ENUM, F(kernels, attention), S(kernels, attention),
@@ -127,6 +129,7 @@ void ct_config_defaults(ct_config *c) {
   snprintf(t->resume, sizeof t->resume, "never");
   snprintf(c->parallel.data, sizeof c->parallel.data, "ddp");
   c->parallel.bucket_mb = 25;
+  snprintf(c->parallel.reduce_dtype, sizeof c->parallel.reduce_dtype, "fp32");
   c->parallel.timeout_s = 600;
   c->parallel.reshard_after_forward = true;
   c->parallel.tensor = 1;
@@ -408,6 +411,9 @@ ct_status ct_config_validate(ct_config *c) {
   REQUIRE(t->log_every > 0, "train.log_every = %d: must be positive", t->log_every);
   REQUIRE(t->sample_tokens >= 0, "train.sample_tokens = %d: must not be negative", t->sample_tokens);
   REQUIRE(c->parallel.bucket_mb > 0, "parallel.bucket_mb = %g: must be positive", c->parallel.bucket_mb);
+  REQUIRE(!strcmp(c->parallel.reduce_dtype, "fp32") || !strcmp(c->parallel.data, "ddp"),
+          "parallel.reduce_dtype = \"%s\" works with parallel.data = \"ddp\" (ZeRO reduces in fp32),"
+          " not \"%s\"", c->parallel.reduce_dtype, c->parallel.data);
   REQUIRE(c->parallel.timeout_s > 0, "parallel.timeout_s = %g: must be positive", c->parallel.timeout_s);
   {
     const int T = c->parallel.tensor, kv = m->n_kv_head ? m->n_kv_head : m->n_head;

@@ -88,6 +88,7 @@ typedef struct ct_parallel_cfg {
   bool reshard_after_forward; /* zero3: gathered layers freed after forward (default true) */
   int tensor;           /* tensor-parallel degree (1 = none); data parallel = world / tensor */
   double bucket_mb;     /* gradient all-reduce bucket size */
+  char reduce_dtype[8]; /* fp32 | bf16: what ddp's gradient buckets travel as */
   double timeout_s;     /* rendezvous and collective timeout */
 } ct_parallel_cfg;
 

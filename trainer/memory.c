@@ -78,6 +78,8 @@ ct_status ct_memory_estimate(const ct_config *cfg, int world, const ct_ops *ops,
   if (stage == 3) /* gathered weights: global units + two layers (or every layer) */
     e->working += ab * (u_glob + (cfg->parallel.reshard_after_forward ? 2 * u_layer : u_all));
   e->grads = stage >= 2 ? F * (n / dp + u_glob + 2 * u_layer) : F * n; /* 2 layer slots */
+  if (!stage && dp > 1 && !strcmp(cfg->parallel.reduce_dtype, "bf16"))
+    e->grads += sizeof(uint16_t) * n; /* ddp's bf16 copy of the gradients for the wire */
   e->optim = stage >= 1 ? 2 * F * n / dp : 2 * F * n;
   /* cuBLAS workspace on the GPU; tp cross-entropy buffers (3 + 1 floats and a target per token) */
   e->workspace = (strncmp(ops->name, "cuda", 4) ? 0 : (size_t)32 << 20) +

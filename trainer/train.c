@@ -522,6 +522,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   const double tokens_per_step = (double)B * T * t->grad_accum * world;
   if (r.comm && !sharded) /* ddp: bucket all-reduces issued during backward */
     CT_TRY_GOTO(ct_ddp_create(r.model, r.comm, ct_ddp_bucket_floats(cfg->parallel.bucket_mb),
+                              strcmp(cfg->parallel.reduce_dtype, "bf16") ? CT_F32 : CT_BF16,
                               &r.ddp), done);
   /* fp16: the loss gradient is multiplied by the dynamic loss scale; the optimizer divides it
    * back out together with the clip factor, so no extra pass over the gradients is needed */
@@ -569,8 +570,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       if (r.comm) { /* average gradients (each rank's are means over its own tokens), losses */
         CT_TRY_GOTO(ct_ddp_finish(r.ddp), done); /* buckets were queued during backward */
         if (step == start_step)
-          ct_log_info("ddp: gradients all-reduced in %d buckets (parallel.bucket_mb = %g) as"
-                      " backward produced them", ct_ddp_buckets(r.ddp), cfg->parallel.bucket_mb);
+          ct_log_info("ddp: gradients all-reduced in %d buckets of %s (parallel.bucket_mb = %g) as"
+                      " backward produced them", ct_ddp_buckets(r.ddp), cfg->parallel.reduce_dtype,
+                      cfg->parallel.bucket_mb);
         CT_TRY_GOTO(dp_mean(&r, &loss), done);
       }
       if (r.tpx) CT_TRY_GOTO(ct_tp_grad_norm(r.tpx, &norm), done);

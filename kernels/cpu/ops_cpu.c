@@ -835,6 +835,26 @@ static void cpu_cast_params(void *dst, const float *src, size_t n) {
   memcpy(dst, src, n * sizeof(float));
 }
 
+static void cpu_f32_to_bf16(void *dst, const float *src, size_t n) {
+  uint16_t *d = dst;
+#pragma omp parallel for if (n > CT_PAR_MIN)
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &src[i], sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) d[i] = 0x7fffu; /* NaN: the canonical one, as CUDA's */
+    else d[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+
+static void cpu_bf16_to_f32(float *dst, const void *src, size_t n) {
+  const uint16_t *s = src;
+#pragma omp parallel for if (n > CT_PAR_MIN)
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u = (uint32_t)s[i] << 16;
+    memcpy(&dst[i], &u, sizeof u);
+  }
+}
+
 static void cpu_to_host_f32(float *dst, const void *src, size_t n) {
   memcpy(dst, src, n * sizeof(float));
 }
@@ -885,6 +905,8 @@ static const ct_ops cpu_ops = {
     .dtype = "fp32",
     .act_bytes = 4,
     .cast_params = cpu_cast_params,
+    .f32_to_bf16 = cpu_f32_to_bf16,
+    .bf16_to_f32 = cpu_bf16_to_f32,
     .to_host_f32 = cpu_to_host_f32,
     .alloc = cpu_alloc,
     .free = cpu_free,

@@ -3825,6 +3825,18 @@ template <typename E> void cu_cast_params_16(void *dst, const float *src, size_t
   CK_LAUNCH(cast_f32_16_kernel);
 }
 
+void cu_f32_to_bf16(void *dst, const float *src, size_t n) {
+  OP("f32_to_bf16");
+  cu_cast_params_16<bf16>(dst, src, n);
+}
+
+void cu_bf16_to_f32(float *dst, const void *src, size_t n) {
+  OP("bf16_to_f32");
+  if (!n) return;
+  cast_16_f32_kernel<bf16><<<grid_for(n, 256), 256, 0, g.stream>>>(dst, (const bf16 *)src, n);
+  CK_LAUNCH(cast_16_f32_kernel);
+}
+
 void cu_to_host_f32_f32(float *dst, const void *src, size_t n) {
   OP("to_host_f32");
   if (!n) return;
@@ -3985,6 +3997,8 @@ template <typename A> ct_ops make_table() {
   t.to_host = cu_to_host;
   t.cast_params = cu_cast_params_f32;
   t.to_host_f32 = cu_to_host_f32_f32;
+  t.f32_to_bf16 = cu_f32_to_bf16;
+  t.bf16_to_f32 = cu_bf16_to_f32;
   t.copy2d = cu_copy2d;
   t.embed_fwd = cu_embed_fwd<A>;
   t.embed_bwd = cu_embed_bwd<A>;

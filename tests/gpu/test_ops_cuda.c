@@ -1056,6 +1056,51 @@ static void test_cast(void) {
   }
 }
 
+/* f32_to_bf16 / bf16_to_f32 (ddp's bf16 gradient wire, in every table): bit-exact against the
+ * CPU table, with the bf16 rounding specials, NaN and infinities, and the exact way back. */
+static void test_wire_bf16(void) {
+  static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu,
+                                     0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u,
+                                     0x7f800001u, 0x00000001u, 0xbf838000u};
+  const size_t n = ((size_t)1 << 20) + 3, ns = sizeof special / sizeof special[0];
+  float *src = malloc(4 * n), *back = malloc(4 * n), *wantb = malloc(4 * n);
+  uint16_t *got = malloc(2 * n), *want = malloc(2 * n);
+  bspec bs = IN("src", n);
+  fill(src, &bs, n, 0xb16u);
+  for (size_t k = 0; k < n; k++) src[k] *= (k % 3 == 0) ? 1e-30f : (k % 3 == 1) ? 1.0f : 1e30f;
+  for (size_t k = 0; k < ns; k++) memcpy(src + 5 * k, &special[k], 4);
+  ct_ops_cpu()->f32_to_bf16(want, src, n);
+  ct_ops_cpu()->bf16_to_f32(wantb, want, n);
+  float *dsrc = dev->alloc(4 * n), *dback = dev->alloc(4 * n);
+  uint16_t *dw = dev->alloc(2 * n);
+  if (!dsrc || !dback || !dw) { CHECK(dsrc && dback && dw); return; }
+  dev->to_device(dsrc, src, 4 * n);
+  dev->f32_to_bf16(dw, dsrc, n);
+  dev->bf16_to_f32(dback, dw, n);
+  dev->to_host(got, dw, 2 * n);
+  dev->to_host(back, dback, 4 * n);
+  CHECK(dev_check("f32_to_bf16 / bf16_to_f32") == 0);
+  size_t bad = 0, badb = 0;
+  for (size_t k = 0; k < n; k++) {
+    bad += got[k] != want[k];
+    badb += memcmp(back + k, wantb + k, 4) != 0;
+  }
+  CHECK_MSG(bad == 0 && badb == 0, "%s f32_to_bf16 / bf16_to_f32: %zu / %zu of %zu values differ"
+            " from the CPU table", dev->name, bad, badb, n);
+  printf("  %-22s n=%-30zu %s
+", "f32_to_bf16/bf16_to_f32", n, bad + badb ? "MISMATCH" : "bit-exact");
+  note("f32_to_bf16", bad ? INFINITY : 0.0);
+  note("bf16_to_f32", badb ? INFINITY : 0.0);
+  dev->free(dsrc);
+  dev->free(dback);
+  dev->free(dw);
+  free(src);
+  free(back);
+  free(wantb);
+  free(got);
+  free(want);
+}
+
 /* The sticky error: a bad copy2d (pitch smaller than the row) must be reported, naming the op. */
 static void test_sticky_error(void) {
   char err[768] = "";
@@ -1330,6 +1375,7 @@ int main(int argc, char **argv) {
     }
     if (ti == 0) test_alloc();
     if (!only || strstr("cast_params to_host_f32", only)) test_cast();
+    if (!only || strstr("f32_to_bf16 bf16_to_f32", only)) test_wire_bf16();
     if (!only || strstr("nonfinite matmul xent", only)) test_nonfinite();
     for (size_t i = 0; i < NCASES; i++)
       if ((!small || !cases[i].perf) && cases[i].perf != 2 && (!only || strstr(cases[i].fam->op, only)))

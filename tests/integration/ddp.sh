@@ -22,6 +22,21 @@ check "one metrics writer: 10 step lines" test "$(field "$TMP/two" tokens_per_s 
 check "2 ranks == 1 rank x 2 accumulation: losses within 1e-5" close "$TMP/one" "$TMP/two" loss 1e-5
 check "gradient norms within 1e-5" close "$TMP/one" "$TMP/two" grad_norm 1e-4
 
+# gradients on the wire in bf16 (torch DDP's bf16_compress_hook): each bucket rounded once, so the
+# losses stay within 1e-2 of the fp32 reduce, and the log says which dtype travelled
+"$LAUNCH" --nproc_per_node 2 --standalone "${args[@]}" parallel.reduce_dtype=bf16 parallel.bucket_mb=0.01 \
+  "train.out_dir=$TMP/bf16" >"$TMP/bf16.log" 2>&1
+check "reduce_dtype = bf16 trains (exit 0)" test $? -eq 0
+check "bf16 reduce: losses within 1e-2 of the fp32 reduce" close "$TMP/two" "$TMP/bf16" loss 1e-2
+check "bf16 reduce: not bit-identical to fp32 (the rounding happened)" \
+  bash -c "! cmp -s <(grep -o '\"loss\": [^,]*' '$TMP/two/metrics.jsonl') <(grep -o '\"loss\": [^,]*' '$TMP/bf16/metrics.jsonl')"
+check "bf16 reduce: the log names it" grep -qE "all-reduced in [0-9]+ buckets of bf16" "$TMP/bf16.log"
+"$CTRAIN" train "${args[@]}" parallel.data=zero2 parallel.reduce_dtype=bf16 "train.out_dir=$TMP/bad" \
+  >"$TMP/bad.log" 2>&1
+rc=$?
+check "reduce_dtype = bf16 with zero2 is refused (exit $rc) naming the keys" \
+  bash -c "[ $rc -ne 0 ] && grep -q 'parallel.reduce_dtype = \"bf16\" works with parallel.data = \"ddp\"' '$TMP/bad.log'"
+
 # kill -9 one worker mid-run; with --max_restarts=1 the run resumes from the last checkpoint
 # and ends exactly where an uninterrupted run ends
 "$LAUNCH" --nproc_per_node 2 --standalone "${args[@]}" train.max_steps=30 train.checkpoint_every=5 \
