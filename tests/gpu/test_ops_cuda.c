@@ -1087,8 +1087,7 @@ static void test_wire_bf16(void) {
   }
   CHECK_MSG(bad == 0 && badb == 0, "%s f32_to_bf16 / bf16_to_f32: %zu / %zu of %zu values differ"
             " from the CPU table", dev->name, bad, badb, n);
-  printf("  %-22s n=%-30zu %s
-", "f32_to_bf16/bf16_to_f32", n, bad + badb ? "MISMATCH" : "bit-exact");
+  printf("  %-22s n=%-30zu %s\n", "f32_to_bf16/bf16_to_f32", n, bad + badb ? "MISMATCH" : "bit-exact");
   note("f32_to_bf16", bad ? INFINITY : 0.0);
   note("bf16_to_f32", badb ? INFINITY : 0.0);
   dev->free(dsrc);
