@@ -43,7 +43,12 @@
  * fragments in registers, one barrier per tile, causal tile skipping, 4-warp blocks), "flash2b"
  * (the same kernels in 8-warp, 128-row blocks), "flash" (the first flash kernels; same state as
  * flash2, so either backward reads either's forward state) or "batched" (16-bit batched gemms,
- * P materialized). CT_CUDA_ATTN_SCRATCH_MB (default 256) caps the scratch the batched
+ * P materialized); in builds with cuDNN attention (CT_HAVE_CUDNN) also "cudnn" (cuDNN's fused
+ * SDPA through the cudnn-frontend, kernels/cuda/attention_cudnn.cpp; the same state sizes, its
+ * own lse units, so forward and backward must run the same variant) and "auto" (per shape,
+ * flash2 or cudnn, whichever forward + backward was faster when timed on the shape's first
+ * forward; flash2 in builds without cuDNN; CT_CUDA_ATTN_LOG=1 prints each decision).
+ * CT_CUDA_ATTN_SCRATCH_MB (default 256) caps the scratch the batched
  * variants use for scores / dP: heads are processed in chunks that fit. CT_CUDA_LT=0 turns off
  * cuBLASLt (loaded at run time) for the bf16 / fp16 matmul_fwd with a bias (its BIAS epilogue;
  * default on).
@@ -74,7 +79,8 @@ const ct_ops *ct_ops_cuda_fp16(void);
 
 /* Switches a variant at run time, as the environment does at init (tests and benchmarks compare
  * variants in one process; kernels/registry.c maps the config's names onto these): op
- * "attention" with "default", "batched", "perhead", "flash", "flash2", "flash2b"; "matmul" with
+ * "attention" with "default", "batched", "perhead", "flash", "flash2", "flash2b", "auto",
+ * "cudnn" (builds with cuDNN attention only); "matmul" with
  * "lt" (default) or "gemmex"; "mlp" epilogue|separate, "norm_bwd" fused|twopass, "add_norm"
  * fused|separate, "xent" smem|rowloop, "embed_bwd" sorted|blocks (the first is the default;
  * "default" also names it). attention_state_floats follows the attention variant, so switch it
