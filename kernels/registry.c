@@ -11,7 +11,7 @@
 typedef struct op_def {
   const char *op;
   const char *optimized, *reference; /* use_kernels = true / false */
-  const char *variants[6];           /* every valid name, NULL-terminated */
+  const char *variants[8];           /* every valid name, NULL-terminated */
   const char *help;
 } op_def;
 

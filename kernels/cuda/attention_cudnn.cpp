@@ -7,15 +7,19 @@
 // are (B, H, T) fp32. Graphs live in a map keyed by the shape; a miss builds (heuristics mode A,
 // the first plan that builds), a hit only binds pointers and executes.
 //
-// The backward asks for cuDNN's deterministic algorithm first (ctrain's kernels use no
-// floating-point atomics, and runs are bit-reproducible); when this cuDNN cannot build it for
-// the shape, the default algorithm (atomics in dQ) is used and
-// ct_cudnn_attn_bwd_deterministic says so.
+// The backward runs cuDNN's default algorithm, which accumulates dQ with floating-point atomics:
+// unlike ctrain's own kernels it is not bit-reproducible from run to run. cuDNN's deterministic
+// algorithm on Hopper (cuDNN < 9.25) materializes dP, a (B, H, T, T) 16-bit workspace (4 GiB at
+// B2 H16 T8192), which defeats the point of fused attention, so it is opt-in:
+// CT_CUDA_CUDNN_DETERMINISTIC=1 asks for it (falling back to the default where it cannot be
+// built; ct_cudnn_attn_bwd_deterministic says which one a shape got).
 #include "kernels/cuda/attention_cudnn.h"
 
 #include <cudnn.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <exception>
 #include <map>
@@ -173,11 +177,15 @@ cached_graph *get(const ct_cudnn_attn_shape *s, int bwd, std::string *why) {
   if (!bwd) {
     e = build_fwd(s, h, &c);
   } else {
-    e = build_bwd(s, h, true, &c);
-    if (e.is_bad()) {
-      const std::string det_msg = e.get_message();
+    const char *det = getenv("CT_CUDA_CUDNN_DETERMINISTIC");
+    std::string det_msg;
+    if (det && det[0] && strcmp(det, "0")) {
+      e = build_bwd(s, h, true, &c);
+      if (e.is_bad()) det_msg = " (deterministic: " + e.get_message() + ")";
+    }
+    if (!c.g) {
       e = build_bwd(s, h, false, &c);
-      if (e.is_bad()) e.err_msg += " (deterministic: " + det_msg + ")";
+      if (e.is_bad()) e.err_msg += det_msg;
     }
   }
   if (e.is_bad()) {

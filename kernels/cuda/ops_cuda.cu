@@ -17,7 +17,8 @@
 //   - Attention state, fp32 table: the probabilities (B, H, T, T), zero above the diagonal (as
 //     the CPU). 16-bit tables: see the two 16-bit attention sections (batched: P in the 16-bit
 //     type; flash: log-sum-exp and a copy of the output).
-//   - Deterministic: no floating-point atomics. Column sums (dweight, dbias) go through fixed
+//   - Deterministic: no floating-point atomics (except the cudnn attention variant's backward,
+//     see its section). Column sums (dweight, dbias) go through fixed
 //     row chunks and a second pass that adds the chunks in order; embedding backward gives each
 //     distinct token to one block that adds its rows in row order (bit-identical to the CPU);
 //     sumsq reduces in double over a fixed grid.
@@ -3754,6 +3755,10 @@ void fl2_bwd(int v, int hd, E *dqkv, const E *dout, const E *qkv, const float *s
 // The auto decision times, outside graph capture, one warm-up then the best of 3 forwards and 3
 // backwards of each backend on the call's own qkv (CUDA events, like lt_exec's candidates), and
 // keeps the lower forward + backward total. CT_CUDA_ATTN_LOG=1 prints each decision to stderr.
+// Determinism: cuDNN's default backward accumulates dQ with atomics, the one exception to this
+// file's no-atomics rule (bits may differ run to run; CT_CUDA_CUDNN_DETERMINISTIC=1 asks cuDNN for
+// its deterministic algorithm at the cost of a (B,H,T,T) workspace, see attention_cudnn.cpp).
+// "auto" may pick cudnn; implementation = "flash" keeps every kernel deterministic.
 struct attn_auto_rec {
   int variant;               // ATTN_FLASH2 or ATTN_CUDNN
   float flash_ms, cudnn_ms;  // forward + backward, best of 3 each (0: not timed)
@@ -3869,8 +3874,14 @@ int attn_auto_pick(E *out, float *state, const E *qkv, int B, int T, int H, int 
   size_t wf = 0, wb = 0;
   E *dq = NULL;
   const size_t n = (size_t)B * T * (H + 2 * KV) * hd;
-  if (cudnn_plan(s, 0, &wf, why, sizeof why) && cudnn_plan(s, 1, &wb, why, sizeof why) &&
-      CK(cudaMalloc(&dq, n * sizeof(E))) && CK(cudaMemsetAsync(dq, 0, n * sizeof(E), g.stream))) {
+  bool can = cudnn_plan(s, 0, &wf, why, sizeof why) && cudnn_plan(s, 1, &wb, why, sizeof why);
+  if (can && cudaMalloc(&dq, n * sizeof(E)) != cudaSuccess) { // out of memory: not an op error
+    cudaGetLastError();
+    dq = NULL;
+    snprintf(why, sizeof why, "no memory for the timing run's gradient buffer");
+    can = false;
+  }
+  if (can && CK(cudaMemsetAsync(dq, 0, n * sizeof(E), g.stream))) {
     // dout = out: any values time the same; dq collects the (discarded) gradients
     r.flash_ms = time_best3([&] { fl2_fwd<E>(ATTN_FLASH2, hd, out, state, qkv, B, T, H, KV); }) +
                  time_best3([&] { fl2_bwd<E>(ATTN_FLASH2, hd, dq, out, qkv, state, B, T, H, KV); });

@@ -1254,8 +1254,8 @@ static const char *g_attn_list = "batched,flash,flash2,flash2b,default";
 #if CT_HAVE_CUDNN
 /* cudnn against flash2 on the same device inputs: forward output and backward gradients (into
  * zeroed dqkv), both 16-bit results of the same exact values, so the bound is two 16-bit
- * tolerances. Where cuDNN runs its deterministic backward, a second backward must be
- * bit-identical. Shapes: GQA ratios 1, 2, 4, 8; head dims 64 and 128; T off the 64/128 tiles. */
+ * tolerances. Where cuDNN runs its deterministic backward (CT_CUDA_CUDNN_DETERMINISTIC=1), a
+ * second backward must be bit-identical. Shapes: GQA ratios 1, 2, 4, 8; head dims 64 and 128; T off the 64/128 tiles. */
 static void test_attn_cudnn_vs_flash(void) {
   static const int S[][5] = {/* B, T, H, KV, hd */
                              {2, 77, 4, 4, 64},    {2, 100, 8, 4, 64},  {1, 200, 16, 4, 64},
@@ -1325,7 +1325,7 @@ static void test_attn_cudnn_vs_flash(void) {
     }
     note("attention/cudnn~flash2", err[0] > err[1] ? err[0] : err[1]);
     printf("  %-40s out %.2e  dqkv %.2e  (cudnn backward %s)\n", what, err[0], err[1],
-           det == 1 ? "deterministic, repeat bit-identical" : "non-deterministic (atomics)");
+           det == 1 ? "deterministic, repeat bit-identical" : "default algorithm, dQ atomics");
   next:
     free(h16);
     free(a);
