@@ -6,7 +6,8 @@
 # PyTorch SDPA with its flash and cuDNN backends (bench/ref/torch_attention.py). FLOPs counted
 # the same way for both (forward 2*B*H*T*T*D, backward twice that); prints ctrain's best per
 # shape against PyTorch's best.
-#   usage: bench/attention.sh [BUILD_DIR]     env: OUT (bench/results), COMMIT
+#   usage: bench/attention.sh [BUILD_DIR]     env: OUT (bench/results), COMMIT, ATTN (the ctrain
+#   variants to time, default batched,flash,flash2,flash2b,cudnn,auto; batched alone takes minutes)
 set -uo pipefail
 BUILD=${1:-build-gpu}
 cd "$(dirname "$0")/.."
@@ -17,7 +18,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
 out=$OUT/attention_$(date +%F)_${gpu}_${commit}.txt
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$BUILD/tests/test_ops_cuda" --perf --dtype bf16 --op attention --attn batched,flash,flash2,flash2b,cudnn,auto \
+"$BUILD/tests/test_ops_cuda" --perf --dtype bf16 --op attention --attn "${ATTN:-batched,flash,flash2,flash2b,cudnn,auto}" \
   >"$tmp/ctrain.txt" 2>&1
 python3 bench/ref/torch_attention.py >"$tmp/torch.jsonl" 2>"$tmp/torch.err" || tail -3 "$tmp/torch.err"
 python3 - "$tmp/ctrain.txt" "$tmp/torch.jsonl" "$commit" <<'PY' | tee "$out"
