@@ -16,12 +16,12 @@
 //     rope_bwd rotates dqkv back in place; xent_fwd_bwd overwrites logits with its gradient.
 //   - Attention state, fp32 table: the probabilities (B, H, T, T), zero above the diagonal (as
 //     the CPU). 16-bit tables: see the two 16-bit attention sections (batched: P in the 16-bit
-//     type; flash: log-sum-exp and a copy of the output).
+//     type; flash and cudnn: log-sum-exp and a copy of the output).
 //   - Deterministic: no floating-point atomics (except the cudnn attention variant's backward,
-//     see its section). Column sums (dweight, dbias) go through fixed
-//     row chunks and a second pass that adds the chunks in order; embedding backward gives each
-//     distinct token to one block that adds its rows in row order (bit-identical to the CPU);
-//     sumsq reduces in double over a fixed grid.
+//     see its section). Column sums (dweight, dbias) go through fixed row chunks and a second
+//     pass that adds the chunks in order; embedding backward gives each distinct token to one
+//     block that adds its rows in row order (bit-identical to the CPU); sumsq reduces in double
+//     over a fixed grid.
 //   - Everything is queued on one stream (created by ct_cuda_init); to_host synchronizes.
 //     Errors are sticky (see ops_cuda.h): the first failing call is kept for ct_cuda_check.
 //

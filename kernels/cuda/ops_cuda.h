@@ -21,7 +21,8 @@
  * matmuls and attention products accumulate in fp32 (cuBLAS, compute 32F); norms, softmax,
  * cross-entropy and the elementwise ops compute in fp32 from bf16 loads and round once on store.
  * bf16 attention state: the batched variant keeps P as bf16 (B,H,T,T) (half of B*H*T*T floats);
- * the flash variants keep the log-sum-exp (B,H,T) and a bf16 copy of the output (N, H*hd).
+ * the flash variants keep the log-sum-exp (B,H,T) and a bf16 copy of the output (N, H*hd); so
+ * does cudnn (its log-sum-exp in natural-log units, flash's in log2 units).
  * The fp16 table ("cuda-fp16", dtype "fp16") is the bf16 table with __half in place of
  * __nv_bfloat16 everywhere (cuBLAS / cuBLASLt CUDA_R_16F with fp32 compute, flash attention through
  * the f16 form of mma.sync, the same state layouts), for GPUs before compute capability 8.0 and
