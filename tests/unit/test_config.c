@@ -109,12 +109,14 @@ int main(void) {
     CHECK(ct_registry_resolve("cuda", &on, &t) == CT_OK);
     CHECK(!strcmp(t.variant[CT_KMODE_TRAIN][0], "cudnn"));
     CHECK(strstr(ct_registry_attention_available(), "cudnn") != NULL);
+    CHECK(ct_registry_resolve("cpu", &on, &t) == CT_ERR_CONFIG); /* a CUDA kernel */
+    CHECK(strstr(ct_last_error(), "on the CPU the available implementations are auto, sdpa and eager"));
 #else
     CHECK(ct_registry_resolve("cuda", &on, &t) == CT_ERR_CONFIG);
     CHECK(strstr(ct_last_error(), "available: auto, sdpa, eager, flash") != NULL);
-#endif
     CHECK(ct_registry_resolve("cpu", &on, &t) == CT_ERR_CONFIG);
-    CHECK(strstr(ct_last_error(), "on the CPU the available implementations are auto, sdpa and eager"));
+    CHECK(strstr(ct_last_error(), "no cuDNN attention") != NULL);
+#endif
     snprintf(on.attention, sizeof on.attention, "flash");
     CHECK(ct_registry_resolve("cpu", &on, &t) == CT_ERR_CONFIG);
     CHECK(strstr(ct_last_error(), "on the CPU the available implementations are auto, sdpa and eager"));
