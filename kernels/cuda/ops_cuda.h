@@ -48,7 +48,10 @@
  * SDPA through the cudnn-frontend, kernels/cuda/attention_cudnn.cpp; the same state sizes, its
  * own lse units, so forward and backward must run the same variant) and "auto" (per shape,
  * flash2 or cudnn, whichever forward + backward was faster when timed on the shape's first
- * forward; flash2 in builds without cuDNN; CT_CUDA_ATTN_LOG=1 prints each decision).
+ * forward; flash2 in builds without cuDNN; CT_CUDA_ATTN_LOG=1 prints each decision). cudnn's
+ * backward accumulates dQ with atomics (not bit-reproducible); CT_CUDA_CUDNN_DETERMINISTIC=1
+ * asks cuDNN for its deterministic algorithm, which on Hopper with cuDNN < 9.25 needs a
+ * (B, H, T, T) 16-bit workspace.
  * CT_CUDA_ATTN_SCRATCH_MB (default 256) caps the scratch the batched
  * variants use for scores / dP: heads are processed in chunks that fit. CT_CUDA_LT=0 turns off
  * cuBLASLt (loaded at run time) for the bf16 / fp16 matmul_fwd with a bias (its BIAS epilogue;
