@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # bench/attention.sh — attention forward and forward+backward TFLOP/s (issue #7): causal, bf16,
 # T = 1k, 2k, 4k, 8k at 16k tokens per call, head dims 64 (16 heads) and 128 (16 heads, 8 kv);
-# every ctrain variant (test_ops_cuda --perf on its "bench" cases) and, in the same run,
+# every ctrain variant (test_ops_cuda --perf on its "bench" cases; cudnn = cuDNN fused attention
+# where the build has it, auto = the per-shape measured choice between flash2 and cudnn) and, in the same run,
 # PyTorch SDPA with its flash and cuDNN backends (bench/ref/torch_attention.py). FLOPs counted
 # the same way for both (forward 2*B*H*T*T*D, backward twice that); prints ctrain's best per
 # shape against PyTorch's best.
-#   usage: bench/attention.sh [BUILD_DIR]     env: OUT (bench/results), COMMIT
+#   usage: bench/attention.sh [BUILD_DIR]     env: OUT (bench/results), COMMIT, ATTN (the ctrain
+#   variants to time, default batched,flash,flash2,flash2b,cudnn,auto; batched alone takes minutes)
 set -uo pipefail
 BUILD=${1:-build-gpu}
 cd "$(dirname "$0")/.."
@@ -16,7 +18,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')
 out=$OUT/attention_$(date +%F)_${gpu}_${commit}.txt
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$BUILD/tests/test_ops_cuda" --perf --dtype bf16 --op attention --attn batched,flash,flash2,flash2b \
+"$BUILD/tests/test_ops_cuda" --perf --dtype bf16 --op attention --attn "${ATTN:-batched,flash,flash2,flash2b,cudnn,auto}" \
   >"$tmp/ctrain.txt" 2>&1
 python3 bench/ref/torch_attention.py >"$tmp/torch.jsonl" 2>"$tmp/torch.err" || tail -3 "$tmp/torch.err"
 python3 - "$tmp/ctrain.txt" "$tmp/torch.jsonl" "$commit" <<'PY' | tee "$out"

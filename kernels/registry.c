@@ -11,7 +11,7 @@
 typedef struct op_def {
   const char *op;
   const char *optimized, *reference; /* use_kernels = true / false */
-  const char *variants[6];           /* every valid name, NULL-terminated */
+  const char *variants[8];           /* every valid name, NULL-terminated */
   const char *help;
 } op_def;
 
@@ -19,9 +19,22 @@ typedef struct op_def {
  * (bench/results/profile_gpt2_b64_*): the optimized set took GPT-2 124M at B=64 from 189 to
  * 131 ms per step. */
 static const op_def CUDA_OPS[] = {
+#if CT_HAVE_CUDNN
+    /* auto: flash or cudnn per shape, whichever forward + backward ran faster when the shape
+     * was first seen (timed on the device, kernels/cuda/ops_cuda.cu attn_auto_pick). On an H200
+     * (bench/results/attention_2026-11-30_NVIDIA_H200_b31116e.txt) cudnn ran forward + backward
+     * 1.4-2.4x faster than flash at T = 1k..8k, head dims 64 and 128, and auto picked it there;
+     * flash kept the small shapes (e.g. B16 T100 H2 hd64: 0.031 vs 0.048 ms). */
+    {"attention", "auto", "eager", {"auto", "flash", "cudnn", "flash1", "flash2b", "eager", NULL},
+     "auto: flash or cudnn per shape, the faster one as timed on the shape's first use; flash: own"
+     " FA2-style kernels (head dims 64/128, sm80+; eager otherwise); cudnn: cuDNN fused attention"
+     " (cudnn-frontend); flash1: the first flash kernels; flash2b: 8-warp blocks; eager: matmul +"
+     " softmax + matmul (cuBLAS batched)"},
+#else
     {"attention", "flash", "eager", {"flash", "flash1", "flash2b", "eager", NULL},
      "flash: own FA2-style kernels (head dims 64/128, sm80+; eager otherwise); flash1: the first"
      " flash kernels; flash2b: 8-warp blocks; eager: matmul + softmax + matmul (cuBLAS batched)"},
+#endif
     {"matmul", "lt", "gemmex", {"lt", "gemmex", NULL},
      "lt: cuBLASLt with bias/GELU epilogues, candidates timed on first use; gemmex: cublasGemmEx"},
     {"mlp", "epilogue", "separate", {"epilogue", "separate", NULL},
@@ -66,8 +79,12 @@ static void join_ops(const op_def *defs, int n, char *out, size_t cap) {
 }
 
 const char *ct_registry_attention_available(void) {
+#if CT_HAVE_CUDNN
+  return "auto, sdpa, eager, flash, cudnn";
+#else
   /* cuDNN fused attention needs the cudnn-frontend headers at build time: not in this build */
   return "auto, sdpa, eager, flash";
+#endif
 }
 
 ct_status ct_registry_check(const char *device, const char *mode, const char *op,
@@ -101,18 +118,18 @@ ct_status ct_registry_resolve(const char *device, const ct_kernels_cfg *cfg, ct_
   t->device = defs == CUDA_OPS ? "cuda" : "cpu";
   t->n_ops = n;
   const char *att = cfg->attention[0] ? cfg->attention : "auto";
-  if (!strcmp(att, "cudnn"))
+  if (!CT_HAVE_CUDNN && !strcmp(att, "cudnn"))
     return ct_set_error(CT_ERR_CONFIG, "attention.implementation = \"cudnn\": this build has no cuDNN"
                         " attention (it needs the cudnn-frontend headers); available: %s",
                         ct_registry_attention_available());
-  if (defs == CPU_OPS && !strcmp(att, "flash"))
-    return ct_set_error(CT_ERR_CONFIG, "attention.implementation = \"flash\" is a CUDA kernel; on"
-                        " the CPU the available implementations are auto, sdpa and eager");
+  if (defs == CPU_OPS && (!strcmp(att, "flash") || !strcmp(att, "cudnn")))
+    return ct_set_error(CT_ERR_CONFIG, "attention.implementation = \"%s\" is a CUDA kernel; on"
+                        " the CPU the available implementations are auto, sdpa and eager", att);
   for (int i = 0; i < n; i++) {
     t->op[i] = defs[i].op;
     const char *v = cfg->use_kernels ? defs[i].optimized : defs[i].reference;
     if (!strcmp(defs[i].op, "attention") && strcmp(att, "auto") && strcmp(att, "sdpa"))
-      v = !strcmp(att, "eager") || defs == CPU_OPS ? "eager" : "flash";
+      v = !strcmp(att, "eager") || defs == CPU_OPS ? "eager" : !strcmp(att, "cudnn") ? "cudnn" : "flash";
     t->variant[CT_KMODE_TRAIN][i] = t->variant[CT_KMODE_EVAL][i] = v;
   }
   for (int k = 0; k < cfg->n; k++) {

@@ -18,6 +18,9 @@ int ct_cuda_device_info(int i, char *name, size_t name_cap, char *pci, size_t pc
                         int *minor, size_t *mem_bytes);
 void ct_cuda_versions(int *runtime, int *driver);
 #endif
+#if CT_HAVE_CUDNN
+#include "kernels/cuda/attention_cudnn.h"
+#endif
 
 int ct_cuda_visible_devices(void) {
 #if CT_HAVE_CUDA
@@ -159,11 +162,22 @@ void ct_env_print(FILE *f) {
   lib_version(f, "cuDNN", (const char *const[]){"libcudnn.so.9", "libcudnn.so", NULL}, "cudnnGetVersion", 0);
 #endif
   fprintf(f, "libraries: HDF5 %u.%u.%u, OpenBLAS\n", maj, min, rel);
-  fprintf(f, "attention backends: cpu: eager%s\n",
-          CT_HAVE_CUDA ? "; cuda fp32: eager (cuBLAS batched); cuda bf16: flash (own FA2-style"
-                         " kernel, head dims 64/128; others fall back to eager)" : "");
-  fprintf(f, "attention.implementation choices: %s (cudnn: not in this build)\n",
-          ct_registry_attention_available());
+  fprintf(f, "attention backends: cpu: eager%s%s\n",
+          CT_HAVE_CUDA ? "; cuda fp32: eager (cuBLAS batched); cuda bf16/fp16: flash (own FA2-style"
+                         " kernel, head dims 64/128; others fall back to eager)" : "",
+          CT_HAVE_CUDNN ? ", cudnn (cuDNN fused attention, head dims 64/128), auto (flash or cudnn"
+                          " per shape, timed on first use)" : "");
+#if CT_HAVE_CUDNN
+  const size_t cv = ct_cudnn_attn_runtime_version();
+  const int fv = ct_cudnn_attn_frontend_version();
+  fprintf(f, "attention.implementation choices: %s (cudnn: built with cudnn-frontend %d.%d.%d,"
+          " runtime cuDNN %zu.%zu.%zu%s)\n", ct_registry_attention_available(), fv / 10000,
+          fv / 100 % 100, fv % 100, cv / 10000, cv / 100 % 100, cv % 100,
+          cv < 90000 ? ": too old, fused attention needs 9.0+" : "");
+#else
+  fprintf(f, "attention.implementation choices: %s (cudnn: not in this build; it needs the"
+          " cudnn-frontend headers at configure time)\n", ct_registry_attention_available());
+#endif
   /* the default kernel tables ([kernels] and use_kernels in a config change them) */
   ct_kernels_cfg kc = {.use_kernels = true, .attention = "auto"};
   ct_kernel_table kt;

@@ -16,11 +16,12 @@
 //     rope_bwd rotates dqkv back in place; xent_fwd_bwd overwrites logits with its gradient.
 //   - Attention state, fp32 table: the probabilities (B, H, T, T), zero above the diagonal (as
 //     the CPU). 16-bit tables: see the two 16-bit attention sections (batched: P in the 16-bit
-//     type; flash: log-sum-exp and a copy of the output).
-//   - Deterministic: no floating-point atomics. Column sums (dweight, dbias) go through fixed
-//     row chunks and a second pass that adds the chunks in order; embedding backward gives each
-//     distinct token to one block that adds its rows in row order (bit-identical to the CPU);
-//     sumsq reduces in double over a fixed grid.
+//     type; flash and cudnn: log-sum-exp and a copy of the output).
+//   - Deterministic: no floating-point atomics (except the cudnn attention variant's backward,
+//     see its section). Column sums (dweight, dbias) go through fixed row chunks and a second
+//     pass that adds the chunks in order; embedding backward gives each distinct token to one
+//     block that adds its rows in row order (bit-identical to the CPU); sumsq reduces in double
+//     over a fixed grid.
 //   - Everything is queued on one stream (created by ct_cuda_init); to_host synchronizes.
 //     Errors are sticky (see ops_cuda.h): the first failing call is kept for ct_cuda_check.
 //
@@ -46,8 +47,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "ct_build_config.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
+#if CT_HAVE_CUDNN
+#include "kernels/cuda/attention_cudnn.h"
+#endif
 
 namespace {
 
@@ -55,15 +60,19 @@ typedef __nv_bfloat16 bf16;
 typedef __half f16;
 
 // Attention variants (CT_CUDA_ATTN / ct_cuda_set_variant). fp32 table: batched or perhead;
-// bf16 and fp16 tables: batched, flash, flash2 (default) or flash2b (the flash ones for head dims
-// 64 and 128 on compute capability 8.0+, batched otherwise).
+// bf16 and fp16 tables: batched, flash, flash2 (default), flash2b, cudnn (cuDNN's fused SDPA,
+// builds with the cudnn-frontend headers) or auto (per shape, the faster of flash2 and cudnn as
+// timed on the shape's first forward; flash2 without cuDNN); all but batched for head dims 64 and
+// 128 on compute capability 8.0+, batched otherwise.
 enum {
   ATTN_DEFAULT = -1,
   ATTN_BATCHED = 0,
   ATTN_PERHEAD = 1,
   ATTN_FLASH = 2,  // the first flash kernels
   ATTN_FLASH2 = 3, // flash2 kernels (see their section), 4-warp blocks: the 16-bit default
-  ATTN_FLASH2B = 4 // the same kernels in 8-warp, 128-row blocks (slower on the H200)
+  ATTN_FLASH2B = 4, // the same kernels in 8-warp, 128-row blocks (slower on the H200)
+  ATTN_CUDNN = 5,   // cuDNN fused attention (attention_cudnn.cpp)
+  ATTN_AUTO = 6     // flash2 or cudnn per shape, by measurement (attn_auto_pick)
 };
 // What ATTN_DEFAULT means for the 16-bit tables: flash2. flash was promoted over batched after it
 // beat it on the same inputs (H200, bf16, tests/gpu/test_ops_cuda --perf: GPT-2 B16 T1024 H12
@@ -3632,9 +3641,13 @@ int attn_16_variant() {
   return g.attn_variant == ATTN_DEFAULT ? HALF_ATTN_DEFAULT : g.attn_variant;
 }
 // flash and flash2 keep the same state (lse + O copy), so either backward reads either's state.
+// cudnn keeps the same sizes (its own lse units, see the cuDNN section), so state_floats does not
+// depend on which of them runs.
 bool attn_16_flash(int hd) {
   const int v = attn_16_variant();
-  return (v == ATTN_FLASH || v == ATTN_FLASH2 || v == ATTN_FLASH2B) && flash_ok(hd);
+  return (v == ATTN_FLASH || v == ATTN_FLASH2 || v == ATTN_FLASH2B || v == ATTN_CUDNN ||
+          v == ATTN_AUTO) &&
+         flash_ok(hd);
 }
 
 // Raises a kernel's dynamic shared memory limit once per device (*done: a bit per device).
@@ -3764,6 +3777,184 @@ void fl2_bwd(int v, int hd, E *dqkv, const E *dout, const E *qkv, const float *s
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// 16-bit attention through cuDNN (variant "cudnn") and the measured choice between it and flash2
+// (variant "auto").
+//
+// cuDNN's fused SDPA (attention_cudnn.cpp builds one graph per shape, once) in the flash state
+// layout: [stats (B,H,T) fp32, padded to 8 floats][O copy (N, H*hd), E]. cuDNN's stats are the
+// natural-log log-sum-exp, flash's are in log2 units, so a step's forward and backward must run
+// the same backend: "cudnn" always does; "auto" decides a shape at its first forward and the
+// backward reads that decision. Costs beyond cuDNN's kernels: the forward copies O into the state
+// (N*H*hd elements), the backward lets cuDNN overwrite dq/dk/dv in scratch and adds them into dqkv
+// (ops.h: backward accumulates; cuDNN has no accumulate), 3 passes over N*W elements.
+// The auto decision times, outside graph capture, one warm-up then the best of 3 forwards and 3
+// backwards of each backend on the call's own qkv (CUDA events, like lt_exec's candidates), and
+// keeps the lower forward + backward total. CT_CUDA_ATTN_LOG=1 prints each decision to stderr.
+// Determinism: cuDNN's default backward accumulates dQ with atomics, the one exception to this
+// file's no-atomics rule (bits may differ run to run; CT_CUDA_CUDNN_DETERMINISTIC=1 asks cuDNN for
+// its deterministic algorithm at the cost of a (B,H,T,T) workspace, see attention_cudnn.cpp).
+// "auto" may pick cudnn; implementation = "flash" keeps every kernel deterministic.
+struct attn_auto_rec {
+  int variant;               // ATTN_FLASH2 or ATTN_CUDNN
+  float flash_ms, cudnn_ms;  // forward + backward, best of 3 each (0: not timed)
+};
+std::map<std::vector<int>, attn_auto_rec> attn_auto;
+
+template <typename E> std::vector<int> attn_key(int B, int T, int H, int KV, int hd) {
+  return {g.device, (int)std::is_same<E, f16>::value, B, T, H, KV, hd};
+}
+
+#if CT_HAVE_CUDNN
+template <typename E> ct_cudnn_attn_shape cudnn_shape(int B, int T, int H, int KV, int hd) {
+  ct_cudnn_attn_shape s;
+  s.device = g.device;
+  s.B = B, s.T = T, s.H = H, s.KV = KV, s.hd = hd;
+  s.fp16 = std::is_same<E, f16>::value;
+  return s;
+}
+
+// The graph's workspace; false (with the reason in why) when cuDNN cannot run the shape.
+bool cudnn_plan(const ct_cudnn_attn_shape &s, int bwd, size_t *ws, char *why, size_t cap) {
+  return ct_cudnn_attn_plan(&s, bwd, !g.capturing, ws, why, cap) == 0;
+}
+
+template <typename E>
+void cudnn_fwd(E *out, float *state, const E *qkv, int B, int T, int H, int KV, int hd) {
+  const ct_cudnn_attn_shape s = cudnn_shape<E>(B, T, H, KV, hd);
+  char why[512];
+  size_t ws = 0;
+  if (!cudnn_plan(s, 0, &ws, why, sizeof why)) {
+    record_error("cuDNN attention", why, __FILE__, __LINE__);
+    return;
+  }
+  void *w = ws ? scratch(ws) : NULL;
+  if (ws && !w) return;
+  if (ct_cudnn_attn_fwd(g.stream, &s, out, state, qkv, w, why, sizeof why) != 0) {
+    record_error("ct_cudnn_attn_fwd", why, __FILE__, __LINE__);
+    return;
+  }
+  E *oc = (E *)(state + flash_lse_floats(B, T, H));
+  CK(cudaMemcpyAsync(oc, out, sizeof(E) * (size_t)B * T * H * hd, cudaMemcpyDeviceToDevice,
+                     g.stream));
+}
+
+template <typename E>
+void cudnn_bwd(E *dqkv, const E *dout, const E *qkv, const float *state, int B, int T, int H,
+               int KV, int hd) {
+  const ct_cudnn_attn_shape s = cudnn_shape<E>(B, T, H, KV, hd);
+  char why[512];
+  size_t ws = 0;
+  if (!cudnn_plan(s, 1, &ws, why, sizeof why)) {
+    record_error("cuDNN attention", why, __FILE__, __LINE__);
+    return;
+  }
+  const size_t n = (size_t)B * T * (H + 2 * KV) * hd, ws_al = (ws + 255) / 256 * 256;
+  char *base = (char *)scratch(ws_al + n * sizeof(E));
+  if (!base) return;
+  E *tmp = (E *)(base + ws_al);
+  const E *oc = (const E *)(state + flash_lse_floats(B, T, H));
+  if (ct_cudnn_attn_bwd(g.stream, &s, tmp, dout, qkv, oc, state, ws ? base : NULL, why,
+                        sizeof why) != 0) {
+    record_error("ct_cudnn_attn_bwd", why, __FILE__, __LINE__);
+    return;
+  }
+  constexpr size_t V = 16 / sizeof(E); // dqkv += tmp
+  if (n % V == 0 && aligned16(dqkv)) {
+    add_vec_kernel<E><<<grid_for(n / V, 256), 256, 0, g.stream>>>(dqkv, dqkv, tmp, n / V);
+    CK_LAUNCH(add_vec_kernel);
+  } else {
+    add_kernel<E><<<grid_for(n, 256), 256, 0, g.stream>>>(dqkv, dqkv, tmp, n);
+    CK_LAUNCH(add_kernel);
+  }
+}
+
+// Best of 3 timed runs of fn after one warm-up, in ms (CUDA events on g.stream).
+template <typename F> float time_best3(F fn) {
+  fn();
+  cudaEvent_t e0, e1;
+  if (!CK(cudaEventCreate(&e0))) return INFINITY;
+  if (!CK(cudaEventCreate(&e1))) {
+    cudaEventDestroy(e0);
+    return INFINITY;
+  }
+  float best = INFINITY;
+  for (int k = 0; k < 3; k++) {
+    float ms = 0;
+    cudaEventRecord(e0, g.stream);
+    fn();
+    cudaEventRecord(e1, g.stream);
+    cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (ms < best) best = ms;
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best;
+}
+#endif
+
+// The backend "auto" runs for this shape's forward: the recorded decision, else (outside graph
+// capture) a new measured one; flash2 where cuDNN is missing, cannot run the shape, or a graph
+// is being recorded (the decision then waits for an uncaptured forward).
+template <typename E>
+int attn_auto_pick(E *out, float *state, const E *qkv, int B, int T, int H, int KV, int hd) {
+  const std::vector<int> key = attn_key<E>(B, T, H, KV, hd);
+  auto it = attn_auto.find(key);
+  if (it != attn_auto.end()) return it->second.variant;
+#if CT_HAVE_CUDNN
+  if (g.capturing) return ATTN_FLASH2;
+  attn_auto_rec r = {ATTN_FLASH2, 0, 0};
+  const ct_cudnn_attn_shape s = cudnn_shape<E>(B, T, H, KV, hd);
+  char why[512] = "";
+  size_t wf = 0, wb = 0;
+  E *dq = NULL;
+  const size_t n = (size_t)B * T * (H + 2 * KV) * hd;
+  bool can = cudnn_plan(s, 0, &wf, why, sizeof why) && cudnn_plan(s, 1, &wb, why, sizeof why);
+  if (can && cudaMalloc(&dq, n * sizeof(E)) != cudaSuccess) { // out of memory: not an op error
+    cudaGetLastError();
+    dq = NULL;
+    snprintf(why, sizeof why, "no memory for the timing run's gradient buffer");
+    can = false;
+  }
+  if (can && CK(cudaMemsetAsync(dq, 0, n * sizeof(E), g.stream))) {
+    // dout = out: any values time the same; dq collects the (discarded) gradients
+    r.flash_ms = time_best3([&] { fl2_fwd<E>(ATTN_FLASH2, hd, out, state, qkv, B, T, H, KV); }) +
+                 time_best3([&] { fl2_bwd<E>(ATTN_FLASH2, hd, dq, out, qkv, state, B, T, H, KV); });
+    r.cudnn_ms = time_best3([&] { cudnn_fwd<E>(out, state, qkv, B, T, H, KV, hd); }) +
+                 time_best3([&] { cudnn_bwd<E>(dq, out, qkv, state, B, T, H, KV, hd); });
+    if (r.cudnn_ms < r.flash_ms) r.variant = ATTN_CUDNN;
+  }
+  if (dq) {
+    CK(cudaStreamSynchronize(g.stream));
+    CK(cudaFree(dq));
+  }
+  if (getenv("CT_CUDA_ATTN_LOG") && atoi(getenv("CT_CUDA_ATTN_LOG")) > 0) {
+    if (r.flash_ms > 0)
+      fprintf(stderr, "attention auto B%d T%d H%d KV%d hd%d %s: flash2 %.3f ms, cudnn %.3f ms"
+              " (forward + backward) -> %s\n", B, T, H, KV, hd,
+              std::is_same<E, f16>::value ? "fp16" : "bf16", r.flash_ms, r.cudnn_ms,
+              r.variant == ATTN_CUDNN ? "cudnn" : "flash2");
+    else
+      fprintf(stderr, "attention auto B%d T%d H%d KV%d hd%d: flash2 (cuDNN: %s)\n", B, T, H, KV,
+              hd, why);
+  }
+  attn_auto[key] = r;
+  return r.variant;
+#else
+  (void)out, (void)state, (void)qkv;
+  return ATTN_FLASH2;
+#endif
+}
+
+// The backend the backward of this shape runs: the forward's.
+template <typename E> int attn_bwd_pick(int B, int T, int H, int KV, int hd) {
+  const int v = attn_16_variant();
+  if (v != ATTN_AUTO) return v;
+  auto it = attn_auto.find(attn_key<E>(B, T, H, KV, hd));
+  return it != attn_auto.end() ? it->second.variant : ATTN_FLASH2;
+}
+
 size_t cu_attention_state_floats_16(int B, int T, int H, int /*KV*/, int hd) {
   return attn_16_flash(hd) ? flash_state_floats(B, T, H, hd)
                            : attn_16_batched_state_floats(B, T, H);
@@ -3779,7 +3970,15 @@ void cu_attention_fwd_16(void *out, float *state, const void *qkv, int B, int T,
     return;
   }
   if (!fl_aligned(out, state, qkv)) return;
-  const int v = attn_16_variant();
+  int v = attn_16_variant();
+  if (v == ATTN_AUTO) v = attn_auto_pick<E>((E *)out, state, (const E *)qkv, B, T, H, KV, hd);
+#if CT_HAVE_CUDNN
+  if (v == ATTN_CUDNN) {
+    cudnn_fwd<E>((E *)out, state, (const E *)qkv, B, T, H, KV, hd);
+    return;
+  }
+#endif
+  if (v == ATTN_CUDNN) v = ATTN_FLASH2; // unreachable: set_variant refuses cudnn without cuDNN
   if (v != ATTN_FLASH) fl2_fwd<E>(v, hd, (E *)out, state, (const E *)qkv, B, T, H, KV);
   else if (hd == 64) flash_fwd_launch<64, E>((E *)out, state, (const E *)qkv, B, T, H, KV);
   else flash_fwd_launch<128, E>((E *)out, state, (const E *)qkv, B, T, H, KV);
@@ -3795,7 +3994,14 @@ void cu_attention_bwd_16(void *dqkv, const void *dout, const void *qkv, const fl
     return;
   }
   if (!fl_aligned(dqkv, dout, qkv) || !fl_aligned(state, state, state)) return;
-  const int v = attn_16_variant();
+  int v = attn_bwd_pick<E>(B, T, H, KV, hd);
+#if CT_HAVE_CUDNN
+  if (v == ATTN_CUDNN) {
+    cudnn_bwd<E>((E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV, hd);
+    return;
+  }
+#endif
+  if (v == ATTN_CUDNN) v = ATTN_FLASH2;
   if (v != ATTN_FLASH)
     fl2_bwd<E>(v, hd, (E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV);
   else if (hd == 64)
@@ -4058,6 +4264,10 @@ int set_variant(const char *op, const char *v) {
     else if (!strcmp(v, "flash")) g.attn_variant = ATTN_FLASH;
     else if (!strcmp(v, "flash2")) g.attn_variant = ATTN_FLASH2;
     else if (!strcmp(v, "flash2b")) g.attn_variant = ATTN_FLASH2B;
+    else if (!strcmp(v, "auto")) g.attn_variant = ATTN_AUTO;
+#if CT_HAVE_CUDNN
+    else if (!strcmp(v, "cudnn")) g.attn_variant = ATTN_CUDNN;
+#endif
     else return -1;
     return 0;
   }
@@ -4088,6 +4298,11 @@ int set_variant(const char *op, const char *v) {
 
 void release() {
   lt_release();
+#if CT_HAVE_CUDNN
+  ct_cudnn_attn_release(g.device);
+#endif
+  for (auto it = attn_auto.begin(); it != attn_auto.end();)
+    it = (*it).first[0] == g.device ? attn_auto.erase(it) : std::next(it);
   if (g.scratch) cudaFree(g.scratch);
   if (g.host_result) cudaFreeHost(g.host_result);
   if (g.blas) cublasDestroy(g.blas);
@@ -4173,7 +4388,8 @@ extern "C" int ct_cuda_init(int device, char *err, size_t errcap) {
   const char *attn = getenv("CT_CUDA_ATTN");
   g.attn_variant = ATTN_DEFAULT;
   if (attn && attn[0] && set_variant("attention", attn) != 0)
-    INIT_FAIL("CT_CUDA_ATTN=%s: unknown attention variant (batched, perhead, flash, flash2, flash2b)", attn);
+    INIT_FAIL("CT_CUDA_ATTN=%s: unknown attention variant (batched, perhead, flash, flash2, flash2b, auto%s)",
+              attn, CT_HAVE_CUDNN ? ", cudnn" : "");
   g.matmul_lt = !(getenv("CT_CUDA_LT") && !env_on("CT_CUDA_LT"));
   g.gelu_epilogue = g.norm_bwd_fused = g.add_norm_fused = g.xent_smem = g.embed_sorted = 1;
   const char *cap = getenv("CT_CUDA_ATTN_SCRATCH_MB");

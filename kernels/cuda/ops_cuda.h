@@ -21,7 +21,8 @@
  * matmuls and attention products accumulate in fp32 (cuBLAS, compute 32F); norms, softmax,
  * cross-entropy and the elementwise ops compute in fp32 from bf16 loads and round once on store.
  * bf16 attention state: the batched variant keeps P as bf16 (B,H,T,T) (half of B*H*T*T floats);
- * the flash variants keep the log-sum-exp (B,H,T) and a bf16 copy of the output (N, H*hd).
+ * the flash variants keep the log-sum-exp (B,H,T) and a bf16 copy of the output (N, H*hd); so
+ * does cudnn (its log-sum-exp in natural-log units, flash's in log2 units).
  * The fp16 table ("cuda-fp16", dtype "fp16") is the bf16 table with __half in place of
  * __nv_bfloat16 everywhere (cuBLAS / cuBLASLt CUDA_R_16F with fp32 compute, flash attention through
  * the f16 form of mma.sync, the same state layouts), for GPUs before compute capability 8.0 and
@@ -43,7 +44,15 @@
  * fragments in registers, one barrier per tile, causal tile skipping, 4-warp blocks), "flash2b"
  * (the same kernels in 8-warp, 128-row blocks), "flash" (the first flash kernels; same state as
  * flash2, so either backward reads either's forward state) or "batched" (16-bit batched gemms,
- * P materialized). CT_CUDA_ATTN_SCRATCH_MB (default 256) caps the scratch the batched
+ * P materialized); in builds with cuDNN attention (CT_HAVE_CUDNN) also "cudnn" (cuDNN's fused
+ * SDPA through the cudnn-frontend, kernels/cuda/attention_cudnn.cpp; the same state sizes, its
+ * own lse units, so forward and backward must run the same variant) and "auto" (per shape,
+ * flash2 or cudnn, whichever forward + backward was faster when timed on the shape's first
+ * forward; flash2 in builds without cuDNN; CT_CUDA_ATTN_LOG=1 prints each decision). cudnn's
+ * backward accumulates dQ with atomics (not bit-reproducible); CT_CUDA_CUDNN_DETERMINISTIC=1
+ * asks cuDNN for its deterministic algorithm, which on Hopper with cuDNN < 9.25 needs a
+ * (B, H, T, T) 16-bit workspace.
+ * CT_CUDA_ATTN_SCRATCH_MB (default 256) caps the scratch the batched
  * variants use for scores / dP: heads are processed in chunks that fit. CT_CUDA_LT=0 turns off
  * cuBLASLt (loaded at run time) for the bf16 / fp16 matmul_fwd with a bias (its BIAS epilogue;
  * default on).
@@ -74,7 +83,8 @@ const ct_ops *ct_ops_cuda_fp16(void);
 
 /* Switches a variant at run time, as the environment does at init (tests and benchmarks compare
  * variants in one process; kernels/registry.c maps the config's names onto these): op
- * "attention" with "default", "batched", "perhead", "flash", "flash2", "flash2b"; "matmul" with
+ * "attention" with "default", "batched", "perhead", "flash", "flash2", "flash2b", "auto",
+ * "cudnn" (builds with cuDNN attention only); "matmul" with
  * "lt" (default) or "gemmex"; "mlp" epilogue|separate, "norm_bwd" fused|twopass, "add_norm"
  * fused|separate, "xent" smem|rowloop, "embed_bwd" sorted|blocks (the first is the default;
  * "default" also names it). attention_state_floats follows the attention variant, so switch it

@@ -17,8 +17,11 @@
  *   test_ops_cuda --op NAME  only the ops whose name contains NAME (with any mode)
  *   test_ops_cuda --dtype D  only the fp32, bf16 or fp16 table (default all three)
  *   test_ops_cuda --attn L   the attention variants a 16-bit table runs, comma-separated (default
- *                            batched,flash,flash2,flash2b,default; perf skips "default", which
- *                            is timed as the variant it names)
+ *                            batched,flash,flash2,flash2b,cudnn,auto,default; perf skips
+ *                            "default", which is timed as the variant it names; cudnn is skipped,
+ *                            with a message, in builds without cuDNN attention)
+ * Builds with cuDNN attention also compare the cudnn variant with flash2 on the same inputs
+ * (forward output and backward gradients, GQA ratios 1-8, head dims 64 and 128, T off the tiles).
  *   test_ops_cuda --cpu      runs the harness with the CPU table in place of CUDA (checks the
  *                            harness itself on a machine without a GPU)
  *
@@ -31,7 +34,11 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "ct_build_config.h"
 #include "kernels/cuda/ops_cuda.h"
+#if CT_HAVE_CUDNN
+#include "kernels/cuda/attention_cudnn.h"
+#endif
 #include "kernels/ops.h"
 #include "tests/unit/ct_test.h"
 
@@ -1281,7 +1288,104 @@ static void test_nonfinite(void) {
 /* Variants compared on the same cases within one run (16-bit tables): attention batched, flash,
  * flash2 and flash2b (or those named by --attn), bias matmul through cuBLASLt vs cublasGemmEx. */
 static int is_att(const family *f) { return f == &fam_att_fwd || f == &fam_att_bwd; }
+#if CT_HAVE_CUDNN
+static const char *g_attn_list = "batched,flash,flash2,flash2b,cudnn,auto,default";
+#else
 static const char *g_attn_list = "batched,flash,flash2,flash2b,default";
+#endif
+#define NO_CUDNN_MSG "cudnn attention: not in this build (configured without the cudnn-frontend headers): its cases are skipped"
+
+#if CT_HAVE_CUDNN
+/* cudnn against flash2 on the same device inputs: forward output and backward gradients (into
+ * zeroed dqkv), both 16-bit results of the same exact values, so the bound is two 16-bit
+ * tolerances. Where cuDNN runs its deterministic backward (CT_CUDA_CUDNN_DETERMINISTIC=1), a
+ * second backward must be bit-identical. Shapes: GQA ratios 1, 2, 4, 8; head dims 64 and 128; T off the 64/128 tiles. */
+static void test_attn_cudnn_vs_flash(void) {
+  static const int S[][5] = {/* B, T, H, KV, hd */
+                             {2, 77, 4, 4, 64},    {2, 100, 8, 4, 64},  {1, 200, 16, 4, 64},
+                             {2, 100, 8, 1, 64},   {4, 1023, 12, 12, 64}, {1, 130, 4, 4, 128},
+                             {1, 257, 8, 4, 128},  {1, 65, 8, 2, 128},  {2, 300, 16, 2, 128},
+                             {4, 1000, 16, 8, 128}};
+  const double tol = 2 * (g_fp16 ? RT_FP16 : RT_BF16);
+  printf("cudnn vs flash2 on the same inputs (%s table, bound %.0e):\n", dev->name, tol);
+  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+    const int B = S[si][0], T = S[si][1], H = S[si][2], KV = S[si][3], hd = S[si][4];
+    const size_t nq = (size_t)B * T * (H + 2 * KV) * hd, no = (size_t)B * T * H * hd;
+    const size_t sf = dev->attention_state_floats(B, T, H, KV, hd), e = 2;
+    uint16_t *h16 = malloc(e * (nq > no ? nq : no));
+    float *a = malloc(4 * nq), *b = malloc(4 * nq);
+    void *qkv = dev->alloc(e * nq), *dout = dev->alloc(e * no), *out[2], *st[2], *dq[2], *dq2;
+    for (int k = 0; k < 2; k++) {
+      out[k] = dev->alloc(e * no);
+      st[k] = dev->alloc(4 * sf);
+      dq[k] = dev->alloc(e * nq);
+    }
+    dq2 = dev->alloc(e * nq);
+    char what[160];
+    snprintf(what, sizeof what, "cudnn vs flash2 B%d T%d H%d KV%d hd%d", B, T, H, KV, hd);
+    if (!h16 || !a || !b || !qkv || !dout || !out[0] || !out[1] || !st[0] || !st[1] || !dq[0] ||
+        !dq[1] || !dq2) {
+      CHECK_MSG(0, "%s: out of memory", what);
+      goto next;
+    }
+    for (size_t i = 0; i < nq; i++)
+      h16[i] = to16(1.7320508f * (2.0f * (float)(ct_mix64(0xa77e0000ull + si * 7919 + i) >> 40) / 16777216.0f - 1.0f));
+    dev->to_device(qkv, h16, e * nq);
+    for (size_t i = 0; i < no; i++)
+      h16[i] = to16(1.7320508f * (2.0f * (float)(ct_mix64(0xd0e70000ull + si * 7919 + i) >> 40) / 16777216.0f - 1.0f));
+    dev->to_device(dout, h16, e * no);
+    static const char *vs[2] = {"flash2", "cudnn"};
+    for (int k = 0; k < 2; k++) {
+      ct_cuda_set_variant("attention", vs[k]);
+      dev->attention_fwd(out[k], st[k], qkv, B, T, H, KV, hd);
+      dev->attention_bwd(dq[k], dout, qkv, st[k], B, T, H, KV, hd);
+    }
+    if (dev_check(what)) {
+      CHECK_MSG(0, "%s: the device reported an error", what);
+      goto next;
+    }
+    double err[2];
+    for (int pass = 0; pass < 2; pass++) { /* 0: out, 1: dqkv */
+      const size_t n = pass ? nq : no;
+      for (int k = 0; k < 2; k++) {
+        dev->to_host(h16, pass ? dq[k] : out[k], e * n);
+        float *f = k ? b : a;
+        for (size_t i = 0; i < n; i++) f[i] = from16(h16[i]);
+      }
+      char nm[200];
+      snprintf(nm, sizeof nm, "%s: %s", what, pass ? "dqkv" : "out");
+      err[pass] = ct_check_close(nm, b, a, n, tol, 0.0);
+    }
+    ct_cudnn_attn_shape cs = {0, B, T, H, KV, hd, g_fp16};
+    const int det = ct_cudnn_attn_bwd_deterministic(&cs);
+    if (det == 1) { /* a second backward from the same state: the same bits */
+      dev->attention_bwd(dq2, dout, qkv, st[1], B, T, H, KV, hd);
+      dev->to_host(h16, dq2, e * nq);
+      float *f = a;
+      for (size_t i = 0; i < nq; i++) f[i] = from16(h16[i]);
+      size_t diff = 0;
+      for (size_t i = 0; i < nq; i++) diff += memcmp(&f[i], &b[i], 4) != 0;
+      CHECK_MSG(diff == 0, "%s: deterministic backward differs in %zu elements", what, diff);
+    }
+    note("attention/cudnn~flash2", err[0] > err[1] ? err[0] : err[1]);
+    printf("  %-40s out %.2e  dqkv %.2e  (cudnn backward %s)\n", what, err[0], err[1],
+           det == 1 ? "deterministic, repeat bit-identical" : "default algorithm, dQ atomics");
+  next:
+    free(h16);
+    free(a);
+    free(b);
+    dev->free(qkv);
+    dev->free(dout);
+    for (int k = 0; k < 2; k++) {
+      dev->free(out[k]);
+      dev->free(st[k]);
+      dev->free(dq[k]);
+    }
+    dev->free(dq2);
+  }
+  ct_cuda_set_variant("attention", "default");
+}
+#endif
 
 static void run_selected(size_t i, int perf) {
   const tcase *c = &cases[i];
@@ -1290,6 +1394,11 @@ static void run_selected(size_t i, int perf) {
     snprintf(list, sizeof list, "%s", g_attn_list);
     for (char *v = strtok_r(list, ",", &save); v; v = strtok_r(NULL, ",", &save)) {
       if (perf && !strcmp(v, "default")) continue; /* timed as the variant it names */
+      if (!CT_HAVE_CUDNN && !strcmp(v, "cudnn")) {
+        static int said;
+        if (!said++) printf("  %s\n", NO_CUDNN_MSG);
+        continue;
+      }
       if (ct_cuda_set_variant("attention", v) != 0) {
         CHECK_MSG(0, "--attn: unknown attention variant %s", v);
         continue;
@@ -1376,6 +1485,13 @@ int main(int argc, char **argv) {
     if (!only || strstr("cast_params to_host_f32", only)) test_cast();
     if (!only || strstr("f32_to_bf16 bf16_to_f32", only)) test_wire_bf16();
     if (!only || strstr("nonfinite matmul xent", only)) test_nonfinite();
+    if (g_act16 && !dev_is_cpu && (!only || strstr("attention", only))) {
+#if CT_HAVE_CUDNN
+      test_attn_cudnn_vs_flash();
+#else
+      printf("%s (cudnn vs flash2 comparison skipped)\n", NO_CUDNN_MSG);
+#endif
+    }
     for (size_t i = 0; i < NCASES; i++)
       if ((!small || !cases[i].perf) && cases[i].perf != 2 && (!only || strstr(cases[i].fam->op, only)))
         run_selected(i, 0);

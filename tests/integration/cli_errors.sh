@@ -19,7 +19,11 @@ expect_fail 2 'unknown\.toml:2:1: model\.n_layers: unknown key; did you mean mod
 expect_fail 2 'model\.n_layers: unknown key; did you mean model\.n_layer\?' -- "${base[@]}" model.n_layers=2
 expect_fail 2 '\[modle\]: unknown section' -- "${base[@]}" modle.n_layer=2
 # kernel registry: unavailable attention implementations and unknown variants name the valid ones
-expect_fail 2 'no cuDNN attention .*available: auto, sdpa, eager, flash' -- "${base[@]}" attention.implementation=cudnn
+if "$CTRAIN" env | grep -q 'cudnn: not in this build'; then
+  expect_fail 2 'no cuDNN attention .*available: auto, sdpa, eager, flash' -- "${base[@]}" attention.implementation=cudnn
+else # built with cuDNN attention: on the CPU it is still not available
+  CUDA_VISIBLE_DEVICES= expect_fail 2 '"cudnn" is a CUDA kernel; on the CPU the available implementations are auto, sdpa and eager' -- "${base[@]}" attention.implementation=cudnn
+fi
 expect_fail 2 'on the CPU the available implementations are auto, sdpa and eager' -- "${base[@]}" attention.implementation=flash
 expect_fail 2 "kernels.cuda.train.norm_bwd: unknown variant 'fast' \\(valid: fused, twopass\\)" -- "${base[@]}" kernels.cuda.train.norm_bwd=fast
 # wrong type

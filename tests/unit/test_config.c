@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ct_build_config.h"
 #include "ct_test.h"
 #include "trainer/config.h"
 
@@ -99,11 +100,23 @@ int main(void) {
     ct_kernels_cfg on = {.use_kernels = true, .attention = "auto", .n = 1,
                          .entries = {{"cuda", "eval", "attention", "eager"}}};
     CHECK(ct_registry_resolve("cuda", &on, &t) == CT_OK);
-    CHECK(!strcmp(t.op[0], "attention") && !strcmp(t.variant[CT_KMODE_TRAIN][0], "flash") &&
+    /* auto: the measured per-shape choice where cuDNN attention is built, else flash */
+    CHECK(!strcmp(t.op[0], "attention") &&
+          !strcmp(t.variant[CT_KMODE_TRAIN][0], CT_HAVE_CUDNN ? "auto" : "flash") &&
           !strcmp(t.variant[CT_KMODE_EVAL][0], "eager"));
     snprintf(on.attention, sizeof on.attention, "cudnn");
+#if CT_HAVE_CUDNN
+    CHECK(ct_registry_resolve("cuda", &on, &t) == CT_OK);
+    CHECK(!strcmp(t.variant[CT_KMODE_TRAIN][0], "cudnn"));
+    CHECK(strstr(ct_registry_attention_available(), "cudnn") != NULL);
+    CHECK(ct_registry_resolve("cpu", &on, &t) == CT_ERR_CONFIG); /* a CUDA kernel */
+    CHECK(strstr(ct_last_error(), "on the CPU the available implementations are auto, sdpa and eager"));
+#else
     CHECK(ct_registry_resolve("cuda", &on, &t) == CT_ERR_CONFIG);
     CHECK(strstr(ct_last_error(), "available: auto, sdpa, eager, flash") != NULL);
+    CHECK(ct_registry_resolve("cpu", &on, &t) == CT_ERR_CONFIG);
+    CHECK(strstr(ct_last_error(), "no cuDNN attention") != NULL);
+#endif
     snprintf(on.attention, sizeof on.attention, "flash");
     CHECK(ct_registry_resolve("cpu", &on, &t) == CT_ERR_CONFIG);
     CHECK(strstr(ct_last_error(), "on the CPU the available implementations are auto, sdpa and eager"));
@@ -111,7 +124,8 @@ int main(void) {
   expect_error("", "kernels.cuda.train.attenton=flash", CT_ERR_CONFIG,
                "unknown op 'attenton' (ops with variants on cuda: attention, matmul, mlp");
   expect_error("", "kernels.cuda.train.attention=flash3", CT_ERR_CONFIG,
-               "unknown variant 'flash3' (valid: flash, flash1, flash2b, eager)");
+               CT_HAVE_CUDNN ? "unknown variant 'flash3' (valid: auto, flash, cudnn, flash1, flash2b, eager)"
+                             : "unknown variant 'flash3' (valid: flash, flash1, flash2b, eager)");
   expect_error("", "kernels.tpu.train.attention=flash", CT_ERR_CONFIG, "unknown device 'tpu'");
   expect_error("", "kernels.cuda.infer.attention=flash", CT_ERR_CONFIG, "unknown mode 'infer'");
   expect_error("", "attention.implementation=xformers", CT_ERR_CONFIG,
