@@ -18,8 +18,9 @@
 // fp32 and in k order, the 16-byte chunks l, l + 32, l + 64, ... of its rows, then a butterfly
 // sum; so an output's arithmetic depends only on its own input row, never on how many rows
 // ran with it (a batch row equals its solo run bit for bit). The rms norm of the input is
-// recomputed by every block (its rows are at most 3072 wide) with the arithmetic of
-// rmsnorm_fwd; products are rounded where the unfused ops round them. Other shapes, the fp32
+// recomputed by every block (its rows are at most 3072 wide; the sum of squares goes by 16-byte
+// chunks, so its last bit may differ from rmsnorm_fwd's); products are rounded where the unfused
+// ops round them. Other shapes, the fp32
 // table and more rows compose the table's plain ops (cuBLAS), which is the reference too.
 // Every kernel of a decode step is launched with programmatic dependent launch: it lets the
 // next kernel start while it runs; each kernel waits (griddepcontrol.wait) for the one before
@@ -320,6 +321,147 @@ __global__ void attention_decode_merge_kernel(T *out, const float *part, const i
   stf(out + (long)n * H * hd + (long)h * hd + d, a / L);
 }
 
+// The 16-bit attention_decode for hd = 8 * LK (LK lanes read a key's row, 16 bytes each) and G
+// query heads per kv head. grid (ceil(splits / DEC_WARPS), KV, N); warp w of block x takes
+// split sp = x * DEC_WARPS + w, keys sp * DEC_CHUNK .. +DEC_CHUNK - 1 of kv head blockIdx.y, for
+// all G query heads that share it: lane l reads key k0 + j * (32 / LK) + l / LK, j < J, chunk
+// l % LK, all keys' loads issued before the first use. Scores are summed over the LK lanes of a
+// key (butterfly), softmax and V products over the split's keys. The last block of a (row, kv
+// head) to finish (a counter, reset by that block) merges the row's splits in split order, as
+// attention_decode_merge_kernel does, so no second kernel is needed.
+template <typename T, int LK, int G>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    attention_decode_vec_kernel(T *out, float *part, unsigned *count, const T *qkv, const T *kc,
+                                const T *vc, const int32_t *slot, const int32_t *pos, int H,
+                                int KV, int max_T, int splits, float scale) {
+  constexpr int hd = 8 * LK, KPL = 32 / LK, J = DEC_CHUNK / KPL;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int sp = blockIdx.x * DEC_WARPS + w, kv = blockIdx.y, n = blockIdx.z;
+  __shared__ int last;
+  pdl_trigger();
+  pdl_wait();
+  const int len = pos[n] + 1, k0 = sp * DEC_CHUNK;
+  if (sp < splits && k0 < len) {
+    const int ks = lane / LK, ch = lane % LK;
+    const long s = slot ? slot[n] : n;
+    const T *K = kc + ((s * KV + kv) * max_T) * (long)hd + ch * 8;
+    const T *V = vc + ((s * KV + kv) * max_T) * (long)hd + ch * 8;
+    uint4 kr[J], vr[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      const int key = k0 + j * KPL + ks;
+      kr[j] = key < len ? *(const uint4 *)(K + (long)key * hd) : make_uint4(0, 0, 0, 0);
+      vr[j] = key < len ? *(const uint4 *)(V + (long)key * hd) : make_uint4(0, 0, 0, 0);
+    }
+    float q[G][8];
+    const T *qp = qkv + (long)n * (H + 2 * KV) * hd + (long)kv * G * hd + ch * 8;
+#pragma unroll
+    for (int g = 0; g < G; g++) cvt8<T>(*(const uint4 *)(qp + (long)g * hd), q[g]);
+    float sc[G][J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      float kf[8];
+      cvt8<T>(kr[j], kf);
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) d = fmaf(q[g][e], kf[e], d);
+        sc[g][j] = d;
+      }
+    }
+#pragma unroll
+    for (int o = LK / 2; o > 0; o >>= 1)
+#pragma unroll
+      for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int j = 0; j < J; j++) sc[g][j] += __shfl_xor_sync(0xffffffffu, sc[g][j], o);
+    float m[G], l[G], acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      m[g] = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < J; j++) {
+        sc[g][j] = k0 + j * KPL + ks < len ? sc[g][j] * scale : -INFINITY;
+        m[g] = fmaxf(m[g], sc[g][j]);
+      }
+#pragma unroll
+      for (int o = LK; o < 32; o <<= 1) m[g] = fmaxf(m[g], __shfl_xor_sync(0xffffffffu, m[g], o));
+      l[g] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      float vf[8];
+      cvt8<T>(vr[j], vf);
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        const float p = expf(sc[g][j] - m[g]);
+        l[g] += p;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
+      }
+    }
+#pragma unroll
+    for (int o = LK; o < 32; o <<= 1)
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        l[g] += __shfl_xor_sync(0xffffffffu, l[g], o);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+      }
+    if (ks == 0) {
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float *o = part + (((long)n * H + kv * G + g) * splits + sp) * (hd + 2);
+        *(float4 *)(o + ch * 8) = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+        *(float4 *)(o + ch * 8 + 4) = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+        if (ch == 0) {
+          o[hd] = m[g];
+          o[hd + 1] = l[g];
+        }
+      }
+    }
+  }
+  // the last block of (n, kv) merges
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last = atomicAdd(count + (long)n * KV + kv, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
+  for (int g = w; g < G; g += DEC_WARPS) { // a warp per query head
+    const int h = kv * G + g;
+    const float *p = part + ((long)n * H + h) * splits * (hd + 2);
+    float M = -INFINITY;
+    for (int s = lane; s < used; s += 32) M = fmaxf(M, __ldcg(p + (long)s * (hd + 2) + hd));
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.0f, a[hd / 32];
+#pragma unroll
+    for (int i = 0; i < hd / 32; i++) a[i] = 0.0f;
+    for (int s0 = 0; s0 < used; s0 += 32) {
+      const int s = s0 + lane;
+      const float f = s < used ? expf(__ldcg(p + (long)s * (hd + 2) + hd) - M) : 0.0f;
+      if (s < used) L += __ldcg(p + (long)s * (hd + 2) + hd + 1) * f;
+      const int ns = min(32, used - s0);
+#pragma unroll 4
+      for (int j = 0; j < ns; j++) {
+        const float fj = __shfl_sync(0xffffffffu, f, j);
+        const float *ps = p + (long)(s0 + j) * (hd + 2);
+#pragma unroll
+        for (int i = 0; i < hd / 32; i++) a[i] = fmaf(fj, __ldcg(ps + lane + 32 * i), a[i]);
+      }
+    }
+    L = warp_sum(L);
+#pragma unroll
+    for (int i = 0; i < hd / 32; i++) stf(out + (long)n * H * hd + (long)h * hd + lane + 32 * i, a[i] / L);
+  }
+  if (threadIdx.x == 0) count[(long)n * KV + kv] = 0;
+}
+
 // One block per row: the largest of the first V entries, lowest index on ties.
 #define ARGMAX_THREADS 1024
 template <typename T>
@@ -408,17 +550,29 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   if constexpr (NORM) {
     for (int n = warp; n < N; n += GV_WARPS) {
       T *xo = xs + (long)n * IC;
-      if (n < nr) {
+      if (n < nr) { // 16-byte chunks lane, lane + 32, ...: a few rounds of loads, not IC / 32
         const T *x = inp + (long)n * IC;
         float ss = 0.0f;
-        for (int c = lane; c < IC; c += 32) {
-          float v = ldf(x + c);
-          ss += v * v;
+#pragma unroll 4
+        for (int c = lane; c < nchunk; c += 32) {
+          float v[8];
+          cvt8<T>(*(const uint4 *)(x + (long)c * 8), v);
+#pragma unroll
+          for (int e = 0; e < 8; e++) ss = fmaf(v[e], v[e], ss);
         }
         const float r = 1.0f / sqrtf(warp_sum(ss) / IC + eps);
-        for (int c = lane; c < IC; c += 32) stf(xo + c, ldf(x + c) * r * ldf(nw + c));
+#pragma unroll 4
+        for (int c = lane; c < nchunk; c += 32) {
+          float v[8], g[8];
+          cvt8<T>(*(const uint4 *)(x + (long)c * 8), v);
+          cvt8<T>(*(const uint4 *)(nw + (long)c * 8), g);
+          T y[8];
+#pragma unroll
+          for (int e = 0; e < 8; e++) y[e] = rnd<T>(v[e] * r * g[e]);
+          *(uint4 *)(xo + (long)c * 8) = *(const uint4 *)y;
+        }
       } else {
-        for (int c = lane; c < IC; c += 32) stf(xo + c, 0.0f);
+        for (int c = lane; c < nchunk; c += 32) *(uint4 *)(xo + (long)c * 8) = make_uint4(0, 0, 0, 0);
       }
     }
   } else {
@@ -497,6 +651,18 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
   const long W3 = (long)nh * hd;
   const long s = slot ? slot[n] : n;
   const int p = pos[n];
+  // cos / sin of the row's angles, once for all heads (rope_pos_kernel's formulas)
+  __shared__ float cs_[hd / 2], sn_[hd / 2];
+  for (int i = threadIdx.x; i < hd / 2; i += blockDim.x) {
+    float e = (float)(2 * i) / (float)hd;
+    float inv = 1.0f / (float)pow((double)theta, (double)e);
+    float ang = (float)p * inv;
+    double sd, cd;
+    sincos((double)ang, &sd, &cd);
+    cs_[i] = (float)cd;
+    sn_[i] = (float)sd;
+  }
+  __syncthreads();
   for (int h = threadIdx.x >> 5; h < nh; h += blockDim.x >> 5) {
     const T *x = raw + n * W3 + (long)h * hd;
     T *y = qkv + n * W3 + (long)h * hd;
@@ -525,12 +691,7 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
 #pragma unroll
     for (int j = 0; j < J / 2; j++) {
       const int i = lane + 32 * j; // pairs with i + hd/2, held at j + J/2
-      float e = (float)(2 * i) / (float)hd;
-      float inv = 1.0f / (float)pow((double)theta, (double)e);
-      float ang = (float)p * inv;
-      double sd, cd;
-      sincos((double)ang, &sd, &cd);
-      const float c = (float)cd, sn = (float)sd;
+      const float c = cs_[i], sn = sn_[i];
       const float x1 = v[j], x2 = v[j + J / 2];
       o[j] = x1 * c - x2 * sn;
       o[j + J / 2] = x2 * c + x1 * sn;
@@ -542,6 +703,58 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
       if (kdst) stf(kdst + lane + 32 * j, o[j]);
     }
   }
+}
+
+// argmax over many blocks: grid (B, N); block b scans a slice of row n, writes its (value,
+// index), and the last block of the row (a counter, reset by it) takes the best of the B in
+// block order. Ties go to the lowest index, as argmax_rows_kernel.
+#define AM_THREADS 256
+template <typename T>
+__global__ void __launch_bounds__(AM_THREADS)
+    argmax_split_kernel(int32_t *out, float *pv, int *pi, unsigned *count, const T *logits, int V,
+                        int Vp) {
+  __shared__ float sv[AM_THREADS / 32];
+  __shared__ int si[AM_THREADS / 32];
+  __shared__ int last;
+  pdl_trigger();
+  pdl_wait();
+  const int n = blockIdx.y, B = gridDim.x, b = blockIdx.x;
+  const int per = (V + B - 1) / B, lo = b * per, hi = min(V, lo + per);
+  const T *r = logits + (long)n * Vp;
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const float v = ldf(r + i);
+    if (v > bv) { bv = v; bi = i; }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+  }
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  if (lane == 0) { sv[w] = bv; si[w] = bi; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < AM_THREADS / 32; k++)
+      if (sv[k] > bv || (sv[k] == bv && si[k] < bi)) { bv = sv[k]; bi = si[k]; }
+    pv[(long)n * B + b] = bv;
+    pi[(long)n * B + b] = bi;
+    __threadfence();
+    last = atomicAdd(count + n, 1u) == (unsigned)B - 1;
+  }
+  __syncthreads();
+  if (!last || threadIdx.x) return;
+  __threadfence();
+  bv = -INFINITY;
+  bi = 0x7fffffff;
+  for (int k = 0; k < B; k++) {
+    const float v = __ldcg(pv + (long)n * B + k);
+    const int i = __ldcg(pi + (long)n * B + k);
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+  }
+  out[n] = bi == 0x7fffffff ? 0 : bi;
+  count[n] = 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -576,7 +789,11 @@ void cu_kv_append(void *kc, void *vc, const void *qkv, const int32_t *slot, cons
 
 // The split buffer of each device, grown outside graph capture only. A replaced buffer is
 // never freed: graphs captured earlier (smaller batches) still write to it. Growth at least
-// doubles, so what is kept stays under twice the largest buffer.
+// doubles, so what is kept stays under twice the largest buffer. Its first SPLIT_COUNT_BYTES
+// hold the merge counters of attention_decode_vec_kernel (zero between launches), the rest the
+// split results.
+#define SPLIT_COUNT_BYTES 65536
+#define ARGMAX_MAX_ROWS 1024 // argmax_split_kernel's counters: the last 4 KB of the 64 KB
 struct split_buf {
   float *p;
   size_t bytes;
@@ -598,6 +815,7 @@ float *split_scratch(size_t bytes) {
   if (bytes < 2 * b->bytes) bytes = 2 * b->bytes;
   float *p = NULL;
   if (!CKD("attention_decode", cudaMalloc((void **)&p, bytes))) return NULL;
+  if (!CKD("attention_decode", cudaMemsetAsync(p, 0, SPLIT_COUNT_BYTES, stream()))) return NULL;
   b->p = p;
   b->bytes = bytes;
   return p;
@@ -614,8 +832,36 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
     return;
   }
   const int splits = (max_T + DEC_CHUNK - 1) / DEC_CHUNK;
-  float *part = split_scratch(sizeof(float) * (size_t)N * H * splits * (hd + 2));
-  if (!part) return;
+  char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + sizeof(float) * (size_t)N * H * splits *
+                                                            (hd + 2));
+  if (!buf) return;
+  float *part = (float *)(buf + SPLIT_COUNT_BYTES);
+  if constexpr (sizeof(T) == 2) {
+    const int G = H / KV;
+    if (gemv_on() && (size_t)(N * KV + ARGMAX_MAX_ROWS) * sizeof(unsigned) <= SPLIT_COUNT_BYTES &&
+        (hd == 64 || hd == 128) && (G == 1 || G == 2 || G == 4) && aligned16(qkv) &&
+        aligned16(kc) && aligned16(vc)) {
+      const dim3 g((splits + DEC_WARPS - 1) / DEC_WARPS, KV, N);
+      const float sc = 1.0f / sqrtf((float)hd);
+      T *o = (T *)out;
+      const T *q = (const T *)qkv, *K = (const T *)kc, *V = (const T *)vc;
+      unsigned *cnt = (unsigned *)buf;
+#define ATT_VEC(LK, G_)                                                                           \
+  launch("attention_decode", "attention_decode_vec_kernel", attention_decode_vec_kernel<T, LK, G_>, \
+         g, DEC_WARPS * 32, 0, o, part, cnt, q, K, V, slot, pos, H, KV, max_T, splits, sc)
+      if (hd == 64) {
+        if (G == 1) ATT_VEC(8, 1);
+        else if (G == 2) ATT_VEC(8, 2);
+        else ATT_VEC(8, 4);
+      } else {
+        if (G == 1) ATT_VEC(16, 1);
+        else if (G == 2) ATT_VEC(16, 2);
+        else ATT_VEC(16, 4);
+      }
+#undef ATT_VEC
+      return;
+    }
+  }
   dim3 grid((splits + DEC_WARPS - 1) / DEC_WARPS, H, N);
   if (!launch("attention_decode", "attention_decode_split_kernel", attention_decode_split_kernel<T>,
               grid, DEC_WARPS * 32, 0, part, (const T *)qkv, (const T *)kc, (const T *)vc, slot,
@@ -627,6 +873,17 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
 
 template <typename T> void cu_argmax_rows(int32_t *out, const void *logits, int N, int V, int Vp) {
   if (N <= 0) return;
+  const int B = V >= 64 * 2048 ? 64 : (V + 2047) / 2048;
+  if (gemv_on() && B > 1 && N <= ARGMAX_MAX_ROWS) {
+    char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + (size_t)N * B * 8);
+    if (!buf) return;
+    float *pv = (float *)(buf + SPLIT_COUNT_BYTES);
+    int *pi = (int *)(pv + (size_t)N * B);
+    unsigned *cnt = (unsigned *)(buf + SPLIT_COUNT_BYTES) - ARGMAX_MAX_ROWS;
+    launch("argmax_rows", "argmax_split_kernel", argmax_split_kernel<T>, dim3(B, N), AM_THREADS, 0,
+           out, pv, pi, cnt, (const T *)logits, V, Vp);
+    return;
+  }
   launch("argmax_rows", "argmax_rows_kernel", argmax_rows_kernel<T>, N, ARGMAX_THREADS, 0, out,
          (const T *)logits, V, Vp);
 }
@@ -637,9 +894,11 @@ template <typename T> void cu_argmax_rows(int32_t *out, const void *logits, int 
 int gv_rows(int n) { return n <= 1 ? 1 : n <= 4 ? 4 : 8; } // the N a kernel is built for
 
 // The GEMV applies: 16-bit, few rows, 16-byte rows and pointers, x fits the default 48 KB.
-template <typename T> bool gemv_fits(int N, int IC, const void *inp, const void *w) {
+template <typename T>
+bool gemv_fits(int N, int IC, const void *inp, const void *w, const void *nw = NULL) {
   if (sizeof(T) != 2 || !gemv_on() || N > GV_MAXN || IC <= 0 || IC % 8) return false;
-  return aligned16(inp) && aligned16(w) && (size_t)gv_rows(N) * IC * sizeof(T) <= 48 * 1024;
+  return aligned16(inp) && aligned16(w) && aligned16(nw) &&
+         (size_t)gv_rows(N) * IC * sizeof(T) <= 48 * 1024;
 }
 
 template <typename T, int N, bool NORM, int MODE, int R, int U>
@@ -693,7 +952,7 @@ void cu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, co
                         const void *bias, int N, int IC, int OC, float eps) {
   if (N <= 0 || OC <= 0) return;
   if constexpr (sizeof(T) == 2) {
-    if (gemv_fits<T>(N, IC, inp, w)) {
+    if (gemv_fits<T>(N, IC, inp, w, nw)) {
       gemv<T, true, GV_PLAIN>(out, inp, nw, w, bias, NULL, N, IC, OC, eps);
       return;
     }
@@ -708,7 +967,7 @@ void cu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp, 
                                const void *w, int N, int IC, int F, float eps) {
   if (N <= 0 || F <= 0) return;
   if constexpr (sizeof(T) == 2) {
-    if (gemv_fits<T>(N, IC, inp, w)) {
+    if (gemv_fits<T>(N, IC, inp, w, nw)) {
       gemv<T, true, GV_SWIGLU>(act, inp, nw, w, NULL, NULL, N, IC, F, eps);
       return;
     }

@@ -155,7 +155,7 @@ static const fcase fcases[] = {
     {F_ADD, 8, 3072, 1024, 1},    {F_ADD, 2, 1024, 130, 0},   {F_ADD, 16, 1024, 256, 0},
 };
 #define GUARD 64
-static const float guard_val = 12345.0f;
+static const float guard_val = 4096.0f; /* exact in bf16 and fp16 */
 
 /* Runs case fc on table o (inputs host fp32, already rounded); out host fp32 (N * outw). */
 static void fused_run(const ct_ops *o, const fcase *fc, const float *x, const float *nw,
@@ -216,8 +216,9 @@ static void test_fused(const ct_ops *o, double tol) {
              fc->bias ? " +bias" : "");
     ct_check_close(what, got, ref, on, tol, 1e-6);
     CHECK_MSG(gok, "%s: wrote past its output", what);
-    /* the last row alone gives the same bits as in the batch */
-    if (N > 1) {
+    /* the last row alone gives the same bits as in the batch (the 16-bit GEMV, up to 8 rows;
+     * cuBLAS promises no such thing) */
+    if (N > 1 && N <= 8 && o->act_bytes == 2) {
       fcase one = *fc;
       one.N = 1;
       float *solo = malloc((size_t)OC * 4);
@@ -295,6 +296,41 @@ static void test_fused(const ct_ops *o, double tol) {
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) o->free(d[i]);
     free(x); free(nw); free(w1); free(w2); free(direct); free(replay);
   }
+  /* argmax over a vocabulary-sized row (several blocks a row on CUDA): ties across blocks go to
+   * the lowest index, padding columns are ignored; again from a captured graph */
+  {
+    enum { AN = 3, AV = 150000, AVp = 150016 };
+    float *lg = malloc((size_t)AN * AVp * 4);
+    for (size_t i = 0; i < (size_t)AN * AVp; i++) lg[i] = frand();
+    lg[140000] = lg[5] = 8.0f;
+    lg[(size_t)AVp + 149999] = 9.0f;
+    lg[(size_t)2 * AVp + 150010] = 20.0f; /* padding */
+    lg[(size_t)2 * AVp + 77777] = 3.0f;
+    rounded(o, lg, (size_t)AN * AVp);
+    void *dl = up(o, lg, (size_t)AN * AVp);
+    int32_t want[AN], am[AN], *dam = o->alloc(sizeof am);
+    c->argmax_rows(want, lg, AN, AV, AVp);
+    for (int rep = 0; rep < 2; rep++) {
+      void *g = NULL;
+      o->zero(dam, sizeof am);
+      if (rep) o->graph_begin();
+      o->argmax_rows(dam, dl, AN, AV, AVp);
+      if (rep) {
+        g = o->graph_end();
+        CHECK(g != NULL);
+        if (g) o->graph_launch(g);
+        if (g) o->graph_launch(g);
+      }
+      o->to_host(am, dam, sizeof am);
+      CHECK_MSG(!memcmp(am, want, sizeof am), "%s argmax_rows V=%d%s: %d %d %d vs %d %d %d", o->name,
+                AV, rep ? " (graph)" : "", am[0], am[1], am[2], want[0], want[1], want[2]);
+      if (g) o->graph_destroy(g);
+    }
+    CHECK(want[0] == 5 && want[1] == 149999 && want[2] == 77777);
+    o->free(dl);
+    o->free(dam);
+    free(lg);
+  }
   char err[512];
   CHECK_MSG(ct_cuda_check(err, sizeof err) == 0, "%s", err);
 }
@@ -306,9 +342,10 @@ static double now_s(void) {
 }
 
 /* CT_TEST_PERF=1: the Qwen3-0.6B decode shapes, fused op vs the plain ops it replaces, mean of
- * 200 back-to-back calls (several weight copies rotate, so the weights come from memory). */
+ * 200 back-to-back calls replayed from a CUDA graph, over 256 MB of rotating weight copies (so
+ * they come from memory, not the 60 MB L2). */
 static void perf_fused(const ct_ops *o) {
-  enum { COPIES = 4, ITERS = 200 };
+  enum { COPIES = 64, ITERS = 200 };
   const int C = 1024, W = 4096, Hhd = 2048, F = 3072, V = 151936;
   const struct { const char *name; int op, IC, OC; } sh[] = {
       {"qkv norm+proj", F_NORM, C, W},   {"o proj+residual", F_ADD, Hhd, C},
@@ -318,8 +355,9 @@ static void perf_fused(const ct_ops *o) {
   printf("perf %s: op, rows, fused us (GB/s), plain ops us (GB/s)\n", o->name);
   for (size_t k = 0; k < sizeof sh / sizeof sh[0]; k++) {
     const int IC = sh[k].IC, OC = sh[k].OC, wrows = sh[k].op == F_SWIGLU ? 2 * OC : OC;
-    const int copies = sh[k].op == F_NORM && OC == V ? 1 : COPIES;
     const size_t wn = (size_t)wrows * IC, ab = (size_t)o->act_bytes;
+    int copies = (int)((256u << 20) / (wn * ab)) + 1; /* 256 MB of weights: past the L2 */
+    if (copies > COPIES) copies = COPIES;
     void *w[COPIES];
     float *tmp = malloc(wn * 4);
     for (size_t i = 0; i < wn; i++) tmp[i] = frand() * 0.05f;
@@ -337,8 +375,9 @@ static void perf_fused(const ct_ops *o) {
       const int N = rows[ri];
       double t[2];
       for (int v = 0; v < 2; v++) {
+        void *g = NULL;
         for (int it = -10; it < ITERS; it++) {
-          if (it == 0) { o->sync(); t[v] = now_s(); }
+          if (it == 0) o->graph_begin(); /* GPU time, not launch time: replay a graph */
           void *wi = w[(it + 10) % copies];
           if (v == 0) {
             if (sh[k].op == F_NORM) o->norm_matmul_fwd(out, ln, x, nw, wi, NULL, N, IC, OC, 1e-6f);
@@ -352,8 +391,17 @@ static void perf_fused(const ct_ops *o) {
             if (sh[k].op == F_ADD) o->add_fwd(out, out, res, (size_t)N * OC);
           }
         }
-        o->sync();
-        t[v] = (now_s() - t[v]) / ITERS;
+        g = o->graph_end();
+        t[v] = 0;
+        if (g) {
+          o->graph_launch(g);
+          o->sync();
+          t[v] = now_s();
+          o->graph_launch(g);
+          o->sync();
+          t[v] = (now_s() - t[v]) / ITERS;
+          o->graph_destroy(g);
+        }
       }
       const double gb = (double)wn * ab / 1e9;
       printf("  %-20s %d  %8.1f us (%6.0f GB/s)  %8.1f us (%6.0f GB/s)\n", sh[k].name, N, t[0] * 1e6,
