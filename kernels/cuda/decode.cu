@@ -171,6 +171,21 @@ template <> __device__ __forceinline__ void cvt8<f16>(const uint4 &u, float f[8]
   }
 }
 
+// Eight floats rounded to 16-bit values (round to nearest even), as one uint4.
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<bf16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<f16>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t *>(&v);
+}
+template <typename T> __device__ __forceinline__ uint4 pack8(const float f[8]) {
+  return make_uint4(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]),
+                    pack2<T>(f[6], f[7]));
+}
+
 template <typename T> __device__ __forceinline__ T rnd(float v);
 template <> __device__ __forceinline__ bf16 rnd<bf16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ f16 rnd<f16>(float v) { return __float2half_rn(v); }
@@ -335,6 +350,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                                 const T *vc, const int32_t *slot, const int32_t *pos, int H,
                                 int KV, int max_T, int splits, float scale) {
   constexpr int hd = 8 * LK, KPL = 32 / LK, J = DEC_CHUNK / KPL;
+  constexpr int PS = hd + 4; // a split's floats in part: acc (hd), max, sum; 16-byte rows
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int sp = blockIdx.x * DEC_WARPS + w, kv = blockIdx.y, n = blockIdx.z;
   __shared__ int last;
@@ -414,7 +430,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     if (ks == 0) {
 #pragma unroll
       for (int g = 0; g < G; g++) {
-        float *o = part + (((long)n * H + kv * G + g) * splits + sp) * (hd + 2);
+        float *o = part + (((long)n * H + kv * G + g) * splits + sp) * PS;
         *(float4 *)(o + ch * 8) = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
         *(float4 *)(o + ch * 8 + 4) = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
         if (ch == 0) {
@@ -435,22 +451,22 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
   for (int g = w; g < G; g += DEC_WARPS) { // a warp per query head
     const int h = kv * G + g;
-    const float *p = part + ((long)n * H + h) * splits * (hd + 2);
+    const float *p = part + ((long)n * H + h) * splits * PS;
     float M = -INFINITY;
-    for (int s = lane; s < used; s += 32) M = fmaxf(M, __ldcg(p + (long)s * (hd + 2) + hd));
+    for (int s = lane; s < used; s += 32) M = fmaxf(M, __ldcg(p + (long)s * PS + hd));
     for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
     float L = 0.0f, a[hd / 32];
 #pragma unroll
     for (int i = 0; i < hd / 32; i++) a[i] = 0.0f;
     for (int s0 = 0; s0 < used; s0 += 32) {
       const int s = s0 + lane;
-      const float f = s < used ? expf(__ldcg(p + (long)s * (hd + 2) + hd) - M) : 0.0f;
-      if (s < used) L += __ldcg(p + (long)s * (hd + 2) + hd + 1) * f;
+      const float f = s < used ? expf(__ldcg(p + (long)s * PS + hd) - M) : 0.0f;
+      if (s < used) L += __ldcg(p + (long)s * PS + hd + 1) * f;
       const int ns = min(32, used - s0);
 #pragma unroll 4
       for (int j = 0; j < ns; j++) {
         const float fj = __shfl_sync(0xffffffffu, f, j);
-        const float *ps = p + (long)(s0 + j) * (hd + 2);
+        const float *ps = p + (long)(s0 + j) * PS;
 #pragma unroll
         for (int i = 0; i < hd / 32; i++) a[i] = fmaf(fj, __ldcg(ps + lane + 32 * i), a[i]);
       }
@@ -566,10 +582,10 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
           float v[8], g[8];
           cvt8<T>(*(const uint4 *)(x + (long)c * 8), v);
           cvt8<T>(*(const uint4 *)(nw + (long)c * 8), g);
-          T y[8];
+          float y[8];
 #pragma unroll
-          for (int e = 0; e < 8; e++) y[e] = rnd<T>(v[e] * r * g[e]);
-          *(uint4 *)(xo + (long)c * 8) = *(const uint4 *)y;
+          for (int e = 0; e < 8; e++) y[e] = v[e] * r * g[e];
+          *(uint4 *)(xo + (long)c * 8) = pack8<T>(y);
         }
       } else {
         for (int c = lane; c < nchunk; c += 32) *(uint4 *)(xo + (long)c * 8) = make_uint4(0, 0, 0, 0);
@@ -833,7 +849,7 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
   }
   const int splits = (max_T + DEC_CHUNK - 1) / DEC_CHUNK;
   char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + sizeof(float) * (size_t)N * H * splits *
-                                                            (hd + 2));
+                                                            (hd + 4)); // vec kernel: hd + 4
   if (!buf) return;
   float *part = (float *)(buf + SPLIT_COUNT_BYTES);
   if constexpr (sizeof(T) == 2) {
