@@ -18,9 +18,9 @@
 // fp32 and in k order, the 16-byte chunks l, l + 32, l + 64, ... of its rows, then a butterfly
 // sum; so an output's arithmetic depends only on its own input row, never on how many rows
 // ran with it (a batch row equals its solo run bit for bit). The rms norm of the input is
-// recomputed by every block (its rows are at most 3072 wide; the sum of squares goes by 16-byte
-// chunks, so its last bit may differ from rmsnorm_fwd's); products are rounded where the unfused
-// ops round them. Other shapes, the fp32
+// recomputed by every block (its rows are at most 3072 wide) with the arithmetic of
+// rmsnorm_fwd (with CT_DECODE_V2=1 the sum of squares goes by 16-byte chunks, so its last bit
+// may differ); products are rounded where the unfused ops round them. Other shapes, the fp32
 // table and more rows compose the table's plain ops (cuBLAS), which is the reference too.
 // Every kernel of a decode step is launched with programmatic dependent launch: it lets the
 // next kernel start while it runs; each kernel waits (griddepcontrol.wait) for the one before
@@ -79,6 +79,18 @@ bool pdl_on() {
 bool gemv_on() {
   static int on = -1;
   if (on < 0) on = !env_off("CT_DECODE_GEMV");
+  return on;
+}
+// CT_DECODE_V2=1: the second round of decode kernels (attention_decode_vec_kernel,
+// argmax_split_kernel, the 16-byte norm prologue, one cos/sin table per row). Opt-in until it
+// has passed test_decode_cuda and generate_gpu.sh on a GPU: it was written after the last
+// device run of its session.
+bool v2_on() {
+  static int on = -1;
+  if (on < 0) {
+    const char *v = getenv("CT_DECODE_V2");
+    on = v && !strcmp(v, "1");
+  }
   return on;
 }
 
@@ -529,7 +541,7 @@ enum { GV_PLAIN = 0, GV_RESID = 1, GV_SWIGLU = 2 };
 template <typename T, int N, int R, int U, bool NORM, int MODE>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gemv_kernel(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
-                int nr, int IC, int OC, float eps) {
+                int nr, int IC, int OC, float eps, int vnorm) {
   constexpr int RR = MODE == GV_SWIGLU ? 2 * R : R;
   extern __shared__ uint4 gv_smem[];
   T *xs = (T *)gv_smem;
@@ -566,7 +578,16 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   if constexpr (NORM) {
     for (int n = warp; n < N; n += GV_WARPS) {
       T *xo = xs + (long)n * IC;
-      if (n < nr) { // 16-byte chunks lane, lane + 32, ...: a few rounds of loads, not IC / 32
+      if (n < nr && !vnorm) { // as rmsnorm_fwd: lane sums c = lane, lane + 32, ...
+        const T *x = inp + (long)n * IC;
+        float ss = 0.0f;
+        for (int c = lane; c < IC; c += 32) {
+          float v = ldf(x + c);
+          ss += v * v;
+        }
+        const float r = 1.0f / sqrtf(warp_sum(ss) / IC + eps);
+        for (int c = lane; c < IC; c += 32) stf(xo + c, ldf(x + c) * r * ldf(nw + c));
+      } else if (n < nr) { // 16-byte chunks lane, lane + 32, ...: a few rounds of loads
         const T *x = inp + (long)n * IC;
         float ss = 0.0f;
 #pragma unroll 4
@@ -659,7 +680,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 template <typename T, int J>
 __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const T *knw, T *kc,
                                        T *vc, const int32_t *slot, const int32_t *pos, int H,
-                                       int KV, int max_T, float theta, float eps) {
+                                       int KV, int max_T, float theta, float eps,
+                                       int table) {
   pdl_trigger();
   pdl_wait();
   constexpr int hd = 32 * J;
@@ -669,7 +691,7 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
   const int p = pos[n];
   // cos / sin of the row's angles, once for all heads (rope_pos_kernel's formulas)
   __shared__ float cs_[hd / 2], sn_[hd / 2];
-  for (int i = threadIdx.x; i < hd / 2; i += blockDim.x) {
+  for (int i = threadIdx.x; table && i < hd / 2; i += blockDim.x) {
     float e = (float)(2 * i) / (float)hd;
     float inv = 1.0f / (float)pow((double)theta, (double)e);
     float ang = (float)p * inv;
@@ -707,7 +729,19 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
 #pragma unroll
     for (int j = 0; j < J / 2; j++) {
       const int i = lane + 32 * j; // pairs with i + hd/2, held at j + J/2
-      const float c = cs_[i], sn = sn_[i];
+      float c, sn;
+      if (table) {
+        c = cs_[i];
+        sn = sn_[i];
+      } else {
+        float e = (float)(2 * i) / (float)hd;
+        float inv = 1.0f / (float)pow((double)theta, (double)e);
+        float ang = (float)p * inv;
+        double sd, cd;
+        sincos((double)ang, &sd, &cd);
+        c = (float)cd;
+        sn = (float)sd;
+      }
       const float x1 = v[j], x2 = v[j + J / 2];
       o[j] = x1 * c - x2 * sn;
       o[j + J / 2] = x2 * c + x1 * sn;
@@ -854,7 +888,8 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
   float *part = (float *)(buf + SPLIT_COUNT_BYTES);
   if constexpr (sizeof(T) == 2) {
     const int G = H / KV;
-    if (gemv_on() && (size_t)(N * KV + ARGMAX_MAX_ROWS) * sizeof(unsigned) <= SPLIT_COUNT_BYTES &&
+    if (gemv_on() && v2_on() &&
+        (size_t)(N * KV + ARGMAX_MAX_ROWS) * sizeof(unsigned) <= SPLIT_COUNT_BYTES &&
         (hd == 64 || hd == 128) && (G == 1 || G == 2 || G == 4) && aligned16(qkv) &&
         aligned16(kc) && aligned16(vc)) {
       const dim3 g((splits + DEC_WARPS - 1) / DEC_WARPS, KV, N);
@@ -890,7 +925,7 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
 template <typename T> void cu_argmax_rows(int32_t *out, const void *logits, int N, int V, int Vp) {
   if (N <= 0) return;
   const int B = V >= 64 * 2048 ? 64 : (V + 2047) / 2048;
-  if (gemv_on() && B > 1 && N <= ARGMAX_MAX_ROWS) {
+  if (gemv_on() && v2_on() && B > 1 && N <= ARGMAX_MAX_ROWS) {
     char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + (size_t)N * B * 8);
     if (!buf) return;
     float *pv = (float *)(buf + SPLIT_COUNT_BYTES);
@@ -925,7 +960,7 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const
   const unsigned cap = 4u * (unsigned)num_sms(); // warps loop over further tasks
   if (blocks > cap) blocks = cap;
   launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
-         (size_t)N * IC * sizeof(T), out, inp, nw, w, bias, res, nr, IC, OC, eps);
+         (size_t)N * IC * sizeof(T), out, inp, nw, w, bias, res, nr, IC, OC, eps, (int)v2_on());
 }
 
 // Rows per warp task (R) and 16-byte chunks per lane and round (U): one round covers a row of
@@ -1021,13 +1056,16 @@ void cu_qkv_rope_append(void *qkv, const void *raw, const void *qnw, const void 
       const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
       if (hd == 64)
         launch("qkv_rope_append", "qkv_rope_append_kernel", qkv_rope_append_kernel<T, 2>, N,
-               threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps);
+               threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps,
+               (int)v2_on());
       else if (hd == 128)
         launch("qkv_rope_append", "qkv_rope_append_kernel", qkv_rope_append_kernel<T, 4>, N,
-               threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps);
+               threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps,
+               (int)v2_on());
       else
         launch("qkv_rope_append", "qkv_rope_append_kernel", qkv_rope_append_kernel<T, 8>, N,
-               threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps);
+               threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps,
+               (int)v2_on());
       return;
     }
   }
