@@ -190,6 +190,30 @@ typedef struct ct_ops {
   /* out[n] = index of the largest of logits row n's first V entries (the lowest on ties);
    * logits (N, Vp) in the working dtype, out (N) int32 backend memory. */
   void (*argmax_rows)(int32_t *out, const void *logits, int N, int V, int Vp);
+  /* Decode-step fusions of a llama-style layer (RMSNorm, SwiGLU). Each computes what the plain
+   * ops named beside it compute, rounding to the working dtype at the same points; only the
+   * order of the fp32 sums inside a product may differ (the CPU composes the plain ops; CUDA
+   * streams each weight once for a few rows, and composes for more). Scratch buffers (ln (N,IC),
+   * pre (N,2F)) hold the composition's intermediates and may be left unwritten.
+   * norm_matmul_fwd: out(N,OC) = rmsnorm(inp; nw) @ w^T + bias (bias may be NULL)
+   *   = rmsnorm_fwd into ln, matmul_fwd. */
+  void (*norm_matmul_fwd)(void *out, void *ln, const void *inp, const void *nw, const void *w,
+                          const void *bias, int N, int IC, int OC, float eps);
+  /* act(N,F) = swiglu(rmsnorm(inp; nw) @ w^T), w (2F, IC) rows [gate | up]
+   *   = rmsnorm_fwd into ln, matmul_fwd into pre, swiglu_fwd. */
+  void (*norm_matmul_swiglu_fwd)(void *act, void *pre, void *ln, const void *inp, const void *nw,
+                                 const void *w, int N, int IC, int F, float eps);
+  /* out(N,OC) = (inp @ w^T + bias) + res = matmul_fwd into out, add_fwd(out, out, res); out must
+   * not alias inp or res. */
+  void (*matmul_add_fwd)(void *out, const void *inp, const void *w, const void *bias,
+                         const void *res, int N, int IC, int OC);
+  /* The attention input of a step from the qkv projection raw (N, (H+2KV)*hd): qkv = raw with
+   * the q and k heads rmsnorm'd by qnw / knw (hd each; both NULL: no qk norm), rope_pos_fwd,
+   * then kv_append (= copy2d of the v section, rmsnorm_fwd of the grouped q and k rows,
+   * rope_pos_fwd, kv_append). raw may be qkv itself. */
+  void (*qkv_rope_append)(void *qkv, const void *raw, const void *qnw, const void *knw, void *kc,
+                          void *vc, const int32_t *slot, const int32_t *pos, int N, int H, int KV,
+                          int hd, int max_T, float theta, float eps);
 
   /* ---- devices (inference across GPUs; NULL where the backend has none) ----
    * set_device makes later ops (and alloc) run on device `dev` with that device's own stream

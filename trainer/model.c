@@ -1270,6 +1270,36 @@ static void infer_norm(const ct_infer *e, infer_dev *d, void *out, const void *i
     e->ops->rmsnorm_fwd(out, DAF(d, rstd), inp, w, N, m->C, N, 0, (float)m->cfg.norm_eps);
 }
 
+/* The decode-step fusions apply: a llama-style layer (RMSNorm, SwiGLU) on a table that has them. */
+static bool infer_fused(const ct_infer *e) {
+  const ct_ops *o = e->ops;
+  return !e->m->gpt2 && o->norm_matmul_fwd && o->norm_matmul_swiglu_fwd && o->matmul_add_fwd &&
+         o->qkv_rope_append;
+}
+
+/* A decode step's layer through the fused ops (ops.h): norm + qkv projection, qk norm + rope +
+ * cache append, attention, output projection + residual, norm + gate/up + SwiGLU, down
+ * projection + residual. The same values as infer_layer's plain ops up to the order of sums. */
+static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
+  const ct_model *m = e->m;
+  const ct_ops *o = e->ops;
+  const int C = m->C, H = m->H, KV = m->KV, hd = m->hd, W = m->W, F = m->F;
+  const float eps = (float)m->cfg.norm_eps;
+  char *x = DA(d, x), *ln = DA(d, ln), *qkv = DA(d, qkv), *res2 = DA(d, res2);
+  char *raw = m->cfg.qk_norm ? DA(d, raw) : qkv, *atty = DA(d, atty);
+  const int32_t *pos = DAI(d, pos), *slot = DAI(d, slot);
+  o->norm_matmul_fwd(raw, ln, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C,
+                     W, eps);
+  o->qkv_rope_append(qkv, raw, m->cfg.qk_norm ? DW(d, l, P_QNORM) : NULL,
+                     m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL, e->kc[l], e->vc[l], slot, pos, N,
+                     H, KV, hd, e->max_T, (float)m->cfg.rope_theta, eps);
+  o->attention_decode(atty, qkv, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd, e->max_T);
+  o->matmul_add_fwd(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), x, N, H * hd, C);
+  o->norm_matmul_swiglu_fwd(DA(d, act), DA(d, fch), ln, res2, DW(d, l, P_LN2_W), DW(d, l, P_FC_W),
+                            N, C, F, eps);
+  o->matmul_add_fwd(x, DA(d, act), DW(d, l, P_PROJ_W), DWO(d, l, P_PROJ_B), res2, N, F, C);
+}
+
 /* One layer over N rows whose positions and slots are in d's pos / slot buffers. Attention:
  * decode (one row per sequence): attention_decode; prefill from position 0 of nseq sequences of
  * n rows: attention_fwd (causal, eval); prefill after position p0 > 0: attention_cached. */
@@ -1332,7 +1362,11 @@ static void infer_segment(ct_infer *e, infer_dev *d, int N, bool decode, int nse
   const size_t ab = (size_t)e->ops->act_bytes;
   if (d->first)
     o->embed_pos_fwd(DA(d, x), DAI(d, tok), DAI(d, pos), DW(d, G, P_WTE), DWO(d, G, P_WPE), N, C);
-  for (int l = d->l0; l < d->l1; l++) infer_layer(e, d, l, N, decode, nseq, n, p0, slots);
+  const bool fused = infer_fused(e);
+  for (int l = d->l0; l < d->l1; l++) {
+    if (decode && fused) infer_layer_fused(e, d, l, N);
+    else infer_layer(e, d, l, N, decode, nseq, n, p0, slots);
+  }
   if (!d->last) return;
   const char *h = DA(d, x);
   if (!decode && n > 1) { /* each sequence's last row */
@@ -1340,10 +1374,15 @@ static void infer_segment(ct_infer *e, infer_dev *d, int N, bool decode, int nse
               (size_t)n * C * ab, (size_t)C * ab, (size_t)nseq);
     h = DA(d, last);
   }
-  infer_norm(e, d, DA(d, lnf), h, DW(d, G, P_LNF_W), DWO(d, G, P_LNF_B), nseq);
   const char *head = m->cfg.tie_embeddings ? (d->head ? d->head : DW(d, G, P_WTE))
                                            : DW(d, G, P_LM_HEAD);
-  o->matmul_fwd(DA(d, logits), DA(d, lnf), head, NULL, nseq, C, m->Vp);
+  if (fused) { /* final norm + head in one pass over the head's weights */
+    o->norm_matmul_fwd(DA(d, logits), DA(d, lnf), h, DW(d, G, P_LNF_W), head, NULL, nseq, C,
+                       m->Vp, (float)m->cfg.norm_eps);
+  } else {
+    infer_norm(e, d, DA(d, lnf), h, DW(d, G, P_LNF_W), DWO(d, G, P_LNF_B), nseq);
+    o->matmul_fwd(DA(d, logits), DA(d, lnf), head, NULL, nseq, C, m->Vp);
+  }
   o->argmax_rows(DAI(d, ids), DA(d, logits), nseq, m->cfg.vocab_size, m->Vp);
 }
 

@@ -1,6 +1,7 @@
 /* kernels/cpu/decode.c — CPU references of the batched-inference ops (see ops.h, "batched
  * inference"): embedding at per-row positions, RoPE at per-row positions, KV append by
- * (slot, position), attention of one query row over its own slot's cache, and row argmax.
+ * (slot, position), attention of one query row over its own slot's cache, row argmax, and the
+ * decode-step fusions, composed from the table's plain ops (the reference of the CUDA kernels).
  * Each computes exactly what the single-sequence ops compute for that row (same operation
  * order), so a batched decode step equals per-sequence decode bit for bit on this backend.
  * The devices-and-graphs entries stay NULL: the CPU has one "device" and no graphs. */
@@ -95,4 +96,50 @@ void ct_cpu_argmax_rows(int32_t *out, const void *logits_, int N, int V, int Vp)
       if (r[i] > r[best]) best = i;
     out[n] = best;
   }
+}
+
+/* ---- decode-step fusions: the plain ops in order (ops.h) ---- */
+
+void ct_cpu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, const void *w,
+                            const void *bias, int N, int IC, int OC, float eps) {
+  const ct_ops *o = ct_ops_cpu();
+  o->rmsnorm_fwd(ln, NULL, inp, nw, N, IC, N, 0, eps);
+  o->matmul_fwd(out, ln, w, bias, N, IC, OC);
+}
+
+void ct_cpu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp,
+                                   const void *nw, const void *w, int N, int IC, int F,
+                                   float eps) {
+  const ct_ops *o = ct_ops_cpu();
+  o->rmsnorm_fwd(ln, NULL, inp, nw, N, IC, N, 0, eps);
+  o->matmul_fwd(pre, ln, w, NULL, N, IC, 2 * F);
+  o->swiglu_fwd(act, pre, N, F);
+}
+
+void ct_cpu_matmul_add_fwd(void *out, const void *inp, const void *w, const void *bias,
+                           const void *res, int N, int IC, int OC) {
+  const ct_ops *o = ct_ops_cpu();
+  o->matmul_fwd(out, inp, w, bias, N, IC, OC);
+  o->add_fwd(out, out, res, (size_t)N * OC);
+}
+
+void ct_cpu_qkv_rope_append(void *qkv_, const void *raw_, const void *qnw, const void *knw,
+                            void *kc, void *vc, const int32_t *slot, const int32_t *pos, int N,
+                            int H, int KV, int hd, int max_T, float theta, float eps) {
+  const ct_ops *o = ct_ops_cpu();
+  float *qkv = qkv_;
+  const float *raw = raw_;
+  const size_t W = (size_t)(H + 2 * KV) * hd;
+  if (qnw) {
+    const size_t v0 = (size_t)(H + KV) * hd;
+    if (qkv != raw)
+      o->copy2d(qkv + v0, W * 4, raw + v0, W * 4, (size_t)KV * hd * 4, (size_t)N);
+    o->rmsnorm_fwd(qkv, NULL, raw, qnw, N * H, hd, H, (long)W, eps);
+    o->rmsnorm_fwd(qkv + (size_t)H * hd, NULL, raw + (size_t)H * hd, knw, N * KV, hd, KV,
+                   (long)W, eps);
+  } else if (qkv != raw) {
+    memcpy(qkv, raw, sizeof(float) * W * (size_t)N);
+  }
+  ct_cpu_rope_pos_fwd(qkv, pos, N, H, KV, hd, theta);
+  ct_cpu_kv_append(kc, vc, qkv, slot, pos, N, H, KV, hd, max_T);
 }

@@ -828,6 +828,15 @@ void ct_cpu_attention_decode(void *out, const void *qkv, const void *kc, const v
                              const int32_t *slot, const int32_t *pos, int N, int H, int KV, int hd,
                              int max_T);
 void ct_cpu_argmax_rows(int32_t *out, const void *logits, int N, int V, int Vp);
+void ct_cpu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, const void *w,
+                            const void *bias, int N, int IC, int OC, float eps);
+void ct_cpu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp,
+                                   const void *nw, const void *w, int N, int IC, int F, float eps);
+void ct_cpu_matmul_add_fwd(void *out, const void *inp, const void *w, const void *bias,
+                           const void *res, int N, int IC, int OC);
+void ct_cpu_qkv_rope_append(void *qkv, const void *raw, const void *qnw, const void *knw,
+                            void *kc, void *vc, const int32_t *slot, const int32_t *pos, int N,
+                            int H, int KV, int hd, int max_T, float theta, float eps);
 void ct_cpu_attention_cached(void *out, const void *qkv, const void *kc, const void *vc, int n,
                              int pos0, int H, int KV, int hd, int max_T); /* attention_cached.c */
 
@@ -949,6 +958,10 @@ static const ct_ops cpu_ops = {
     .kv_append = ct_cpu_kv_append,
     .attention_decode = ct_cpu_attention_decode,
     .argmax_rows = ct_cpu_argmax_rows,
+    .norm_matmul_fwd = ct_cpu_norm_matmul_fwd,
+    .norm_matmul_swiglu_fwd = ct_cpu_norm_matmul_swiglu_fwd,
+    .matmul_add_fwd = ct_cpu_matmul_add_fwd,
+    .qkv_rope_append = ct_cpu_qkv_rope_append,
 };
 
 /* Every sgemm here is issued by an OpenMP thread on its own slice (see matmul), so OpenMP is

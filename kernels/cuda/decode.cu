@@ -11,12 +11,29 @@
 // (row, query head) with an online softmax and writes (max, sum, hd accumulators); a second
 // kernel merges a row's splits in split order. The grid covers max_T keys whatever the rows'
 // lengths, so a captured graph stays valid as lengths grow; warps past a row's length exit.
+//
+// Decode-step fusions (ops.h: norm_matmul_fwd, norm_matmul_swiglu_fwd, matmul_add_fwd,
+// qkv_rope_append). For 16-bit tables and at most GV_MAXN rows a warp-per-output GEMV streams
+// the weight once with 16-byte loads and computes every row from it: lane l accumulates, in
+// fp32 and in k order, the 16-byte chunks l, l + 32, l + 64, ... of its rows, then a butterfly
+// sum; so an output's arithmetic depends only on its own input row, never on how many rows
+// ran with it (a batch row equals its solo run bit for bit). The rms norm of the input is
+// recomputed by every block (its rows are at most 3072 wide) with the arithmetic of
+// rmsnorm_fwd (with CT_DECODE_V2=1 the sum of squares goes by 16-byte chunks, so its last bit
+// may differ); products are rounded where the unfused ops round them. Other shapes, the fp32
+// table and more rows compose the table's plain ops (cuBLAS), which is the reference too.
+// Every kernel of a decode step is launched with programmatic dependent launch: it lets the
+// next kernel start while it runs; each kernel waits (griddepcontrol.wait) for the one before
+// to finish before it touches activations, and a GEMV loads its first weights before the wait,
+// so weight streaming overlaps the tail of the kernel before it. CT_DECODE_GEMV=0 and
+// CT_CUDA_PDL=0 turn the fused kernels and the early launches off (for comparisons).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/ops_cuda.h"
@@ -50,9 +67,143 @@ unsigned blocks_for(size_t n, int threads) {
   return (unsigned)(b ? b : 1);
 }
 
+bool env_off(const char *name) {
+  const char *v = getenv(name);
+  return v && !strcmp(v, "0");
+}
+bool pdl_on() {
+  static int on = -1;
+  if (on < 0) on = !env_off("CT_CUDA_PDL");
+  return on;
+}
+bool gemv_on() {
+  static int on = -1;
+  if (on < 0) on = !env_off("CT_DECODE_GEMV");
+  return on;
+}
+// CT_DECODE_V2=1: the second round of decode kernels (attention_decode_vec_kernel,
+// argmax_split_kernel, the 16-byte norm prologue, one cos/sin table per row). Opt-in until it
+// has passed test_decode_cuda and generate_gpu.sh on a GPU: it was written after the last
+// device run of its session.
+bool v2_on() {
+  static int on = -1;
+  if (on < 0) {
+    const char *v = getenv("CT_DECODE_V2");
+    on = v && !strcmp(v, "1");
+  }
+  return on;
+}
+
+// A kernel launch on the current stream, with programmatic dependent launch allowed (see the
+// file comment) unless CT_CUDA_PDL=0.
+template <typename... P, typename... A>
+bool launch(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+            A... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream();
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl_on() ? 1 : 0;
+  return ck(cudaLaunchKernelEx(&cfg, k, ((P)args)...), op, name, __LINE__);
+}
+
+// multiprocessors of the current device (cached per device)
+int num_sms() {
+  static int sms[16];
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (dev < 0 || dev >= 16) return 132;
+  if (!sms[dev] && cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    sms[dev] = 132;
+  }
+  return sms[dev];
+}
+
+// The plain ops of this dtype's table: the fallback composition of the fused ops.
+template <typename T> const ct_ops *base();
+template <> const ct_ops *base<float>() { return ct_ops_cuda(); }
+template <> const ct_ops *base<bf16>() { return ct_ops_cuda_bf16(); }
+template <> const ct_ops *base<f16>() { return ct_ops_cuda_fp16(); }
+
+inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// Programmatic dependent launch (sm_90): let the next kernel in the stream launch now; wait
+// until the kernel before this one has finished and its writes are visible. Both are no-ops
+// for a kernel launched without the attribute.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// 16 bytes of weights, not kept in L1 (each is read once per step). volatile keeps the loads
+// issued before pdl_wait where the code puts them.
+__device__ __forceinline__ uint4 ld_stream(const void *p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// Eight 16-bit values (one uint4) as floats.
+template <typename T> __device__ __forceinline__ void cvt8(const uint4 &u, float f[8]);
+template <> __device__ __forceinline__ void cvt8<bf16>(const uint4 &u, float f[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+template <> __device__ __forceinline__ void cvt8<f16>(const uint4 &u, float f[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    __half2 h = *reinterpret_cast<const __half2 *>(&w[i]);
+    const float2 v = __half22float2(h);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
+// Eight floats rounded to 16-bit values (round to nearest even), as one uint4.
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<bf16>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<f16>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t *>(&v);
+}
+template <typename T> __device__ __forceinline__ uint4 pack8(const float f[8]) {
+  return make_uint4(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]),
+                    pack2<T>(f[6], f[7]));
+}
+
+template <typename T> __device__ __forceinline__ T rnd(float v);
+template <> __device__ __forceinline__ bf16 rnd<bf16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ f16 rnd<f16>(float v) { return __float2half_rn(v); }
+template <typename T> __device__ __forceinline__ float rounded(float v) {
+  const T t = rnd<T>(v);
+  return ldf(&t);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -61,6 +212,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 template <typename T>
 __global__ void embed_pos_kernel(T *out, const int32_t *tok, const int32_t *pos, const T *wte,
                                  const T *wpe, long N, int C) {
+  pdl_trigger();
+  pdl_wait();
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < N * C;
        i += (long)gridDim.x * blockDim.x) {
     const long n = i / C;
@@ -124,6 +277,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                                   int max_T, int splits, float scale) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int sp = blockIdx.x * DEC_WARPS + w, h = blockIdx.y, n = blockIdx.z;
+  pdl_trigger();
+  pdl_wait();
   const int len = pos[n] + 1, k0 = sp * DEC_CHUNK;
   if (sp >= splits || k0 >= len) return;
   const int k1 = min(len, k0 + DEC_CHUNK), kv = h / (H / KV);
@@ -176,6 +331,8 @@ template <typename T>
 __global__ void attention_decode_merge_kernel(T *out, const float *part, const int32_t *pos,
                                               int H, int hd, int splits) {
   const int h = blockIdx.x, n = blockIdx.y, d = threadIdx.x;
+  pdl_trigger();
+  pdl_wait();
   if (d >= hd) return;
   const int len = pos[n] + 1, used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
   const float *p = part + ((long)n * H + h) * splits * (hd + 2);
@@ -191,12 +348,156 @@ __global__ void attention_decode_merge_kernel(T *out, const float *part, const i
   stf(out + (long)n * H * hd + (long)h * hd + d, a / L);
 }
 
+// The 16-bit attention_decode for hd = 8 * LK (LK lanes read a key's row, 16 bytes each) and G
+// query heads per kv head. grid (ceil(splits / DEC_WARPS), KV, N); warp w of block x takes
+// split sp = x * DEC_WARPS + w, keys sp * DEC_CHUNK .. +DEC_CHUNK - 1 of kv head blockIdx.y, for
+// all G query heads that share it: lane l reads key k0 + j * (32 / LK) + l / LK, j < J, chunk
+// l % LK, all keys' loads issued before the first use. Scores are summed over the LK lanes of a
+// key (butterfly), softmax and V products over the split's keys. The last block of a (row, kv
+// head) to finish (a counter, reset by that block) merges the row's splits in split order, as
+// attention_decode_merge_kernel does, so no second kernel is needed.
+template <typename T, int LK, int G>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    attention_decode_vec_kernel(T *out, float *part, unsigned *count, const T *qkv, const T *kc,
+                                const T *vc, const int32_t *slot, const int32_t *pos, int H,
+                                int KV, int max_T, int splits, float scale) {
+  constexpr int hd = 8 * LK, KPL = 32 / LK, J = DEC_CHUNK / KPL;
+  constexpr int PS = hd + 4; // a split's floats in part: acc (hd), max, sum; 16-byte rows
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int sp = blockIdx.x * DEC_WARPS + w, kv = blockIdx.y, n = blockIdx.z;
+  __shared__ int last;
+  pdl_trigger();
+  pdl_wait();
+  const int len = pos[n] + 1, k0 = sp * DEC_CHUNK;
+  if (sp < splits && k0 < len) {
+    const int ks = lane / LK, ch = lane % LK;
+    const long s = slot ? slot[n] : n;
+    const T *K = kc + ((s * KV + kv) * max_T) * (long)hd + ch * 8;
+    const T *V = vc + ((s * KV + kv) * max_T) * (long)hd + ch * 8;
+    uint4 kr[J], vr[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      const int key = k0 + j * KPL + ks;
+      kr[j] = key < len ? *(const uint4 *)(K + (long)key * hd) : make_uint4(0, 0, 0, 0);
+      vr[j] = key < len ? *(const uint4 *)(V + (long)key * hd) : make_uint4(0, 0, 0, 0);
+    }
+    float q[G][8];
+    const T *qp = qkv + (long)n * (H + 2 * KV) * hd + (long)kv * G * hd + ch * 8;
+#pragma unroll
+    for (int g = 0; g < G; g++) cvt8<T>(*(const uint4 *)(qp + (long)g * hd), q[g]);
+    float sc[G][J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      float kf[8];
+      cvt8<T>(kr[j], kf);
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) d = fmaf(q[g][e], kf[e], d);
+        sc[g][j] = d;
+      }
+    }
+#pragma unroll
+    for (int o = LK / 2; o > 0; o >>= 1)
+#pragma unroll
+      for (int g = 0; g < G; g++)
+#pragma unroll
+        for (int j = 0; j < J; j++) sc[g][j] += __shfl_xor_sync(0xffffffffu, sc[g][j], o);
+    float m[G], l[G], acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      m[g] = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < J; j++) {
+        sc[g][j] = k0 + j * KPL + ks < len ? sc[g][j] * scale : -INFINITY;
+        m[g] = fmaxf(m[g], sc[g][j]);
+      }
+#pragma unroll
+      for (int o = LK; o < 32; o <<= 1) m[g] = fmaxf(m[g], __shfl_xor_sync(0xffffffffu, m[g], o));
+      l[g] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      float vf[8];
+      cvt8<T>(vr[j], vf);
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        const float p = expf(sc[g][j] - m[g]);
+        l[g] += p;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
+      }
+    }
+#pragma unroll
+    for (int o = LK; o < 32; o <<= 1)
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        l[g] += __shfl_xor_sync(0xffffffffu, l[g], o);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+      }
+    if (ks == 0) {
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float *o = part + (((long)n * H + kv * G + g) * splits + sp) * PS;
+        *(float4 *)(o + ch * 8) = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+        *(float4 *)(o + ch * 8 + 4) = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+        if (ch == 0) {
+          o[hd] = m[g];
+          o[hd + 1] = l[g];
+        }
+      }
+    }
+  }
+  // the last block of (n, kv) merges
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last = atomicAdd(count + (long)n * KV + kv, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
+  for (int g = w; g < G; g += DEC_WARPS) { // a warp per query head
+    const int h = kv * G + g;
+    const float *p = part + ((long)n * H + h) * splits * PS;
+    float M = -INFINITY;
+    for (int s = lane; s < used; s += 32) M = fmaxf(M, __ldcg(p + (long)s * PS + hd));
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.0f, a[hd / 32];
+#pragma unroll
+    for (int i = 0; i < hd / 32; i++) a[i] = 0.0f;
+    for (int s0 = 0; s0 < used; s0 += 32) {
+      const int s = s0 + lane;
+      const float f = s < used ? expf(__ldcg(p + (long)s * PS + hd) - M) : 0.0f;
+      if (s < used) L += __ldcg(p + (long)s * PS + hd + 1) * f;
+      const int ns = min(32, used - s0);
+#pragma unroll 4
+      for (int j = 0; j < ns; j++) {
+        const float fj = __shfl_sync(0xffffffffu, f, j);
+        const float *ps = p + (long)(s0 + j) * PS;
+#pragma unroll
+        for (int i = 0; i < hd / 32; i++) a[i] = fmaf(fj, __ldcg(ps + lane + 32 * i), a[i]);
+      }
+    }
+    L = warp_sum(L);
+#pragma unroll
+    for (int i = 0; i < hd / 32; i++) stf(out + (long)n * H * hd + (long)h * hd + lane + 32 * i, a[i] / L);
+  }
+  if (threadIdx.x == 0) count[(long)n * KV + kv] = 0;
+}
+
 // One block per row: the largest of the first V entries, lowest index on ties.
 #define ARGMAX_THREADS 1024
 template <typename T>
 __global__ void argmax_rows_kernel(int32_t *out, const T *logits, int V, int Vp) {
   __shared__ float sv[32];
   __shared__ int si[32];
+  pdl_trigger();
+  pdl_wait();
   const T *r = logits + (long)blockIdx.x * Vp;
   float bv = -INFINITY;
   int bi = 0x7fffffff;
@@ -225,6 +526,287 @@ __global__ void argmax_rows_kernel(int32_t *out, const T *logits, int V, int Vp)
   }
 }
 
+// ---- decode GEMV: out rows n < nr of inp (nr <= N <= GV_MAXN rows), weights w (OC, IC) ----
+// MODE: GV_PLAIN  out(N,OC) = acc + bias;
+//       GV_RESID  out(N,OC) = round(acc + bias) + res (out may alias res);
+//       GV_SWIGLU out(N,F) = silu(round(acc_gate)) * round(acc_up), gate rows j and up rows F + j
+//                 of w (2F, IC), no bias.
+// NORM: the input rows are first rmsnorm'd with weight nw (as rmsnorm_fwd, rounded to T).
+// A warp task is R output rows (R gate + R up rows for GV_SWIGLU); each lane holds U 16-byte
+// chunks of each of them per round. x sits in shared memory as T: (N, IC).
+#define GV_WARPS 8
+#define GV_MAXN 8
+enum { GV_PLAIN = 0, GV_RESID = 1, GV_SWIGLU = 2 };
+
+template <typename T, int N, int R, int U, bool NORM, int MODE>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gemv_kernel(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
+                int nr, int IC, int OC, float eps, int vnorm) {
+  constexpr int RR = MODE == GV_SWIGLU ? 2 * R : R;
+  extern __shared__ uint4 gv_smem[];
+  T *xs = (T *)gv_smem;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int F = OC; // GV_SWIGLU: OC is F (outputs per row); w has 2F rows
+  const int nchunk = IC / 8;
+  const int tasks = (OC + R - 1) / R, stride = gridDim.x * GV_WARPS;
+  int t = blockIdx.x * GV_WARPS + warp;
+  auto row_of = [&](int task, int rr) -> int {
+    if constexpr (MODE == GV_SWIGLU) return rr < R ? task * R + rr : F + task * R + (rr - R);
+    return task * R + rr;
+  };
+  auto row_ok = [&](int task, int rr) -> bool {
+    return (MODE == GV_SWIGLU ? task * R + (rr < R ? rr : rr - R) : task * R + rr) < OC;
+  };
+  uint4 wv[RR][U];
+  auto load_round = [&](int task, int c0) {
+#pragma unroll
+    for (int rr = 0; rr < RR; rr++) {
+      const bool ok = row_ok(task, rr);
+      const T *wr = w + (long)row_of(task, rr) * IC;
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int c = c0 + u * 32 + lane;
+        wv[rr][u] = ok && c < nchunk ? ld_stream(wr + (long)c * 8) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  // the first weights do not depend on the kernel before: load them while it finishes
+  if (t < tasks) load_round(t, 0);
+  pdl_trigger();
+  pdl_wait();
+  // x rows into shared memory (rows nr .. N-1 zero)
+  if constexpr (NORM) {
+    for (int n = warp; n < N; n += GV_WARPS) {
+      T *xo = xs + (long)n * IC;
+      if (n < nr && !vnorm) { // as rmsnorm_fwd: lane sums c = lane, lane + 32, ...
+        const T *x = inp + (long)n * IC;
+        float ss = 0.0f;
+        for (int c = lane; c < IC; c += 32) {
+          float v = ldf(x + c);
+          ss += v * v;
+        }
+        const float r = 1.0f / sqrtf(warp_sum(ss) / IC + eps);
+        for (int c = lane; c < IC; c += 32) stf(xo + c, ldf(x + c) * r * ldf(nw + c));
+      } else if (n < nr) { // 16-byte chunks lane, lane + 32, ...: a few rounds of loads
+        const T *x = inp + (long)n * IC;
+        float ss = 0.0f;
+#pragma unroll 4
+        for (int c = lane; c < nchunk; c += 32) {
+          float v[8];
+          cvt8<T>(*(const uint4 *)(x + (long)c * 8), v);
+#pragma unroll
+          for (int e = 0; e < 8; e++) ss = fmaf(v[e], v[e], ss);
+        }
+        const float r = 1.0f / sqrtf(warp_sum(ss) / IC + eps);
+#pragma unroll 4
+        for (int c = lane; c < nchunk; c += 32) {
+          float v[8], g[8];
+          cvt8<T>(*(const uint4 *)(x + (long)c * 8), v);
+          cvt8<T>(*(const uint4 *)(nw + (long)c * 8), g);
+          float y[8];
+#pragma unroll
+          for (int e = 0; e < 8; e++) y[e] = v[e] * r * g[e];
+          *(uint4 *)(xo + (long)c * 8) = pack8<T>(y);
+        }
+      } else {
+        for (int c = lane; c < nchunk; c += 32) *(uint4 *)(xo + (long)c * 8) = make_uint4(0, 0, 0, 0);
+      }
+    }
+  } else {
+    const uint4 *src = (const uint4 *)inp;
+    uint4 *dst = (uint4 *)xs;
+    for (int i = threadIdx.x; i < N * nchunk; i += blockDim.x)
+      dst[i] = i < nr * nchunk ? src[i] : make_uint4(0, 0, 0, 0);
+  }
+  __syncthreads();
+  for (; t < tasks; t += stride) {
+    float acc[RR][N];
+#pragma unroll
+    for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+      for (int n = 0; n < N; n++) acc[rr][n] = 0.0f;
+    for (int c0 = 0; c0 < nchunk; c0 += U * 32) {
+      if (c0 > 0) load_round(t, c0);
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int c = c0 + u * 32 + lane;
+        if (c < nchunk) {
+          float wf[RR][8];
+#pragma unroll
+          for (int rr = 0; rr < RR; rr++) cvt8<T>(wv[rr][u], wf[rr]);
+#pragma unroll
+          for (int n = 0; n < N; n++) {
+            float xf[8];
+            cvt8<T>(*(const uint4 *)(xs + (long)n * IC + (long)c * 8), xf);
+#pragma unroll
+            for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+              for (int e = 0; e < 8; e++) acc[rr][n] = fmaf(wf[rr][e], xf[e], acc[rr][n]);
+          }
+        }
+      }
+    }
+    // prefetch the next task's first round before the reductions
+    const int tn = t + stride;
+    if (tn < tasks) load_round(tn, 0);
+#pragma unroll
+    for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+      for (int n = 0; n < N; n++) acc[rr][n] = warp_sum(acc[rr][n]);
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+      if (lane != n || n >= nr) continue;
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const int o = t * R + r;
+        if (o >= OC) continue;
+        if constexpr (MODE == GV_SWIGLU) {
+          const float gt = rounded<T>(acc[r][n]), up = rounded<T>(acc[R + r][n]);
+          stf(out + (long)n * F + o, gt / (1.0f + expf(-gt)) * up);
+        } else {
+          float v = acc[r][n] + (bias ? ldf(bias + o) : 0.0f);
+          if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
+          stf(out + (long)n * OC + o, v);
+        }
+      }
+    }
+  }
+}
+
+// qkv row n = raw row n with q and k heads rms-normalized by qnw / knw (when given), then
+// rotated (rope_pos_fwd's angles); k and v heads appended to the cache at (slot[n], pos[n]).
+// grid (N), one warp per head (q heads, k heads, v heads); lane holds d = lane + 32 j, j < J =
+// hd / 32, so the rotation pairs d and d + hd/2 sit in one lane (J even).
+template <typename T, int J>
+__global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const T *knw, T *kc,
+                                       T *vc, const int32_t *slot, const int32_t *pos, int H,
+                                       int KV, int max_T, float theta, float eps,
+                                       int table) {
+  pdl_trigger();
+  pdl_wait();
+  constexpr int hd = 32 * J;
+  const int lane = threadIdx.x & 31, n = blockIdx.x, nh = H + 2 * KV;
+  const long W3 = (long)nh * hd;
+  const long s = slot ? slot[n] : n;
+  const int p = pos[n];
+  // cos / sin of the row's angles, once for all heads (rope_pos_kernel's formulas)
+  __shared__ float cs_[hd / 2], sn_[hd / 2];
+  for (int i = threadIdx.x; table && i < hd / 2; i += blockDim.x) {
+    float e = (float)(2 * i) / (float)hd;
+    float inv = 1.0f / (float)pow((double)theta, (double)e);
+    float ang = (float)p * inv;
+    double sd, cd;
+    sincos((double)ang, &sd, &cd);
+    cs_[i] = (float)cd;
+    sn_[i] = (float)sd;
+  }
+  __syncthreads();
+  for (int h = threadIdx.x >> 5; h < nh; h += blockDim.x >> 5) {
+    const T *x = raw + n * W3 + (long)h * hd;
+    T *y = qkv + n * W3 + (long)h * hd;
+    float v[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) v[j] = ldf(x + lane + 32 * j);
+    if (h >= H + KV) { // v head: copy
+      T *dst = vc + ((s * KV + (h - H - KV)) * max_T + p) * (long)hd;
+#pragma unroll
+      for (int j = 0; j < J; j++) {
+        stf(dst + lane + 32 * j, v[j]);
+        if (y != x) stf(y + lane + 32 * j, v[j]);
+      }
+      continue;
+    }
+    const T *nwt = h < H ? qnw : knw;
+    if (nwt) { // as rmsnorm_fwd over the head's hd values, rounded
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < J; j++) ss += v[j] * v[j];
+      const float r = 1.0f / sqrtf(warp_sum(ss) / hd + eps);
+#pragma unroll
+      for (int j = 0; j < J; j++) v[j] = rounded<T>(v[j] * r * ldf(nwt + lane + 32 * j));
+    }
+    float o[J];
+#pragma unroll
+    for (int j = 0; j < J / 2; j++) {
+      const int i = lane + 32 * j; // pairs with i + hd/2, held at j + J/2
+      float c, sn;
+      if (table) {
+        c = cs_[i];
+        sn = sn_[i];
+      } else {
+        float e = (float)(2 * i) / (float)hd;
+        float inv = 1.0f / (float)pow((double)theta, (double)e);
+        float ang = (float)p * inv;
+        double sd, cd;
+        sincos((double)ang, &sd, &cd);
+        c = (float)cd;
+        sn = (float)sd;
+      }
+      const float x1 = v[j], x2 = v[j + J / 2];
+      o[j] = x1 * c - x2 * sn;
+      o[j + J / 2] = x2 * c + x1 * sn;
+    }
+    T *kdst = h >= H ? kc + ((s * KV + (h - H)) * max_T + p) * (long)hd : NULL;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      stf(y + lane + 32 * j, o[j]);
+      if (kdst) stf(kdst + lane + 32 * j, o[j]);
+    }
+  }
+}
+
+// argmax over many blocks: grid (B, N); block b scans a slice of row n, writes its (value,
+// index), and the last block of the row (a counter, reset by it) takes the best of the B in
+// block order. Ties go to the lowest index, as argmax_rows_kernel.
+#define AM_THREADS 256
+template <typename T>
+__global__ void __launch_bounds__(AM_THREADS)
+    argmax_split_kernel(int32_t *out, float *pv, int *pi, unsigned *count, const T *logits, int V,
+                        int Vp) {
+  __shared__ float sv[AM_THREADS / 32];
+  __shared__ int si[AM_THREADS / 32];
+  __shared__ int last;
+  pdl_trigger();
+  pdl_wait();
+  const int n = blockIdx.y, B = gridDim.x, b = blockIdx.x;
+  const int per = (V + B - 1) / B, lo = b * per, hi = min(V, lo + per);
+  const T *r = logits + (long)n * Vp;
+  float bv = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const float v = ldf(r + i);
+    if (v > bv) { bv = v; bi = i; }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+  }
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  if (lane == 0) { sv[w] = bv; si[w] = bi; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < AM_THREADS / 32; k++)
+      if (sv[k] > bv || (sv[k] == bv && si[k] < bi)) { bv = sv[k]; bi = si[k]; }
+    pv[(long)n * B + b] = bv;
+    pi[(long)n * B + b] = bi;
+    __threadfence();
+    last = atomicAdd(count + n, 1u) == (unsigned)B - 1;
+  }
+  __syncthreads();
+  if (!last || threadIdx.x) return;
+  __threadfence();
+  bv = -INFINITY;
+  bi = 0x7fffffff;
+  for (int k = 0; k < B; k++) {
+    const float v = __ldcg(pv + (long)n * B + k);
+    const int i = __ldcg(pi + (long)n * B + k);
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+  }
+  out[n] = bi == 0x7fffffff ? 0 : bi;
+  count[n] = 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // launchers
 
@@ -232,9 +814,8 @@ template <typename T>
 void cu_embed_pos_fwd(void *out, const int32_t *tok, const int32_t *pos, const void *wte,
                       const void *wpe, int N, int C) {
   if (N <= 0 || C <= 0) return;
-  embed_pos_kernel<T><<<blocks_for((size_t)N * C, 256), 256, 0, stream()>>>(
-      (T *)out, tok, pos, (const T *)wte, (const T *)wpe, N, C);
-  CKD_LAUNCH("embed_pos_fwd", embed_pos_kernel);
+  launch("embed_pos_fwd", "embed_pos_kernel", embed_pos_kernel<T>, blocks_for((size_t)N * C, 256),
+         256, 0, (T *)out, tok, pos, (const T *)wte, (const T *)wpe, (long)N, C);
 }
 
 template <typename T>
@@ -258,7 +839,11 @@ void cu_kv_append(void *kc, void *vc, const void *qkv, const int32_t *slot, cons
 
 // The split buffer of each device, grown outside graph capture only. A replaced buffer is
 // never freed: graphs captured earlier (smaller batches) still write to it. Growth at least
-// doubles, so what is kept stays under twice the largest buffer.
+// doubles, so what is kept stays under twice the largest buffer. Its first SPLIT_COUNT_BYTES
+// hold the merge counters of attention_decode_vec_kernel (zero between launches), the rest the
+// split results.
+#define SPLIT_COUNT_BYTES 65536
+#define ARGMAX_MAX_ROWS 1024 // argmax_split_kernel's counters: the last 4 KB of the 64 KB
 struct split_buf {
   float *p;
   size_t bytes;
@@ -280,6 +865,7 @@ float *split_scratch(size_t bytes) {
   if (bytes < 2 * b->bytes) bytes = 2 * b->bytes;
   float *p = NULL;
   if (!CKD("attention_decode", cudaMalloc((void **)&p, bytes))) return NULL;
+  if (!CKD("attention_decode", cudaMemsetAsync(p, 0, SPLIT_COUNT_BYTES, stream()))) return NULL;
   b->p = p;
   b->bytes = bytes;
   return p;
@@ -296,22 +882,208 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
     return;
   }
   const int splits = (max_T + DEC_CHUNK - 1) / DEC_CHUNK;
-  float *part = split_scratch(sizeof(float) * (size_t)N * H * splits * (hd + 2));
-  if (!part) return;
+  char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + sizeof(float) * (size_t)N * H * splits *
+                                                            (hd + 4)); // vec kernel: hd + 4
+  if (!buf) return;
+  float *part = (float *)(buf + SPLIT_COUNT_BYTES);
+  if constexpr (sizeof(T) == 2) {
+    const int G = H / KV;
+    if (gemv_on() && v2_on() &&
+        (size_t)(N * KV + ARGMAX_MAX_ROWS) * sizeof(unsigned) <= SPLIT_COUNT_BYTES &&
+        (hd == 64 || hd == 128) && (G == 1 || G == 2 || G == 4) && aligned16(qkv) &&
+        aligned16(kc) && aligned16(vc)) {
+      const dim3 g((splits + DEC_WARPS - 1) / DEC_WARPS, KV, N);
+      const float sc = 1.0f / sqrtf((float)hd);
+      T *o = (T *)out;
+      const T *q = (const T *)qkv, *K = (const T *)kc, *V = (const T *)vc;
+      unsigned *cnt = (unsigned *)buf;
+#define ATT_VEC(LK, G_)                                                                           \
+  launch("attention_decode", "attention_decode_vec_kernel", attention_decode_vec_kernel<T, LK, G_>, \
+         g, DEC_WARPS * 32, 0, o, part, cnt, q, K, V, slot, pos, H, KV, max_T, splits, sc)
+      if (hd == 64) {
+        if (G == 1) ATT_VEC(8, 1);
+        else if (G == 2) ATT_VEC(8, 2);
+        else ATT_VEC(8, 4);
+      } else {
+        if (G == 1) ATT_VEC(16, 1);
+        else if (G == 2) ATT_VEC(16, 2);
+        else ATT_VEC(16, 4);
+      }
+#undef ATT_VEC
+      return;
+    }
+  }
   dim3 grid((splits + DEC_WARPS - 1) / DEC_WARPS, H, N);
-  attention_decode_split_kernel<T><<<grid, DEC_WARPS * 32, 0, stream()>>>(
-      part, (const T *)qkv, (const T *)kc, (const T *)vc, slot, pos, H, KV, hd, max_T, splits,
-      1.0f / sqrtf((float)hd));
-  if (!CKD_LAUNCH("attention_decode", attention_decode_split_kernel)) return;
-  attention_decode_merge_kernel<T><<<dim3(H, N), hd, 0, stream()>>>((T *)out, part, pos, H, hd,
-                                                                     splits);
-  CKD_LAUNCH("attention_decode", attention_decode_merge_kernel);
+  if (!launch("attention_decode", "attention_decode_split_kernel", attention_decode_split_kernel<T>,
+              grid, DEC_WARPS * 32, 0, part, (const T *)qkv, (const T *)kc, (const T *)vc, slot,
+              pos, H, KV, hd, max_T, splits, 1.0f / sqrtf((float)hd)))
+    return;
+  launch("attention_decode", "attention_decode_merge_kernel", attention_decode_merge_kernel<T>,
+         dim3(H, N), hd, 0, (T *)out, (const float *)part, pos, H, hd, splits);
 }
 
 template <typename T> void cu_argmax_rows(int32_t *out, const void *logits, int N, int V, int Vp) {
   if (N <= 0) return;
-  argmax_rows_kernel<T><<<N, ARGMAX_THREADS, 0, stream()>>>(out, (const T *)logits, V, Vp);
-  CKD_LAUNCH("argmax_rows", argmax_rows_kernel);
+  const int B = V >= 64 * 2048 ? 64 : (V + 2047) / 2048;
+  if (gemv_on() && v2_on() && B > 1 && N <= ARGMAX_MAX_ROWS) {
+    char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + (size_t)N * B * 8);
+    if (!buf) return;
+    float *pv = (float *)(buf + SPLIT_COUNT_BYTES);
+    int *pi = (int *)(pv + (size_t)N * B);
+    unsigned *cnt = (unsigned *)(buf + SPLIT_COUNT_BYTES) - ARGMAX_MAX_ROWS;
+    launch("argmax_rows", "argmax_split_kernel", argmax_split_kernel<T>, dim3(B, N), AM_THREADS, 0,
+           out, pv, pi, cnt, (const T *)logits, V, Vp);
+    return;
+  }
+  launch("argmax_rows", "argmax_rows_kernel", argmax_rows_kernel<T>, N, ARGMAX_THREADS, 0, out,
+         (const T *)logits, V, Vp);
+}
+
+
+// ---- decode-step fusions (ops.h) ----
+
+int gv_rows(int n) { return n <= 1 ? 1 : n <= 4 ? 4 : 8; } // the N a kernel is built for
+
+// The GEMV applies: 16-bit, few rows, 16-byte rows and pointers, x fits the default 48 KB.
+template <typename T>
+bool gemv_fits(int N, int IC, const void *inp, const void *w, const void *nw = NULL) {
+  if (sizeof(T) != 2 || !gemv_on() || N > GV_MAXN || IC <= 0 || IC % 8) return false;
+  return aligned16(inp) && aligned16(w) && aligned16(nw) &&
+         (size_t)gv_rows(N) * IC * sizeof(T) <= 48 * 1024;
+}
+
+template <typename T, int N, bool NORM, int MODE, int R, int U>
+void gemv_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res, int nr,
+             int IC, int OC, float eps) {
+  const int tasks = (OC + R - 1) / R;
+  unsigned blocks = (unsigned)((tasks + GV_WARPS - 1) / GV_WARPS);
+  const unsigned cap = 4u * (unsigned)num_sms(); // warps loop over further tasks
+  if (blocks > cap) blocks = cap;
+  launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
+         (size_t)N * IC * sizeof(T), out, inp, nw, w, bias, res, nr, IC, OC, eps, (int)v2_on());
+}
+
+// Rows per warp task (R) and 16-byte chunks per lane and round (U): one round covers a row of
+// up to 1024 / 2048 values (U = 4 / 8), 3072 with U = 12, more rounds beyond. Wide outputs
+// (the vocabulary head) take 4 rows a task, the rest 1 or 2, so even 1024 outputs fill the GPU.
+template <typename T, int N, bool NORM, int MODE>
+void gemv_shape(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
+                int nr, int IC, int OC, float eps) {
+  if constexpr (MODE == GV_PLAIN) {
+    if (IC <= 1024 && OC >= 16384) gemv_go<T, N, NORM, MODE, 4, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    else if (IC <= 1024) gemv_go<T, N, NORM, MODE, 2, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 2, 8>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+  } else if constexpr (MODE == GV_SWIGLU) {
+    if (IC <= 1024) gemv_go<T, N, NORM, MODE, 2, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 1, 8>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+  } else {
+    if (IC <= 1024) gemv_go<T, N, NORM, MODE, 1, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 1, 8>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+  }
+}
+
+template <typename T, bool NORM, int MODE>
+void gemv(void *out, const void *inp, const void *nw, const void *w, const void *bias,
+          const void *res, int N, int IC, int OC, float eps) {
+  T *o = (T *)out;
+  const T *x = (const T *)inp, *g = (const T *)nw, *W = (const T *)w, *b = (const T *)bias,
+          *r = (const T *)res;
+  switch (gv_rows(N)) {
+  case 1: gemv_shape<T, 1, NORM, MODE>(o, x, g, W, b, r, N, IC, OC, eps); break;
+  case 4: gemv_shape<T, 4, NORM, MODE>(o, x, g, W, b, r, N, IC, OC, eps); break;
+  default: gemv_shape<T, 8, NORM, MODE>(o, x, g, W, b, r, N, IC, OC, eps); break;
+  }
+}
+
+template <typename T>
+void cu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, const void *w,
+                        const void *bias, int N, int IC, int OC, float eps) {
+  if (N <= 0 || OC <= 0) return;
+  if constexpr (sizeof(T) == 2) {
+    if (gemv_fits<T>(N, IC, inp, w, nw)) {
+      gemv<T, true, GV_PLAIN>(out, inp, nw, w, bias, NULL, N, IC, OC, eps);
+      return;
+    }
+  }
+  const ct_ops *b = base<T>();
+  b->rmsnorm_fwd(ln, NULL, inp, nw, N, IC, N, 0, eps);
+  b->matmul_fwd(out, ln, w, bias, N, IC, OC);
+}
+
+template <typename T>
+void cu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp, const void *nw,
+                               const void *w, int N, int IC, int F, float eps) {
+  if (N <= 0 || F <= 0) return;
+  if constexpr (sizeof(T) == 2) {
+    if (gemv_fits<T>(N, IC, inp, w, nw)) {
+      gemv<T, true, GV_SWIGLU>(act, inp, nw, w, NULL, NULL, N, IC, F, eps);
+      return;
+    }
+  }
+  const ct_ops *b = base<T>();
+  b->rmsnorm_fwd(ln, NULL, inp, nw, N, IC, N, 0, eps);
+  b->matmul_fwd(pre, ln, w, NULL, N, IC, 2 * F);
+  b->swiglu_fwd(act, pre, N, F);
+}
+
+template <typename T>
+void cu_matmul_add_fwd(void *out, const void *inp, const void *w, const void *bias,
+                       const void *res, int N, int IC, int OC) {
+  if (N <= 0 || OC <= 0) return;
+  if constexpr (sizeof(T) == 2) {
+    if (gemv_fits<T>(N, IC, inp, w)) {
+      gemv<T, false, GV_RESID>(out, inp, NULL, w, bias, res, N, IC, OC, 0.0f);
+      return;
+    }
+  }
+  const ct_ops *b = base<T>();
+  b->matmul_fwd(out, inp, w, bias, N, IC, OC);
+  b->add_fwd(out, out, res, (size_t)N * OC);
+}
+
+template <typename T>
+void cu_qkv_rope_append(void *qkv, const void *raw, const void *qnw, const void *knw, void *kc,
+                        void *vc, const int32_t *slot, const int32_t *pos, int N, int H, int KV,
+                        int hd, int max_T, float theta, float eps) {
+  if (N <= 0) return;
+  if constexpr (sizeof(T) == 2) {
+    if (gemv_on() && (hd == 64 || hd == 128 || hd == 256) && H % KV == 0) {
+      const int nh = H + 2 * KV, threads = 32 * (nh < 32 ? nh : 32);
+      T *q = (T *)qkv, *K = (T *)kc, *V = (T *)vc;
+      const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
+      if (hd == 64)
+        launch("qkv_rope_append", "qkv_rope_append_kernel", qkv_rope_append_kernel<T, 2>, N,
+               threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps,
+               (int)v2_on());
+      else if (hd == 128)
+        launch("qkv_rope_append", "qkv_rope_append_kernel", qkv_rope_append_kernel<T, 4>, N,
+               threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps,
+               (int)v2_on());
+      else
+        launch("qkv_rope_append", "qkv_rope_append_kernel", qkv_rope_append_kernel<T, 8>, N,
+               threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps,
+               (int)v2_on());
+      return;
+    }
+  }
+  const ct_ops *b = base<T>();
+  const size_t ab = sizeof(T), W = (size_t)(H + 2 * KV) * hd, row = W * ab;
+  char *out = (char *)qkv;
+  const char *in = (const char *)raw;
+  if (qnw) {
+    const size_t v0 = (size_t)(H + KV) * hd;
+    if (out != in) b->copy2d(out + v0 * ab, row, in + v0 * ab, row, (size_t)KV * hd * ab, (size_t)N);
+    b->rmsnorm_fwd(out, NULL, in, qnw, N * H, hd, H, (long)W, eps);
+    b->rmsnorm_fwd(out + (size_t)H * hd * ab, NULL, in + (size_t)H * hd * ab, knw, N * KV, hd, KV,
+                   (long)W, eps);
+  } else if (out != in) {
+    b->copy2d(out, row, in, row, row, (size_t)N);
+  }
+  b->rope_pos_fwd(qkv, pos, N, H, KV, hd, theta);
+  b->kv_append(kc, vc, qkv, slot, pos, N, H, KV, hd, max_T);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -402,6 +1174,10 @@ template <typename T> void fill(ct_ops *t) {
   t->kv_append = cu_kv_append<T>;
   t->attention_decode = cu_attention_decode<T>;
   t->argmax_rows = cu_argmax_rows<T>;
+  t->norm_matmul_fwd = cu_norm_matmul_fwd<T>;
+  t->norm_matmul_swiglu_fwd = cu_norm_matmul_swiglu_fwd<T>;
+  t->matmul_add_fwd = cu_matmul_add_fwd<T>;
+  t->qkv_rope_append = cu_qkv_rope_append<T>;
 }
 
 } // namespace

@@ -6,12 +6,17 @@
  * rewrites the positions equals running the ops directly, bit for bit. Model level: the
  * inference engine on the fp32 and bf16 CUDA tables (weights copied from a model built on the
  * CPU table; head_dim 128, so prefill runs the flash kernels) gives the CPU engine's logits for
- * a prefill and batched decode steps, also with the layers split over 2 GPUs. Exits 77 without
- * a GPU. */
+ * a prefill and batched decode steps, also with the layers split over 2 GPUs. The decode-step
+ * fusions (norm_matmul_fwd, norm_matmul_swiglu_fwd, matmul_add_fwd, qkv_rope_append) against
+ * the CPU compositions over a table of shapes (each GEMV variant, row counts 1..8 and past the
+ * GEMV's 8, tails), with guard values after every output; a row of a batch equals its solo run
+ * bit for bit; a captured sequence of them replays bit for bit. CT_TEST_PERF=1 also times the
+ * fused ops against the plain ops on the Qwen3-0.6B shapes. Exits 77 without a GPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "tests/unit/ct_test.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -134,6 +139,280 @@ static void run(const ct_ops *o, double tol) {
   free(e); free(lg);
 }
 
+
+/* ---- decode-step fusions ---- */
+
+enum { F_NORM = 0, F_SWIGLU = 1, F_ADD = 2 };
+typedef struct fcase {
+  int op, N, IC, OC; /* F_SWIGLU: OC is F */
+  int bias;
+} fcase;
+static const fcase fcases[] = {
+    {F_NORM, 1, 1024, 20000, 0},  {F_NORM, 3, 1024, 4098, 1}, {F_NORM, 8, 2048, 1000, 0},
+    {F_NORM, 5, 3072, 300, 1},    {F_NORM, 1, 4096, 256, 0},  {F_NORM, 2, 512, 77, 0},
+    {F_NORM, 12, 1024, 500, 1},   {F_SWIGLU, 1, 1024, 3072, 0}, {F_SWIGLU, 8, 1024, 100, 0},
+    {F_SWIGLU, 4, 2048, 64, 0},   {F_SWIGLU, 6, 3072, 33, 0}, {F_ADD, 1, 2048, 1024, 0},
+    {F_ADD, 8, 3072, 1024, 1},    {F_ADD, 2, 1024, 130, 0},   {F_ADD, 16, 1024, 256, 0},
+};
+#define GUARD 64
+static const float guard_val = 4096.0f; /* exact in bf16 and fp16 */
+
+/* Runs case fc on table o (inputs host fp32, already rounded); out host fp32 (N * outw). */
+static void fused_run(const ct_ops *o, const fcase *fc, const float *x, const float *nw,
+                      const float *w, const float *b, const float *res, float *out, int *guard_ok) {
+  const int N = fc->N, IC = fc->IC, OC = fc->OC;
+  const int wrows = fc->op == F_SWIGLU ? 2 * OC : OC;
+  const size_t on = (size_t)N * OC;
+  void *dx = up(o, x, (size_t)N * IC), *dnw = up(o, nw, (size_t)IC);
+  void *dw = up(o, w, (size_t)wrows * IC), *db = fc->bias ? up(o, b, (size_t)OC) : NULL;
+  void *dres = up(o, res, on);
+  float *init = malloc((on + GUARD) * 4);
+  for (size_t i = 0; i < on + GUARD; i++) init[i] = guard_val;
+  void *dout = up(o, init, on + GUARD);
+  void *ln = o->alloc((size_t)N * IC * o->act_bytes), *pre = o->alloc((size_t)N * 2 * OC * o->act_bytes);
+  if (fc->op == F_NORM) o->norm_matmul_fwd(dout, ln, dx, dnw, dw, db, N, IC, OC, 1e-6f);
+  else if (fc->op == F_SWIGLU) o->norm_matmul_swiglu_fwd(dout, pre, ln, dx, dnw, dw, N, IC, OC, 1e-6f);
+  else o->matmul_add_fwd(dout, dx, dw, db, dres, N, IC, OC);
+  down(o, init, dout, on + GUARD);
+  memcpy(out, init, on * 4);
+  *guard_ok = 1;
+  for (int i = 0; i < GUARD; i++)
+    if (init[on + i] != guard_val) *guard_ok = 0;
+  void *d[] = {dx, dnw, dw, db, dres, dout, ln, pre};
+  for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+    if (d[i]) o->free(d[i]);
+  free(init);
+}
+
+static float *rnd_buf(const ct_ops *o, size_t n, float scale) {
+  float *v = malloc(n * 4);
+  for (size_t i = 0; i < n; i++) v[i] = frand() * scale;
+  rounded(o, v, n);
+  return v;
+}
+
+static void test_fused(const ct_ops *o, double tol) {
+  const ct_ops *c = ct_ops_cpu();
+  char what[128];
+  for (size_t k = 0; k < sizeof fcases / sizeof fcases[0]; k++) {
+    const fcase *fc = &fcases[k];
+    const int N = fc->N, IC = fc->IC, OC = fc->OC;
+    const int wrows = fc->op == F_SWIGLU ? 2 * OC : OC;
+    const size_t on = (size_t)N * OC;
+    float *x = rnd_buf(o, (size_t)N * IC, 2.0f), *nw = rnd_buf(o, (size_t)IC, 1.0f);
+    float *w = rnd_buf(o, (size_t)wrows * IC, 0.05f), *b = rnd_buf(o, (size_t)OC, 0.5f);
+    float *res = rnd_buf(o, on, 1.0f);
+    float *ref = malloc(on * 4), *got = malloc(on * 4), *ln = malloc((size_t)N * IC * 4);
+    float *pre = malloc((size_t)N * 2 * OC * 4);
+    const char *name = fc->op == F_NORM ? "norm_matmul_fwd" : fc->op == F_SWIGLU
+                                                                   ? "norm_matmul_swiglu_fwd"
+                                                                   : "matmul_add_fwd";
+    if (fc->op == F_NORM) c->norm_matmul_fwd(ref, ln, x, nw, w, fc->bias ? b : NULL, N, IC, OC, 1e-6f);
+    else if (fc->op == F_SWIGLU) c->norm_matmul_swiglu_fwd(ref, pre, ln, x, nw, w, N, IC, OC, 1e-6f);
+    else c->matmul_add_fwd(ref, x, w, fc->bias ? b : NULL, res, N, IC, OC);
+    int gok = 0;
+    fused_run(o, fc, x, nw, w, b, res, got, &gok);
+    snprintf(what, sizeof what, "%s %s N=%d IC=%d OC=%d%s", o->name, name, N, IC, OC,
+             fc->bias ? " +bias" : "");
+    ct_check_close(what, got, ref, on, tol, 1e-6);
+    CHECK_MSG(gok, "%s: wrote past its output", what);
+    /* the last row alone gives the same bits as in the batch (the 16-bit GEMV, up to 8 rows;
+     * cuBLAS promises no such thing) */
+    if (N > 1 && N <= 8 && o->act_bytes == 2) {
+      fcase one = *fc;
+      one.N = 1;
+      float *solo = malloc((size_t)OC * 4);
+      fused_run(o, &one, x + (size_t)(N - 1) * IC, nw, w, b, res + (size_t)(N - 1) * OC, solo, &gok);
+      CHECK_MSG(!memcmp(solo, got + (size_t)(N - 1) * OC, (size_t)OC * 4),
+                "%s: row %d differs from its solo run", what, N - 1);
+      free(solo);
+    }
+    free(x); free(nw); free(w); free(b); free(res); free(ref); free(got); free(ln); free(pre);
+  }
+
+  /* qkv_rope_append, with and without qk norm, against the CPU composition */
+  enum { QN = 5, QH = 4, QKV = 2, QT = 40, QS = 6 };
+  static const int hds[] = {64, 128, 256, 32};
+  for (int hi = 0; hi < 4; hi++) {
+    for (int qk = 0; qk < 2; qk++) {
+      const int qhd = hds[hi], QW = (QH + 2 * QKV) * qhd;
+      const int32_t pos[QN] = {0, 17, 39, 3, 21}, slot[QN] = {3, 0, 5, 1, 2};
+      const size_t nq = (size_t)QN * QW, nc = (size_t)QS * QKV * QT * qhd;
+      float *raw = rnd_buf(o, nq, 2.0f), *qn = rnd_buf(o, (size_t)qhd, 1.0f);
+      float *kn = rnd_buf(o, (size_t)qhd, 1.0f), *kc = rnd_buf(o, nc, 1.0f), *vc = rnd_buf(o, nc, 1.0f);
+      float *qkv = malloc(nq * 4), *got = malloc((nc > nq ? nc : nq) * 4);
+      void *draw = up(o, raw, nq), *dqn = up(o, qn, (size_t)qhd), *dkn = up(o, kn, (size_t)qhd);
+      void *dk = up(o, kc, nc), *dv = up(o, vc, nc), *dq = o->alloc(nq * o->act_bytes);
+      int32_t *dpos = o->alloc(sizeof pos), *dslot = o->alloc(sizeof slot);
+      o->to_device(dpos, pos, sizeof pos);
+      o->to_device(dslot, slot, sizeof slot);
+      c->qkv_rope_append(qkv, raw, qk ? qn : NULL, qk ? kn : NULL, kc, vc, slot, pos, QN, QH, QKV,
+                         qhd, QT, 1e6f, 1e-6f);
+      o->qkv_rope_append(dq, draw, qk ? dqn : NULL, qk ? dkn : NULL, dk, dv, dslot, dpos, QN, QH,
+                         QKV, qhd, QT, 1e6f, 1e-6f);
+      snprintf(what, sizeof what, "%s qkv_rope_append hd=%d%s: qkv", o->name, qhd, qk ? " qk_norm" : "");
+      down(o, got, dq, nq);
+      ct_check_close(what, got, qkv, nq, tol, 1e-6);
+      snprintf(what, sizeof what, "%s qkv_rope_append hd=%d%s: k cache", o->name, qhd, qk ? " qk_norm" : "");
+      down(o, got, dk, nc);
+      ct_check_close(what, got, kc, nc, tol, 1e-6);
+      down(o, got, dv, nc);
+      CHECK_MSG(!memcmp(got, vc, nc * 4), "%s qkv_rope_append hd=%d: v cache differs", o->name, qhd);
+      void *d[] = {draw, dqn, dkn, dk, dv, dq, dpos, dslot};
+      for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) o->free(d[i]);
+      free(raw); free(qn); free(kn); free(kc); free(vc); free(qkv); free(got);
+    }
+  }
+
+  /* a captured chain of fused ops (programmatic dependent launches) replays bit for bit */
+  {
+    const int N = 3, C = 1024, F = 3072;
+    float *x = rnd_buf(o, (size_t)N * C, 2.0f), *nw = rnd_buf(o, (size_t)C, 1.0f);
+    float *w1 = rnd_buf(o, (size_t)2 * F * C, 0.05f), *w2 = rnd_buf(o, (size_t)C * F, 0.05f);
+    void *dx = up(o, x, (size_t)N * C), *dnw = up(o, nw, (size_t)C), *dw1 = up(o, w1, (size_t)2 * F * C);
+    void *dw2 = up(o, w2, (size_t)C * F), *act = o->alloc((size_t)N * F * o->act_bytes);
+    void *pre = o->alloc((size_t)N * 2 * F * o->act_bytes), *ln = o->alloc((size_t)N * C * o->act_bytes);
+    void *dy = o->alloc((size_t)N * C * o->act_bytes);
+    float *direct = malloc((size_t)N * C * 4), *replay = malloc((size_t)N * C * 4);
+    o->norm_matmul_swiglu_fwd(act, pre, ln, dx, dnw, dw1, N, C, F, 1e-6f);
+    o->matmul_add_fwd(dy, act, dw2, NULL, dx, N, F, C);
+    down(o, direct, dy, (size_t)N * C);
+    o->zero(dy, (size_t)N * C * o->act_bytes);
+    o->zero(act, (size_t)N * F * o->act_bytes);
+    o->graph_begin();
+    o->norm_matmul_swiglu_fwd(act, pre, ln, dx, dnw, dw1, N, C, F, 1e-6f);
+    o->matmul_add_fwd(dy, act, dw2, NULL, dx, N, F, C);
+    void *g = o->graph_end();
+    CHECK(g != NULL);
+    if (g) {
+      o->graph_launch(g);
+      o->graph_launch(g);
+      down(o, replay, dy, (size_t)N * C);
+      CHECK_MSG(!memcmp(direct, replay, (size_t)N * C * 4), "%s: fused ops replayed from a graph differ",
+                o->name);
+      o->graph_destroy(g);
+    }
+    void *d[] = {dx, dnw, dw1, dw2, act, pre, ln, dy};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) o->free(d[i]);
+    free(x); free(nw); free(w1); free(w2); free(direct); free(replay);
+  }
+  /* argmax over a vocabulary-sized row (several blocks a row on CUDA): ties across blocks go to
+   * the lowest index, padding columns are ignored; again from a captured graph */
+  {
+    enum { AN = 3, AV = 150000, AVp = 150016 };
+    float *lg = malloc((size_t)AN * AVp * 4);
+    for (size_t i = 0; i < (size_t)AN * AVp; i++) lg[i] = frand();
+    lg[140000] = lg[5] = 8.0f;
+    lg[(size_t)AVp + 149999] = 9.0f;
+    lg[(size_t)2 * AVp + 150010] = 20.0f; /* padding */
+    lg[(size_t)2 * AVp + 77777] = 3.0f;
+    rounded(o, lg, (size_t)AN * AVp);
+    void *dl = up(o, lg, (size_t)AN * AVp);
+    int32_t want[AN], am[AN], *dam = o->alloc(sizeof am);
+    c->argmax_rows(want, lg, AN, AV, AVp);
+    for (int rep = 0; rep < 2; rep++) {
+      void *g = NULL;
+      o->zero(dam, sizeof am);
+      if (rep) o->graph_begin();
+      o->argmax_rows(dam, dl, AN, AV, AVp);
+      if (rep) {
+        g = o->graph_end();
+        CHECK(g != NULL);
+        if (g) o->graph_launch(g);
+        if (g) o->graph_launch(g);
+      }
+      o->to_host(am, dam, sizeof am);
+      CHECK_MSG(!memcmp(am, want, sizeof am), "%s argmax_rows V=%d%s: %d %d %d vs %d %d %d", o->name,
+                AV, rep ? " (graph)" : "", am[0], am[1], am[2], want[0], want[1], want[2]);
+      if (g) o->graph_destroy(g);
+    }
+    CHECK(want[0] == 5 && want[1] == 149999 && want[2] == 77777);
+    o->free(dl);
+    o->free(dam);
+    free(lg);
+  }
+  char err[512];
+  CHECK_MSG(ct_cuda_check(err, sizeof err) == 0, "%s", err);
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+/* CT_TEST_PERF=1: the Qwen3-0.6B decode shapes, fused op vs the plain ops it replaces, mean of
+ * 200 back-to-back calls replayed from a CUDA graph, over 256 MB of rotating weight copies (so
+ * they come from memory, not the 60 MB L2). */
+static void perf_fused(const ct_ops *o) {
+  enum { COPIES = 64, ITERS = 200 };
+  const int C = 1024, W = 4096, Hhd = 2048, F = 3072, V = 151936;
+  const struct { const char *name; int op, IC, OC; } sh[] = {
+      {"qkv norm+proj", F_NORM, C, W},   {"o proj+residual", F_ADD, Hhd, C},
+      {"gate/up+swiglu", F_SWIGLU, C, F}, {"down proj+residual", F_ADD, F, C},
+      {"final norm+head", F_NORM, C, V},
+  };
+  printf("perf %s: op, rows, fused us (GB/s), plain ops us (GB/s)\n", o->name);
+  for (size_t k = 0; k < sizeof sh / sizeof sh[0]; k++) {
+    const int IC = sh[k].IC, OC = sh[k].OC, wrows = sh[k].op == F_SWIGLU ? 2 * OC : OC;
+    const size_t wn = (size_t)wrows * IC, ab = (size_t)o->act_bytes;
+    int copies = (int)((256u << 20) / (wn * ab)) + 1; /* 256 MB of weights: past the L2 */
+    if (copies > COPIES) copies = COPIES;
+    void *w[COPIES];
+    float *tmp = malloc(wn * 4);
+    for (size_t i = 0; i < wn; i++) tmp[i] = frand() * 0.05f;
+    for (int i = 0; i < copies; i++) w[i] = up(o, tmp, wn);
+    free(tmp);
+    const int Nmax = 8;
+    float *xh = malloc((size_t)Nmax * 2 * F * 4);
+    for (size_t i = 0; i < (size_t)Nmax * 2 * F; i++) xh[i] = frand();
+    void *x = up(o, xh, (size_t)Nmax * 2 * F), *nw = up(o, xh, (size_t)IC);
+    void *out = o->alloc((size_t)Nmax * 2 * OC * ab), *pre = o->alloc((size_t)Nmax * 2 * OC * ab);
+    void *ln = o->alloc((size_t)Nmax * IC * ab), *res = o->alloc((size_t)Nmax * OC * ab);
+    free(xh);
+    static const int rows[] = {1, 8};
+    for (int ri = 0; ri < 2; ri++) {
+      const int N = rows[ri];
+      double t[2];
+      for (int v = 0; v < 2; v++) {
+        void *g = NULL;
+        for (int it = -10; it < ITERS; it++) {
+          if (it == 0) o->graph_begin(); /* GPU time, not launch time: replay a graph */
+          void *wi = w[(it + 10) % copies];
+          if (v == 0) {
+            if (sh[k].op == F_NORM) o->norm_matmul_fwd(out, ln, x, nw, wi, NULL, N, IC, OC, 1e-6f);
+            else if (sh[k].op == F_SWIGLU) o->norm_matmul_swiglu_fwd(out, pre, ln, x, nw, wi, N, IC, OC, 1e-6f);
+            else o->matmul_add_fwd(out, x, wi, NULL, res, N, IC, OC);
+          } else {
+            if (sh[k].op != F_ADD) o->rmsnorm_fwd(ln, NULL, x, nw, N, IC, N, 0, 1e-6f);
+            o->matmul_fwd(sh[k].op == F_SWIGLU ? pre : out, sh[k].op == F_ADD ? x : ln, wi, NULL,
+                          N, IC, wrows);
+            if (sh[k].op == F_SWIGLU) o->swiglu_fwd(out, pre, N, OC);
+            if (sh[k].op == F_ADD) o->add_fwd(out, out, res, (size_t)N * OC);
+          }
+        }
+        g = o->graph_end();
+        t[v] = 0;
+        if (g) {
+          o->graph_launch(g);
+          o->sync();
+          t[v] = now_s();
+          o->graph_launch(g);
+          o->sync();
+          t[v] = (now_s() - t[v]) / ITERS;
+          o->graph_destroy(g);
+        }
+      }
+      const double gb = (double)wn * ab / 1e9;
+      printf("  %-20s %d  %8.1f us (%6.0f GB/s)  %8.1f us (%6.0f GB/s)\n", sh[k].name, N, t[0] * 1e6,
+             gb / t[0], t[1] * 1e6, gb / t[1]);
+    }
+    for (int i = 0; i < copies; i++) o->free(w[i]);
+    void *d[] = {x, nw, out, pre, ln, res};
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) o->free(d[i]);
+  }
+}
+
 /* prefill 3 prompts (lengths 20, 7, 20: two go together), then 4 batched decode steps; logits
  * of every output row appended to out (rows x Vp) */
 static void engine_logits(ct_model *m, const ct_ops *o, const int *layer_dev, float *out) {
@@ -223,7 +502,11 @@ int main(void) {
     run(o, 2e-2);
     CHECK(o->set_device(0) == 0);
   }
+  test_fused(ct_ops_cuda(), 1e-5);
+  test_fused(ct_ops_cuda_bf16(), 2e-2);
   test_engine();
+  const char *perf = getenv("CT_TEST_PERF");
+  if (perf && perf[0] == '1') perf_fused(ct_ops_cuda_bf16());
   ct_cuda_shutdown();
   return ct_test_finish();
 }
