@@ -34,6 +34,8 @@ typedef struct ct_kernels_cfg {
   bool use_kernels;
   int head_chunk;    /* rows per fused head matmul + cross-entropy chunk (0: all rows at once) */
   char attention[16]; /* auto | sdpa | eager | flash | cudnn */
+  bool deterministic; /* attention.deterministic: bit-reproducible attention backward (auto takes
+                       * flash, cudnn its deterministic algorithm) */
   int n;
   ct_kernel_entry entries[CT_KERNEL_OPS_MAX * 4];
 } ct_kernels_cfg;

@@ -98,6 +98,8 @@ static const key_def KEYS[] = {
    "rendezvous / collective timeout"},
   {"attention", "implementation", K_ENUM, F(kernels, attention), S(kernels, attention),
    "auto|sdpa|eager|flash|cudnn", "attention kernels (auto/sdpa: fastest available)"},
+  {"attention", "deterministic", K_BOOL, F(kernels, deterministic), 0, NULL,
+   "bit-reproducible backward: auto takes flash, cudnn its deterministic algorithm"},
   {"kernels", "use_kernels", K_BOOL, F(kernels, use_kernels), 0, NULL,
    "optimized kernel variants (false: the reference ones)"},
   {"kernels", "head_chunk", K_INT, F(kernels, head_chunk), 0, NULL,

@@ -325,6 +325,9 @@ static ct_status evaluate(run *r, double *val_loss) {
  * against flash's log-sum-exp), the model is sized under the eval table. */
 static ct_status kernels_setup(run *r, const ct_model_cfg *mc, int B, int T, ct_kmode *size_mode) {
   CT_TRY(ct_registry_resolve(r->be.cuda ? "cuda" : "cpu", &r->cfg->kernels, &r->kt));
+  /* an explicit cudnn backend under attention.deterministic: cuDNN's deterministic backward
+   * (kernels/cuda/attention_cudnn.cpp reads this when it builds a backward graph) */
+  if (r->cfg->kernels.deterministic) setenv("CT_CUDA_CUDNN_DETERMINISTIC", "1", 0);
   const int H = mc->n_head, KV = mc->n_kv_head ? mc->n_kv_head : mc->n_head;
   const int hd = mc->head_dim ? mc->head_dim : mc->d_model / mc->n_head;
   CT_TRY(ct_registry_apply(&r->kt, CT_KMODE_EVAL));

@@ -104,6 +104,18 @@ int main(void) {
     CHECK(!strcmp(t.op[0], "attention") &&
           !strcmp(t.variant[CT_KMODE_TRAIN][0], CT_HAVE_CUDNN ? "auto" : "flash") &&
           !strcmp(t.variant[CT_KMODE_EVAL][0], "eager"));
+    /* attention.deterministic: auto (possibly cuDNN's atomic backward) becomes flash, in both
+     * modes; an explicit variant stays */
+    on.deterministic = true;
+    CHECK(ct_registry_resolve("cuda", &on, &t) == CT_OK);
+    CHECK(!strcmp(t.variant[CT_KMODE_TRAIN][0], "flash") && !strcmp(t.variant[CT_KMODE_EVAL][0], "eager"));
+#if CT_HAVE_CUDNN
+    on.entries[0] = (ct_kernel_entry){"cuda", "eval", "attention", "auto"};
+    CHECK(ct_registry_resolve("cuda", &on, &t) == CT_OK);
+    CHECK(!strcmp(t.variant[CT_KMODE_EVAL][0], "flash"));
+    on.entries[0] = (ct_kernel_entry){"cuda", "eval", "attention", "eager"};
+#endif
+    on.deterministic = false;
     snprintf(on.attention, sizeof on.attention, "cudnn");
 #if CT_HAVE_CUDNN
     CHECK(ct_registry_resolve("cuda", &on, &t) == CT_OK);
