@@ -6,6 +6,7 @@
 #   decode   bench/gpu_decode.sh on the default path, then the V2 kernels (never run on a GPU:
 #            graphs = no graphs and batch = solo on Qwen3-0.6B, and their tokens/s)
 #   ddp      bench/ddp_probe.sh: fp32 vs bf16 gradient wire (parallel.reduce_dtype), bucket 100,
+#            GEMMs aimed at 116 of the 132 SMs (CT_CUDA_GEMM_SMS) to leave room for NCCL,
 #            with the step phases (CT_STEP_MARKS) of the default
 #   perf     bench/gpt2_124m.sh (attention auto now times cuDNN against flash), bench/attention.sh
 #   llama    bench/qwen3_0p6b.sh (use_kernels on/off vs torch.compile)
@@ -40,7 +41,7 @@ for part in "$@"; do
       echo "V2 qwen3-0.6b: graphs = no graphs: $([ "$a" = "$b" ] && echo ok || echo DIFF);" \
            "batch row 0 = solo: $([ "$c" = "$d" ] && echo ok || echo DIFF)" ;;
     ddp)
-      MARKS=1 EXTRA="parallel.reduce_dtype=bf16 parallel.bucket_mb=100" \
+      MARKS=1 EXTRA="parallel.reduce_dtype=bf16 parallel.bucket_mb=100" ENVS="CT_CUDA_GEMM_SMS=116" \
         timeout 400 bench/ddp_probe.sh build-gpu ;;
     perf) TORCH=compile bench/gpt2_124m.sh build-gpu; bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;

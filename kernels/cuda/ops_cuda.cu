@@ -1536,6 +1536,12 @@ lt_plan *lt_get_plan(int kind, int N, int IC, int OC, int align, cudaDataType_t 
       (kind != LT_BIAS &&
        lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld)))
     return p;
+  // CT_CUDA_GEMM_SMS=N (measuring): GEMMs aim at N multiprocessors, leaving the rest to the
+  // collectives that overlap backward (bench/ddp_probe.sh ENVS)
+  static const int gemm_sms = getenv("CT_CUDA_GEMM_SMS") ? atoi(getenv("CT_CUDA_GEMM_SMS")) : 0;
+  if (gemm_sms > 0 &&
+      lt.desc_set(p->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &gemm_sms, sizeof gemm_sms))
+    return p;
   if (kind == LT_DGELU) { // D (IC, N) = w (IC, OC; ld IC) dout (OC, N)
     if (lt.layout_create(&p->a, dt, IC, OC, IC) || lt.layout_create(&p->b, dt, OC, N, OC) ||
         lt.layout_create(&p->c, dt, IC, N, IC))
