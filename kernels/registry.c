@@ -18,6 +18,14 @@ typedef struct op_def {
 /* CUDA: the variants the backend switches with ct_cuda_set_variant. Measured on an H200
  * (bench/results/profile_gpt2_b64_*): the optimized set took GPT-2 124M at B=64 from 189 to
  * 131 ms per step. */
+/* flash3 (the Hopper wgmma forward, kernels/cuda/flash_hopper.cu): opt-in, in builds for sm_90 */
+#if CT_HAVE_FLASH3
+#define FLASH3 "flash3",
+#define FLASH3_HELP "; flash3: Hopper wgmma forward + flash backward (sm_90; opt-in, new)"
+#else
+#define FLASH3
+#define FLASH3_HELP ""
+#endif
 static const op_def CUDA_OPS[] = {
 #if CT_HAVE_CUDNN
     /* auto: flash or cudnn per shape, whichever forward + backward ran faster when the shape
@@ -25,15 +33,16 @@ static const op_def CUDA_OPS[] = {
      * (bench/results/attention_2026-11-30_NVIDIA_H200_b31116e.txt) cudnn ran forward + backward
      * 1.4-2.4x faster than flash at T = 1k..8k, head dims 64 and 128, and auto picked it there;
      * flash kept the small shapes (e.g. B16 T100 H2 hd64: 0.031 vs 0.048 ms). */
-    {"attention", "auto", "eager", {"auto", "flash", "cudnn", "flash1", "flash2b", "eager", NULL},
+    {"attention", "auto", "eager", {"auto", "flash", "cudnn", "flash1", "flash2b", FLASH3 "eager", NULL},
      "auto: flash or cudnn per shape, the faster one as timed on the shape's first use; flash: own"
      " FA2-style kernels (head dims 64/128, sm80+; eager otherwise); cudnn: cuDNN fused attention"
      " (cudnn-frontend); flash1: the first flash kernels; flash2b: 8-warp blocks; eager: matmul +"
-     " softmax + matmul (cuBLAS batched)"},
+     " softmax + matmul (cuBLAS batched)" FLASH3_HELP},
 #else
-    {"attention", "flash", "eager", {"flash", "flash1", "flash2b", "eager", NULL},
+    {"attention", "flash", "eager", {"flash", "flash1", "flash2b", FLASH3 "eager", NULL},
      "flash: own FA2-style kernels (head dims 64/128, sm80+; eager otherwise); flash1: the first"
-     " flash kernels; flash2b: 8-warp blocks; eager: matmul + softmax + matmul (cuBLAS batched)"},
+     " flash kernels; flash2b: 8-warp blocks; eager: matmul + softmax + matmul (cuBLAS batched)"
+     FLASH3_HELP},
 #endif
     {"matmul", "lt", "gemmex", {"lt", "gemmex", NULL},
      "lt: cuBLASLt with bias/GELU epilogues, candidates timed on first use; gemmex: cublasGemmEx"},

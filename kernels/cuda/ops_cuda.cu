@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "ct_build_config.h"
+#include "kernels/cuda/flash_hopper.h"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
 #if CT_HAVE_CUDNN
@@ -72,7 +73,9 @@ enum {
   ATTN_FLASH2 = 3, // flash2 kernels (see their section), 4-warp blocks: the 16-bit default
   ATTN_FLASH2B = 4, // the same kernels in 8-warp, 128-row blocks (slower on the H200)
   ATTN_CUDNN = 5,   // cuDNN fused attention (attention_cudnn.cpp)
-  ATTN_AUTO = 6     // flash2 or cudnn per shape, by measurement (attn_auto_pick)
+  ATTN_AUTO = 6,    // flash2 or cudnn per shape, by measurement (attn_auto_pick)
+  ATTN_FLASH3 = 7   // Hopper wgmma forward (flash_hopper.cu) + flash2's backward; sm_90 only,
+                    // flash2 elsewhere. Opt-in and not yet run on a GPU (see that file).
 };
 // What ATTN_DEFAULT means for the 16-bit tables: flash2. flash was promoted over batched after it
 // beat it on the same inputs (H200, bf16, tests/gpu/test_ops_cuda --perf: GPT-2 B16 T1024 H12
@@ -3652,7 +3655,7 @@ int attn_16_variant() {
 bool attn_16_flash(int hd) {
   const int v = attn_16_variant();
   return (v == ATTN_FLASH || v == ATTN_FLASH2 || v == ATTN_FLASH2B || v == ATTN_CUDNN ||
-          v == ATTN_AUTO) &&
+          v == ATTN_AUTO || v == ATTN_FLASH3) &&
          flash_ok(hd);
 }
 
@@ -3985,6 +3988,16 @@ void cu_attention_fwd_16(void *out, float *state, const void *qkv, int B, int T,
   }
 #endif
   if (v == ATTN_CUDNN) v = ATTN_FLASH2; // unreachable: set_variant refuses cudnn without cuDNN
+#if CT_HAVE_FLASH3
+  if (v == ATTN_FLASH3 && g.cc == 90) {
+    float *lse = state;
+    E *oc = (E *)(state + flash_lse_floats(B, T, H));
+    if (ct_fl3_fwd(std::is_same<E, f16>::value, out, lse, oc, qkv, B, T, H, KV, hd, g.stream) != 0)
+      CK_LAUNCH(fl3_fwd_kernel);
+    return;
+  }
+#endif
+  if (v == ATTN_FLASH3) v = ATTN_FLASH2; // not a Hopper GPU (or not built): flash2
   if (v != ATTN_FLASH) fl2_fwd<E>(v, hd, (E *)out, state, (const E *)qkv, B, T, H, KV);
   else if (hd == 64) flash_fwd_launch<64, E>((E *)out, state, (const E *)qkv, B, T, H, KV);
   else flash_fwd_launch<128, E>((E *)out, state, (const E *)qkv, B, T, H, KV);
@@ -4007,7 +4020,7 @@ void cu_attention_bwd_16(void *dqkv, const void *dout, const void *qkv, const fl
     return;
   }
 #endif
-  if (v == ATTN_CUDNN) v = ATTN_FLASH2;
+  if (v == ATTN_CUDNN || v == ATTN_FLASH3) v = ATTN_FLASH2; // flash3 keeps flash2's state
   if (v != ATTN_FLASH)
     fl2_bwd<E>(v, hd, (E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV);
   else if (hd == 64)
@@ -4273,6 +4286,9 @@ int set_variant(const char *op, const char *v) {
     else if (!strcmp(v, "auto")) g.attn_variant = ATTN_AUTO;
 #if CT_HAVE_CUDNN
     else if (!strcmp(v, "cudnn")) g.attn_variant = ATTN_CUDNN;
+#endif
+#if CT_HAVE_FLASH3
+    else if (!strcmp(v, "flash3")) g.attn_variant = ATTN_FLASH3;
 #endif
     else return -1;
     return 0;

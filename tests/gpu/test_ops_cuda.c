@@ -1288,10 +1288,15 @@ static void test_nonfinite(void) {
 /* Variants compared on the same cases within one run (16-bit tables): attention batched, flash,
  * flash2 and flash2b (or those named by --attn), bias matmul through cuBLASLt vs cublasGemmEx. */
 static int is_att(const family *f) { return f == &fam_att_fwd || f == &fam_att_bwd; }
-#if CT_HAVE_CUDNN
-static const char *g_attn_list = "batched,flash,flash2,flash2b,cudnn,auto,default";
+#if CT_HAVE_FLASH3 /* the Hopper wgmma forward (kernels/cuda/flash_hopper.cu) */
+#define FLASH3_LIST ",flash3"
 #else
-static const char *g_attn_list = "batched,flash,flash2,flash2b,default";
+#define FLASH3_LIST ""
+#endif
+#if CT_HAVE_CUDNN
+static const char *g_attn_list = "batched,flash,flash2,flash2b,cudnn,auto,default" FLASH3_LIST;
+#else
+static const char *g_attn_list = "batched,flash,flash2,flash2b,default" FLASH3_LIST;
 #endif
 #define NO_CUDNN_MSG "cudnn attention: not in this build (configured without the cudnn-frontend headers): its cases are skipped"
 

@@ -1,0 +1,21 @@
+/* kernels/cuda/flash_hopper.h — the Hopper (sm_90a, wgmma) attention forward ("flash3"), built
+ * only when the build targets compute capability 9.0 (CT_HAVE_FLASH3). */
+#ifndef CT_FLASH_HOPPER_H
+#define CT_FLASH_HOPPER_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Causal attention forward of qkv rows (B, T, (H + 2 KV) hd) into out (B, T, H hd), writing
+ * flash2's state: lse (B, H, T) in log2 units and ocopy (a copy of out). fp16 = 0: bf16 data.
+ * Queued on `stream` (a cudaStream_t). 0 when queued, -1 for a head dim other than 64 and 128,
+ * -2 for a CUDA error (cudaGetLastError has it). Needs a compute capability 9.0 device. */
+int ct_fl3_fwd(int fp16, void *out, float *lse, void *ocopy, const void *qkv, int B, int T, int H,
+               int KV, int hd, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

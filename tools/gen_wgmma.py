@@ -1,0 +1,34 @@
+# generates the wgmma inline-asm wrappers for flash_hopper.cu
+def ss(n, ty, name):
+    nreg = n // 2
+    regs = ",".join("%%%d" % i for i in range(nreg))
+    a, b, sc = nreg, nreg + 1, nreg + 2
+    ops = ", ".join('"+f"(d[%d])' % i for i in range(nreg))
+    return f'''__device__ __forceinline__ void {name}(float (&d)[{nreg}], uint64_t da, uint64_t db, int accumulate) {{
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{sc}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{regs}}}, %{a}, %{b}, p, 1, 1, 0, 0;\\n}}\\n"
+      : {ops}
+      : "l"(da), "l"(db), "r"(accumulate));
+}}
+'''
+def rs(n, ty, name):
+    nreg = n // 2
+    regs = ",".join("%%%d" % i for i in range(nreg))
+    a0 = nreg
+    b, sc = nreg + 4, nreg + 5
+    ops = ", ".join('"+f"(d[%d])' % i for i in range(nreg))
+    return f'''__device__ __forceinline__ void {name}(float (&d)[{nreg}], const uint32_t (&a)[4], uint64_t db, int accumulate) {{
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{sc}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{regs}}}, {{%{a0},%{a0+1},%{a0+2},%{a0+3}}}, %{b}, p, 1, 1, 1;\\n}}\\n"
+      : {ops}
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+}}
+'''
+out = []
+for ty, tn in (("bf16", "bf16"), ("f16", "f16")):
+    out.append(ss(64, ty, f"wgmma_ss_n64_{tn}"))
+    out.append(rs(64, ty, f"wgmma_rs_n64_{tn}"))
+    out.append(rs(128, ty, f"wgmma_rs_n128_{tn}"))
+open("/tmp/gen/wgmma_wrappers.inc", "w").write("\n".join(out))
