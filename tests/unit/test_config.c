@@ -135,9 +135,11 @@ int main(void) {
   }
   expect_error("", "kernels.cuda.train.attenton=flash", CT_ERR_CONFIG,
                "unknown op 'attenton' (ops with variants on cuda: attention, matmul, mlp");
-  expect_error("", "kernels.cuda.train.attention=flash3", CT_ERR_CONFIG,
-               CT_HAVE_CUDNN ? "unknown variant 'flash3' (valid: auto, flash, cudnn, flash1, flash2b, eager)"
-                             : "unknown variant 'flash3' (valid: flash, flash1, flash2b, eager)");
+  expect_error("", "kernels.cuda.train.attention=flash9", CT_ERR_CONFIG,
+               CT_HAVE_CUDNN ? (CT_HAVE_FLASH3 ? "unknown variant 'flash9' (valid: auto, flash, cudnn, flash1, flash2b, flash3, eager)"
+                                               : "unknown variant 'flash9' (valid: auto, flash, cudnn, flash1, flash2b, eager)")
+                             : (CT_HAVE_FLASH3 ? "unknown variant 'flash9' (valid: flash, flash1, flash2b, flash3, eager)"
+                                               : "unknown variant 'flash9' (valid: flash, flash1, flash2b, eager)"));
   expect_error("", "kernels.tpu.train.attention=flash", CT_ERR_CONFIG, "unknown device 'tpu'");
   expect_error("", "kernels.cuda.infer.attention=flash", CT_ERR_CONFIG, "unknown mode 'infer'");
   expect_error("", "attention.implementation=xformers", CT_ERR_CONFIG,
