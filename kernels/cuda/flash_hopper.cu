@@ -6,7 +6,9 @@
 // STATUS: written without a GPU at hand (2026-11-30, session 3) and not yet run: opt-in only
 // (attention.implementation stays auto/flash; `kernels.cuda.train.attention = "flash3"` or
 // CT_CUDA_ATTN=flash3 selects it), never picked by auto. tests/gpu/test_ops_cuda checks it
-// against the CPU reference like every other variant.
+// against the CPU reference like every other variant. tools/sim_flash3.py replays this kernel's
+// indexing (swizzled stores, descriptors, k-step offsets, fragment bookkeeping) on the host against
+// the PTX ISA's documented layouts and matches plain attention to 1e-15: keep the two in step.
 //
 // Block: two consumer warpgroups (256 threads), 64 query rows each (BM = 128), one (b, h); K and V
 // in 64-key tiles, double-buffered with cp.async (no producer warpgroup, no TMA yet). Per tile:

@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""tools/sim_flash3.py — a host simulation of kernels/cuda/flash_hopper.cu (attention variant
+flash3) for checking its indexing without a GPU.
+
+It replays the kernel's own address arithmetic (load_tile's swizzled stores, the descriptors'
+start addresses and byte offsets, the k-step offsets) against the documented hardware rules, and
+its register bookkeeping against the documented fragment layouts, in float64:
+
+  * shared memory is an array of 2-byte elements; cp.async stores 8 of them at the address
+    load_tile computes;
+  * a wgmma descriptor with 128-byte swizzle reads element (row, k) of a K-major operand at
+    start + (row // 8) * SBO + (row % 8) * 128 + 2 k, and element (k, n) of an MN-major one at
+    start + (n // 64) * LBO + 2 (n % 64) + (k % 8) * 128 + (k // 8) * SBO (PTX ISA, "canonical
+    layouts" for 128B swizzling), both before the swizzle, which XORs address bits 4-6 with bits
+    7-9 (Swizzle<3,4,3> on bytes);
+  * accumulator element i of thread (warp w, lane l) of a warpgroup is row 16 w + l // 4 +
+    8 ((i % 4) // 2), column 8 (i // 4) + 2 (l % 4) + i % 2; a 16-bit A fragment register holds the
+    pair (row, 2 (l % 4) + {0, 1}) with rows l // 4 (+8 for registers 1 and 3) and columns + 8
+    for registers 2 and 3 (the mma.m16n8k16 A layout per warp).
+
+The simulated kernel runs every block of a small problem (T not a multiple of the tiles, GQA) and
+its output and log-sum-exp are compared with plain causal attention. This checks the kernel's
+indexing as written against those rules; it cannot check that the rules are what the hardware
+does (the GPU test in tests/gpu/test_ops_cuda does). Keep it in step with the kernel.
+
+usage: python3 tools/sim_flash3.py        (exit 0 when every case matches)
+"""
+import math
+import sys
+
+import numpy as np
+
+NWG, BM, BN, NT = 2, 128, 64, 256
+
+
+def swz(addr):
+    """128-byte swizzle on byte addresses: bits 4-6 ^= bits 7-9."""
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def load_tile(sm, s_byte, src, row0, T, HD, R):
+    """load_tile<HD, R>: rows row0.. of src (T x HD) into column blocks at byte s_byte."""
+    cpr = HD // 8
+    for k in range(R * cpr // NT):
+        for t in range(NT):
+            i = t + k * NT
+            r, c = i // cpr, i % cpr
+            cb, ch = c >> 3, c & 7
+            dst = s_byte + cb * R * 128 + r * 128 + ((ch ^ (r & 7)) << 4)
+            assert dst % 16 == 0
+            vals = src[row0 + r, c * 8:c * 8 + 8] if row0 + r < T else np.zeros(8)
+            sm[dst // 2:dst // 2 + 8] = vals
+
+
+def read_kmajor(sm, start, rows, ks=16, sbo=1024):
+    """A (rows x 16) or B (rows = N x 16) through a K-major 128B-swizzled descriptor."""
+    m = np.arange(rows)[:, None]
+    k = np.arange(ks)[None, :]
+    addr = start + (m // 8) * sbo + (m % 8) * 128 + 2 * k
+    return sm[swz(addr) // 2]
+
+
+def read_mnmajor(sm, start, n_total, lbo, ks=16, sbo=1024):
+    """B (16 x N) through an MN-major 128B-swizzled descriptor."""
+    k = np.arange(ks)[:, None]
+    n = np.arange(n_total)[None, :]
+    addr = start + (n // 64) * lbo + 2 * (n % 64) + (k % 8) * 128 + (k // 8) * sbo
+    return sm[swz(addr) // 2]
+
+
+def acc_coords(n_acc):
+    """(thread-in-warpgroup, register) -> (row, col) of an m64 accumulator with n_acc regs."""
+    t = np.arange(128)[:, None]
+    i = np.arange(n_acc)[None, :]
+    warp, lane = t // 32, t % 32
+    row = 16 * warp + lane // 4 + 8 * ((i % 4) // 2)
+    col = 8 * (i // 4) + 2 * (lane % 4) + i % 2
+    return row, col
+
+
+def to_frag(mat, n_acc):
+    row, col = acc_coords(n_acc)
+    return mat[row, col]
+
+
+def from_frag(frag, n_acc, cols):
+    row, col = acc_coords(n_acc)
+    out = np.full((64, cols), np.nan)
+    out[row, col] = frag
+    return out
+
+
+def a_from_regs(p):
+    """P (64 x 16) from per-thread 16-bit A registers p[t][4][2] (the mma.m16n8k16 A layout)."""
+    out = np.full((64, 16), np.nan)
+    for t in range(128):
+        warp, lane = t // 32, t % 32
+        g, tg = lane // 4, lane % 4
+        r0 = 16 * warp + g
+        for reg, (dr, dc) in enumerate(((0, 0), (8, 0), (0, 8), (8, 8))):
+            out[r0 + dr, dc + 2 * tg] = p[t][reg][0]
+            out[r0 + dr, dc + 2 * tg + 1] = p[t][reg][1]
+    return out
+
+
+def kernel_block(qkv, out, lse, B_, T, H, KV, HD, bx, by):
+    OD = HD // 2
+    QB, KB = BM * 128, BN * 128
+    nblk = HD // 64
+    smem_bytes = 2 * (BM * HD + 4 * BN * HD)
+    sm = np.zeros(smem_bytes // 2)
+    Qs, Ks = 0, nblk * QB
+    Vs = Ks + 2 * nblk * KB
+    nqb = (T + BM - 1) // BM
+    qb = nqb - 1 - by
+    b, h = bx // H, bx % H
+    kv = h // (H // KV)
+    q = qkv[b, :, h * HD:(h + 1) * HD]
+    kk = qkv[b, :, (H + kv) * HD:(H + kv + 1) * HD]
+    vv = qkv[b, :, (H + KV + kv) * HD:(H + KV + kv + 1) * HD]
+    q0 = qb * BM
+    nkv = (min(q0 + BM, T) + BN - 1) // BN
+    sl2 = 1.4426950408889634 / math.sqrt(HD)
+    load_tile(sm, Qs, q, q0, T, HD, BM)
+    load_tile(sm, Ks, kk, 0, T, HD, BN)
+    load_tile(sm, Vs, vv, 0, T, HD, BN)
+    state = []
+    for wg in range(NWG):
+        state.append(dict(o=np.zeros((128, OD)), m0=np.full(128, -np.inf), m1=np.full(128, -np.inf),
+                          l0=np.zeros(128), l1=np.zeros(128)))
+    t = np.arange(128)
+    warp, lane = t // 32, t % 32
+    g, tg = lane // 4, lane % 4
+    for j in range(nkv):
+        if j + 1 < nkv:
+            st = (j + 1) & 1
+            load_tile(sm, Ks + st * nblk * KB, kk, (j + 1) * BN, T, HD, BN)
+            load_tile(sm, Vs + st * nblk * KB, vv, (j + 1) * BN, T, HD, BN)
+        key0 = j * BN
+        for wg in range(NWG):
+            w0 = q0 + wg * 64
+            if w0 >= T or key0 > w0 + 63:
+                continue
+            S = state[wg]
+            r0 = w0 + warp * 16 + g
+            r1 = r0 + 8
+            K = Ks + (j & 1) * nblk * KB
+            V = Vs + (j & 1) * nblk * KB
+            smat = np.zeros((64, 64))
+            for ks in range(HD // 16):
+                cb, kin = ks >> 2, (ks & 3) * 32
+                a = read_kmajor(sm, Qs + cb * QB + wg * 64 * 128 + kin, 64)
+                bm = read_kmajor(sm, K + cb * KB + kin, 64)
+                smat += a @ bm.T
+            s = to_frag(smat, 32)
+            if key0 + BN - 1 > w0:
+                for nt in range(8):
+                    key = key0 + nt * 8 + tg * 2
+                    s[key > r0, nt * 4 + 0] = -np.inf
+                    s[key + 1 > r0, nt * 4 + 1] = -np.inf
+                    s[key > r1, nt * 4 + 2] = -np.inf
+                    s[key + 1 > r1, nt * 4 + 3] = -np.inf
+            mx0 = np.max(s[:, [nt * 4 + c for nt in range(8) for c in (0, 1)]], axis=1)
+            mx1 = np.max(s[:, [nt * 4 + c for nt in range(8) for c in (2, 3)]], axis=1)
+            # shfl_xor 1, 2: the quad of lanes with the same lane // 4 in the warp
+            quad = (t // 4)
+            mx0 = np.array([mx0[quad == qd].max() for qd in quad])
+            mx1 = np.array([mx1[quad == qd].max() for qd in quad])
+            n0 = np.maximum(S["m0"], mx0 * sl2)
+            n1 = np.maximum(S["m1"], mx1 * sl2)
+            a0 = np.exp2(S["m0"] - n0)
+            a1 = np.exp2(S["m1"] - n1)
+            S["m0"], S["m1"] = n0, n1
+            S["l0"] = S["l0"] * a0
+            S["l1"] = S["l1"] * a1
+            o = S["o"]
+            o[:, 0::4] *= a0[:, None]
+            o[:, 1::4] *= a0[:, None]
+            o[:, 2::4] *= a1[:, None]
+            o[:, 3::4] *= a1[:, None]
+            for nt in range(8):
+                for c, nn in ((0, n0), (1, n0), (2, n1), (3, n1)):
+                    s[:, nt * 4 + c] = np.exp2(s[:, nt * 4 + c] * sl2 - nn)
+                S["l0"] += s[:, nt * 4 + 0] + s[:, nt * 4 + 1]
+                S["l1"] += s[:, nt * 4 + 2] + s[:, nt * 4 + 3]
+            omat = from_frag(o, OD, HD)
+            for kc in range(4):
+                c0 = s[:, 8 * kc:8 * kc + 4]
+                c1 = s[:, 8 * kc + 4:8 * kc + 8]
+                p = [[(c0[th, 0], c0[th, 1]), (c0[th, 2], c0[th, 3]), (c1[th, 0], c1[th, 1]),
+                      (c1[th, 2], c1[th, 3])] for th in range(128)]
+                pm = a_from_regs(p)
+                vm = read_mnmajor(sm, V + kc * 2048, HD, KB)
+                omat += pm @ vm
+            S["o"] = to_frag(omat, OD)
+    for wg in range(NWG):
+        S = state[wg]
+        quad = t // 4
+        l0 = np.array([S["l0"][quad == qd].sum() for qd in quad])
+        l1 = np.array([S["l1"][quad == qd].sum() for qd in quad])
+        w0 = q0 + wg * 64
+        r0 = w0 + warp * 16 + g
+        r1 = r0 + 8
+        o = S["o"]
+        for th in range(128):
+            for r, ll, m, base in ((r0[th], l0[th], S["m0"][th], 0), (r1[th], l1[th], S["m1"][th], 2)):
+                if r >= T:
+                    continue
+                for i in range(OD // 4):
+                    d = i * 8 + tg[th] * 2
+                    out[b, r, h * HD + d] = o[th, i * 4 + base] / ll
+                    out[b, r, h * HD + d + 1] = o[th, i * 4 + base + 1] / ll
+                if tg[th] == 0:
+                    lse[b, h, r] = m + math.log2(ll)
+
+
+def reference(qkv, B_, T, H, KV, HD):
+    out = np.zeros((B_, T, H * HD))
+    lse = np.zeros((B_, H, T))
+    for b in range(B_):
+        for h in range(H):
+            kv = h // (H // KV)
+            q = qkv[b, :, h * HD:(h + 1) * HD]
+            k = qkv[b, :, (H + kv) * HD:(H + kv + 1) * HD]
+            v = qkv[b, :, (H + KV + kv) * HD:(H + KV + kv + 1) * HD]
+            s = q @ k.T / math.sqrt(HD)
+            s[np.triu(np.ones((T, T), bool), 1)] = -np.inf
+            m = s.max(axis=1, keepdims=True)
+            e = np.exp(s - m)
+            out[b, :, h * HD:(h + 1) * HD] = (e / e.sum(axis=1, keepdims=True)) @ v
+            lse[b, h] = (m[:, 0] + np.log(e.sum(axis=1))) / math.log(2)
+    return out, lse
+
+
+def run(B_, T, H, KV, HD, seed):
+    rng = np.random.default_rng(seed)
+    qkv = rng.standard_normal((B_, T, (H + 2 * KV) * HD))
+    out = np.full((B_, T, H * HD), np.nan)
+    lse = np.full((B_, H, T), np.nan)
+    for bx in range(B_ * H):
+        for by in range((T + BM - 1) // BM):
+            kernel_block(qkv, out, lse, B_, T, H, KV, HD, bx, by)
+    ro, rl = reference(qkv, B_, T, H, KV, HD)
+    eo = np.nanmax(np.abs(out - ro)) if not np.isnan(out).any() else np.inf
+    el = np.nanmax(np.abs(lse - rl)) if not np.isnan(lse).any() else np.inf
+    ok = eo < 1e-9 and el < 1e-9
+    print("%s B%d T%d H%d KV%d hd%d: max |out - ref| %.2e, max |lse - ref| %.2e" %
+          ("ok  " if ok else "FAIL", B_, T, H, KV, HD, eo, el))
+    return ok
+
+
+if __name__ == "__main__":
+    cases = [(1, 200, 2, 1, 64, 1), (1, 130, 2, 2, 128, 2), (2, 64, 1, 1, 64, 3), (1, 257, 4, 2, 128, 4)]
+    good = all([run(*c) for c in cases])
+    sys.exit(0 if good else 1)
