@@ -1,4 +1,6 @@
-# generates the wgmma inline-asm wrappers for flash_hopper.cu
+"""tools/gen_wgmma.py — writes the wgmma inline-asm wrappers that kernels/cuda/flash_hopper.cu
+holds between its "wgmma wrappers" markers (one accumulator operand per register makes them long):
+  python3 tools/gen_wgmma.py > /tmp/w.inc   then paste over the old block."""
 def ss(n, ty, name):
     nreg = n // 2
     regs = ",".join("%%%d" % i for i in range(nreg))
@@ -29,6 +31,7 @@ def rs(n, ty, name):
 out = []
 for ty, tn in (("bf16", "bf16"), ("f16", "f16")):
     out.append(ss(64, ty, f"wgmma_ss_n64_{tn}"))
+    out.append(ss(32, ty, f"wgmma_ss_n32_{tn}"))
     out.append(rs(64, ty, f"wgmma_rs_n64_{tn}"))
     out.append(rs(128, ty, f"wgmma_rs_n128_{tn}"))
-open("/tmp/gen/wgmma_wrappers.inc", "w").write("\n".join(out))
+print("\n".join(out))

@@ -3,6 +3,8 @@
 // backward stays flash2's: this forward writes the same state (log2-unit log-sum-exp per row, then
 // a copy of the output; ops_cuda.cu flash_state_floats), so flash2's backward reads it unchanged.
 //
+// The backward's dK / dV is here too (fl3_dkdv_kernel, below); dQ stays flash2's kernel.
+//
 // STATUS: written without a GPU at hand (2026-11-30, session 3) and not yet run: opt-in only
 // (attention.implementation stays auto/flash; `kernels.cuda.train.attention = "flash3"` or
 // CT_CUDA_ATTN=flash3 selects it), never picked by auto. tests/gpu/test_ops_cuda checks it
@@ -51,6 +53,14 @@ __device__ __forceinline__ void wgmma_ss_n64_bf16(float (&d)[32], uint64_t da, u
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
+__device__ __forceinline__ void wgmma_ss_n32_bf16(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
 __device__ __forceinline__ void wgmma_rs_n64_bf16(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
@@ -75,6 +85,14 @@ __device__ __forceinline__ void wgmma_ss_n64_f16(float (&d)[32], uint64_t da, ui
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
+__device__ __forceinline__ void wgmma_ss_n32_f16(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
 __device__ __forceinline__ void wgmma_rs_n64_f16(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
@@ -91,10 +109,15 @@ __device__ __forceinline__ void wgmma_rs_n128_f16(float (&d)[64], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 
+// ---- end of the generated wrappers ----
+
 template <typename E> struct mma;
 template <> struct mma<bf16> {
   static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int acc) {
     wgmma_ss_n64_bf16(d, a, b, acc);
+  }
+  static __device__ __forceinline__ void qk(float (&d)[16], uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n32_bf16(d, a, b, acc);
   }
   static __device__ __forceinline__ void pv(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
                                             int acc) {
@@ -108,10 +131,16 @@ template <> struct mma<bf16> {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
   }
+  static __device__ __forceinline__ float2 unpack(uint32_t u) {
+    return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162 *>(&u));
+  }
 };
 template <> struct mma<f16> {
   static __device__ __forceinline__ void qk(float (&d)[32], uint64_t a, uint64_t b, int acc) {
     wgmma_ss_n64_f16(d, a, b, acc);
+  }
+  static __device__ __forceinline__ void qk(float (&d)[16], uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n32_f16(d, a, b, acc);
   }
   static __device__ __forceinline__ void pv(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
                                             int acc) {
@@ -124,6 +153,9 @@ template <> struct mma<f16> {
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
+  }
+  static __device__ __forceinline__ float2 unpack(uint32_t u) {
+    return __half22float2(*reinterpret_cast<__half2 *>(&u));
   }
 };
 
@@ -366,4 +398,200 @@ extern "C" int ct_fl3_fwd(int fp16, void *out, float *lse, void *ocopy, const vo
                           int T, int H, int KV, int hd, void *stream) {
   return fp16 ? fwd<f16>(out, lse, ocopy, qkv, B, T, H, KV, hd, stream)
               : fwd<bf16>(out, lse, ocopy, qkv, B, T, H, KV, hd, stream);
+}
+
+namespace {
+
+// ---- backward: dK and dV ----
+// Block: two warpgroups, 64 keys each (BK = 128 keys of one (b, kv head)); loops over the query
+// heads of the kv group and the BQ-query tiles that can see its keys (Q, dO, log-sum-exp and
+// D = rowsum(dO * O) double-buffered). Per tile, with rows = keys:
+//   S^T = K Q^T, dP^T = V dO^T     wgmma m64n{BQ}k16, A = K / V, B = Q / dO (shared, K-major)
+//   P^T = exp2(S^T sl2 - lse), dS^T = P^T (dP^T - D)        in registers (causal: q >= key)
+//   dV += P^T dO, dK += dS^T Q     wgmma m64n{HD}k16, A = P^T / dS^T from registers, B = dO / Q
+//                                  (shared, MN-major)
+// dK is scaled by 1/sqrt(HD) at the end; both are added into dqkv (backward accumulates). BQ = 64
+// for head dim 64 and 32 for 128 (registers: dK and dV take HD accumulators per thread).
+// dQ is flash2's kernel (ops_cuda.cu), which reads the same lse and D.
+constexpr int BK = 64 * NWG;
+
+template <int HD> __host__ __device__ constexpr int bq_of() { return HD == 64 ? 64 : 32; }
+template <int HD> constexpr size_t bwd_smem_bytes() {
+  return (size_t)2 * (2 * BK * HD + 2 * 2 * bq_of<HD>() * HD) + 2 * 2 * bq_of<HD>() * 4 + 1024;
+}
+
+template <int HD, typename E>
+__global__ void __launch_bounds__(NT, 1)
+    fl3_dkdv_kernel(E *dqkv, const E *dout, const E *qkv, const float *lse, const float *D, int T,
+                    int H, int KV, float sl2, float scale) {
+  constexpr int BQ = bq_of<HD>(), SN = BQ / 2, OD = HD / 2;
+  constexpr int KBy = BK * 128, QBy = BQ * 128; // bytes of a 64-column block of K/V, of Q/dO
+  extern __shared__ char smem_raw[];
+  char *sm = (char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  char *Ks = sm, *Vs = Ks + (HD / 64) * KBy, *Qs = Vs + (HD / 64) * KBy;
+  char *dOs = Qs + 2 * (HD / 64) * QBy;
+  float *Ls = reinterpret_cast<float *>(dOs + 2 * (HD / 64) * QBy), *Ds = Ls + 2 * BQ;
+  const int nkb = (T + BK - 1) / BK, kb = nkb - 1 - (int)blockIdx.y;
+  const int b = (int)blockIdx.x / KV, kv = (int)blockIdx.x % KV, grp = H / KV;
+  const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
+  const E *base = qkv + (long)b * T * W3;
+  const E *dbase = dout + (long)b * T * HDt;
+  const int wg = (int)threadIdx.x >> 7, warp = ((int)threadIdx.x >> 5) & 3,
+            lane = (int)threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+  const int kb0 = kb * BK, w0 = kb0 + wg * 64;       // this warpgroup's first key
+  const int k0 = w0 + warp * 16 + g, k1 = k0 + 8;     // this thread's two keys
+  const int i0 = kb0 / BQ, nq = (T + BQ - 1) / BQ - i0, total = grp * nq;
+  auto issue = [&](int it, int stg) { // step it: head kv * grp + it / nq, query tile i0 + it % nq
+    const int h = kv * grp + it / nq, i = i0 + it % nq;
+    load_tile<HD, BQ>(Qs + stg * (HD / 64) * QBy, base + (long)h * HD, W3, i * BQ, T);
+    load_tile<HD, BQ>(dOs + stg * (HD / 64) * QBy, dbase + (long)h * HD, HDt, i * BQ, T);
+    if (threadIdx.x < BQ) {
+      const int t = i * BQ + (int)threadIdx.x;
+      const long sr = ((long)b * H + h) * T;
+      // padding queries: lse = +inf makes P = 0
+      Ls[stg * BQ + threadIdx.x] = t < T ? lse[sr + t] : INFINITY;
+      Ds[stg * BQ + threadIdx.x] = t < T ? D[sr + t] : 0.0f;
+    }
+  };
+  load_tile<HD, BK>(Ks, base + (long)(H + kv) * HD, W3, kb0, T);
+  load_tile<HD, BK>(Vs, base + (long)(H + KV + kv) * HD, W3, kb0, T);
+  issue(0, 0);
+  cp_commit();
+  float dk[OD], dv[OD], st[SN], dpt[SN];
+#pragma unroll
+  for (int i = 0; i < OD; i++) dk[i] = dv[i] = 0.0f;
+  for (int it = 0; it < total; it++) {
+    const int stg = it & 1;
+    cp_wait0();
+    fence_async_smem();
+    __syncthreads(); // step it's tiles (and lse / D) landed; everyone is done with step it - 1
+    if (it + 1 < total) {
+      issue(it + 1, stg ^ 1);
+      cp_commit();
+    }
+    const int qbase = (i0 + it % nq) * BQ;
+    if (w0 >= T || qbase + BQ - 1 < w0) continue; // warpgroup-uniform: every query before every key
+    const char *Q = Qs + stg * (HD / 64) * QBy, *dO = dOs + stg * (HD / 64) * QBy;
+    const float *L = Ls + stg * BQ, *Dd = Ds + stg * BQ;
+    fence_regs(st);
+    fence_regs(dpt);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++) {
+      const int cb = ks >> 2, kin = (ks & 3) * 32;
+      const uint64_t dq = desc(Q + cb * QBy + kin, 16, 1024);
+      const uint64_t dd = desc(dO + cb * QBy + kin, 16, 1024);
+      mma<E>::qk(st, desc(Ks + cb * KBy + wg * 64 * 128 + kin, 16, 1024), dq, ks > 0);
+      mma<E>::qk(dpt, desc(Vs + cb * KBy + wg * 64 * 128 + kin, 16, 1024), dd, ks > 0);
+    }
+    wg_commit();
+    wg_wait0();
+    fence_regs(st);
+    fence_regs(dpt);
+    // st[nt*4 + {0,1,2,3}] = (k0, q), (k0, q+1), (k1, q), (k1, q+1), q = qbase + nt*8 + tg*2
+    const bool diag = qbase < w0 + 63;
+#pragma unroll
+    for (int nt = 0; nt < BQ / 8; nt++) {
+      const int ql = nt * 8 + tg * 2, q = qbase + ql;
+      const float l0 = L[ql], l1 = L[ql + 1], d0 = Dd[ql], d1 = Dd[ql + 1];
+      float p0 = ex2(fmaf(st[nt * 4 + 0], sl2, -l0)), p1 = ex2(fmaf(st[nt * 4 + 1], sl2, -l1));
+      float p2 = ex2(fmaf(st[nt * 4 + 2], sl2, -l0)), p3 = ex2(fmaf(st[nt * 4 + 3], sl2, -l1));
+      if (diag) {
+        if (q < k0) p0 = 0.0f;
+        if (q + 1 < k0) p1 = 0.0f;
+        if (q < k1) p2 = 0.0f;
+        if (q + 1 < k1) p3 = 0.0f;
+      }
+      st[nt * 4 + 0] = p0;
+      st[nt * 4 + 1] = p1;
+      st[nt * 4 + 2] = p2;
+      st[nt * 4 + 3] = p3;
+      dpt[nt * 4 + 0] = p0 * (dpt[nt * 4 + 0] - d0);
+      dpt[nt * 4 + 1] = p1 * (dpt[nt * 4 + 1] - d1);
+      dpt[nt * 4 + 2] = p2 * (dpt[nt * 4 + 2] - d0);
+      dpt[nt * 4 + 3] = p3 * (dpt[nt * 4 + 3] - d1);
+    }
+    uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < BQ / 16; kc++) {
+      const float *c0 = st + 8 * kc, *c1 = st + 8 * kc + 4;
+      pa[kc][0] = mma<E>::pack(c0[0], c0[1]);
+      pa[kc][1] = mma<E>::pack(c0[2], c0[3]);
+      pa[kc][2] = mma<E>::pack(c1[0], c1[1]);
+      pa[kc][3] = mma<E>::pack(c1[2], c1[3]);
+      const float *e0 = dpt + 8 * kc, *e1 = dpt + 8 * kc + 4;
+      sa[kc][0] = mma<E>::pack(e0[0], e0[1]);
+      sa[kc][1] = mma<E>::pack(e0[2], e0[3]);
+      sa[kc][2] = mma<E>::pack(e1[0], e1[1]);
+      sa[kc][3] = mma<E>::pack(e1[2], e1[3]);
+    }
+    fence_regs(dv);
+    fence_regs(dk);
+    wg_fence();
+#pragma unroll
+    for (int kc = 0; kc < BQ / 16; kc++) { // 16 queries: 16 rows of 128 bytes into each block
+      mma<E>::pv(dv, pa[kc], desc(dO + kc * 2048, QBy, 1024), 1);
+      mma<E>::pv(dk, sa[kc], desc(Q + kc * 2048, QBy, 1024), 1);
+    }
+    wg_commit();
+    wg_wait0();
+    fence_regs(dv);
+    fence_regs(dk);
+  }
+  // dk[i*4 + {0,1,2,3}] = (k0, d), (k0, d+1), (k1, d), (k1, d+1), d = i*8 + tg*2
+  const long koff = (long)(H + kv) * HD, voff = (long)(H + KV + kv) * HD;
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const int key = half ? k1 : k0;
+    if (key >= T) continue;
+    E *d = dqkv + ((long)b * T + key) * W3;
+#pragma unroll
+    for (int i = 0; i < OD / 4; i++) {
+      const int c = i * 8 + tg * 2, r = i * 4 + half * 2;
+      uint32_t *pk = reinterpret_cast<uint32_t *>(d + koff + c);
+      uint32_t *pv = reinterpret_cast<uint32_t *>(d + voff + c);
+      const float2 ok = mma<E>::unpack(*pk), ov = mma<E>::unpack(*pv);
+      *pk = mma<E>::pack(ok.x + dk[r] * scale, ok.y + dk[r + 1] * scale);
+      *pv = mma<E>::pack(ov.x + dv[r], ov.y + dv[r + 1]);
+    }
+  }
+}
+
+template <int HD, typename E>
+int launch_dkdv(E *dqkv, const E *dout, const E *qkv, const float *lse, const float *D, int B,
+                int T, int H, int KV, cudaStream_t st) {
+  static int attr_done[16];
+  int dev = 0;
+  cudaGetDevice(&dev);
+  constexpr size_t smem = bwd_smem_bytes<HD>();
+  if (dev < 16 && !attr_done[dev]) {
+    if (cudaFuncSetAttribute(fl3_dkdv_kernel<HD, E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem) != cudaSuccess)
+      return -2;
+    attr_done[dev] = 1;
+  }
+  const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
+  const dim3 grid((unsigned)(B * KV), (unsigned)((T + BK - 1) / BK));
+  fl3_dkdv_kernel<HD, E><<<grid, NT, smem, st>>>(dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
+  return cudaGetLastError() == cudaSuccess ? 0 : -2;
+}
+
+template <typename E>
+int dkdv(void *dqkv, const void *dout, const void *qkv, const float *lse, const float *D, int B,
+         int T, int H, int KV, int hd, void *stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (hd == 64)
+    return launch_dkdv<64, E>((E *)dqkv, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV, st);
+  if (hd == 128)
+    return launch_dkdv<128, E>((E *)dqkv, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV, st);
+  return -1;
+}
+
+} // namespace
+
+extern "C" int ct_fl3_bwd_dkdv(int fp16, void *dqkv, const void *dout, const void *qkv,
+                               const float *lse, const float *D, int B, int T, int H, int KV,
+                               int hd, void *stream) {
+  return fp16 ? dkdv<f16>(dqkv, dout, qkv, lse, D, B, T, H, KV, hd, stream)
+              : dkdv<bf16>(dqkv, dout, qkv, lse, D, B, T, H, KV, hd, stream);
 }
