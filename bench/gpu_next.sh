@@ -9,6 +9,7 @@
 #            GEMMs aimed at 116 of the 132 SMs (CT_CUDA_GEMM_SMS) to leave room for NCCL,
 #            with the step phases (CT_STEP_MARKS) of the default
 #   perf     bench/gpt2_124m.sh (attention auto now times cuDNN against flash), bench/attention.sh
+#            with flash3 (the Hopper wgmma kernels, never run yet: checks first)
 #   llama    bench/qwen3_0p6b.sh (use_kernels on/off vs torch.compile)
 #   dist     bench/gpu_dist.sh equiv ckpt fault (passed at 3717b25; rerun after kernel changes)
 # usage: bench/gpu_next.sh PART...     results under $OUT (default bench/results)
@@ -43,7 +44,7 @@ for part in "$@"; do
     ddp)
       MARKS=1 EXTRA="parallel.reduce_dtype=bf16 parallel.bucket_mb=100" ENVS="CT_CUDA_GEMM_SMS=116" \
         timeout 400 bench/ddp_probe.sh build-gpu ;;
-    perf) TORCH=compile bench/gpt2_124m.sh build-gpu; bench/attention.sh build-gpu ;;
+    perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
     *) echo "unknown part $part (checks decode ddp perf llama dist)"; exit 2 ;;
