@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tools/sim_flash3.py — a host simulation of kernels/cuda/flash_hopper.cu (attention variant
-flash3: the forward kernel and the backward's dK / dV kernel) for checking its indexing without a
-GPU.
+flash3: the forward kernel and the backward's dK / dV and dQ kernels) for checking its indexing
+without a GPU.
 
 It replays the kernel's own address arithmetic (load_tile's swizzled stores, the descriptors'
 start addresses and byte offsets, the k-step offsets) against the documented hardware rules, and
@@ -328,9 +328,98 @@ def dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by):
                     dqkv[b, key, voff + c + 1] += acc[wg]["dv"][th, r + 1]
 
 
+def dq_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by):
+    OD = HD // 2
+    QB, KB = BM * 128, BN * 128
+    nblk = HD // 64
+    sm = np.zeros((2 * (2 * BM * HD + 2 * 2 * BN * HD)) // 2)
+    Qs = 0
+    dOs = Qs + nblk * QB
+    Ks = dOs + nblk * QB
+    Vs = Ks + 2 * nblk * KB
+    nqb = (T + BM - 1) // BM
+    qb = nqb - 1 - by
+    b, h = bx // H, bx % H
+    kv = h // (H // KV)
+    sl2 = 1.4426950408889634 / math.sqrt(HD)
+    scale = 1 / math.sqrt(HD)
+    kk = qkv[b, :, (H + kv) * HD:(H + kv + 1) * HD]
+    vv = qkv[b, :, (H + KV + kv) * HD:(H + KV + kv + 1) * HD]
+    q0 = qb * BM
+    nkv = (min(q0 + BM, T) + BN - 1) // BN
+    load_tile(sm, Qs, qkv[b, :, h * HD:(h + 1) * HD], q0, T, HD, BM)
+    load_tile(sm, dOs, dout[b, :, h * HD:(h + 1) * HD], q0, T, HD, BM)
+    load_tile(sm, Ks, kk, 0, T, HD, BN)
+    load_tile(sm, Vs, vv, 0, T, HD, BN)
+    t = np.arange(128)
+    warp, lane = t // 32, t % 32
+    g, tg = lane // 4, lane % 4
+    acc = [np.zeros((128, OD)) for _ in range(NWG)]
+    for j in range(nkv):
+        if j + 1 < nkv:
+            st = (j + 1) & 1
+            load_tile(sm, Ks + st * nblk * KB, kk, (j + 1) * BN, T, HD, BN)
+            load_tile(sm, Vs + st * nblk * KB, vv, (j + 1) * BN, T, HD, BN)
+        key0 = j * BN
+        for wg in range(NWG):
+            w0 = q0 + wg * 64
+            if w0 >= T or key0 > w0 + 63:
+                continue
+            r0 = w0 + warp * 16 + g
+            r1 = r0 + 8
+            l0 = np.where(r0 < T, lse[b, h, np.minimum(r0, T - 1)], np.inf)
+            l1 = np.where(r1 < T, lse[b, h, np.minimum(r1, T - 1)], np.inf)
+            d0 = np.where(r0 < T, Dr[b, h, np.minimum(r0, T - 1)], 0.0)
+            d1 = np.where(r1 < T, Dr[b, h, np.minimum(r1, T - 1)], 0.0)
+            K = Ks + (j & 1) * nblk * KB
+            V = Vs + (j & 1) * nblk * KB
+            sm_ = np.zeros((64, 64))
+            dpm = np.zeros((64, 64))
+            for ks in range(HD // 16):
+                cb, kin = ks >> 2, (ks & 3) * 32
+                sm_ += read_kmajor(sm, Qs + cb * QB + wg * 64 * 128 + kin, 64) @ read_kmajor(sm, K + cb * KB + kin, 64).T
+                dpm += read_kmajor(sm, dOs + cb * QB + wg * 64 * 128 + kin, 64) @ read_kmajor(sm, V + cb * KB + kin, 64).T
+            s_ = to_frag(sm_, 32)
+            dp = to_frag(dpm, 32)
+            diag = key0 + BN - 1 > w0
+            for nt in range(8):
+                key = key0 + nt * 8 + tg * 2
+                p = [np.exp2(s_[:, nt * 4 + 0] * sl2 - l0), np.exp2(s_[:, nt * 4 + 1] * sl2 - l0),
+                     np.exp2(s_[:, nt * 4 + 2] * sl2 - l1), np.exp2(s_[:, nt * 4 + 3] * sl2 - l1)]
+                if diag:
+                    p[0] = np.where(key > r0, 0.0, p[0])
+                    p[1] = np.where(key + 1 > r0, 0.0, p[1])
+                    p[2] = np.where(key > r1, 0.0, p[2])
+                    p[3] = np.where(key + 1 > r1, 0.0, p[3])
+                for c, dd in ((0, d0), (1, d0), (2, d1), (3, d1)):
+                    dp[:, nt * 4 + c] = p[c] * (dp[:, nt * 4 + c] - dd)
+            dqm = from_frag(acc[wg], OD, HD)
+            for kc in range(4):
+                regs = []
+                for th in range(128):
+                    e0, e1 = dp[th, 8 * kc:8 * kc + 4], dp[th, 8 * kc + 4:8 * kc + 8]
+                    regs.append([(e0[0], e0[1]), (e0[2], e0[3]), (e1[0], e1[1]), (e1[2], e1[3])])
+                dqm += a_from_regs(regs) @ read_mnmajor(sm, K + kc * 2048, HD, KB)
+            acc[wg] = to_frag(dqm, OD)
+    for wg in range(NWG):
+        w0 = q0 + wg * 64
+        r0 = w0 + warp * 16 + g
+        r1 = r0 + 8
+        for th in range(128):
+            for half, row in ((0, r0[th]), (1, r1[th])):
+                if row >= T:
+                    continue
+                for i in range(OD // 4):
+                    c = i * 8 + tg[th] * 2
+                    r = i * 4 + half * 2
+                    dqkv[b, row, h * HD + c] += acc[wg][th, r] * scale
+                    dqkv[b, row, h * HD + c + 1] += acc[wg][th, r + 1] * scale
+
+
 def reference_grads(qkv, dout, B_, T, H, KV, HD):
     dk = np.zeros((B_, T, KV * HD))
     dv = np.zeros((B_, T, KV * HD))
+    dq = np.zeros((B_, T, H * HD))
     for b in range(B_):
         for h in range(H):
             kv = h // (H // KV)
@@ -347,7 +436,8 @@ def reference_grads(qkv, dout, B_, T, H, KV, HD):
             ds = p * (dp - (do * o).sum(axis=1, keepdims=True))
             dv[b, :, kv * HD:(kv + 1) * HD] += p.T @ do
             dk[b, :, kv * HD:(kv + 1) * HD] += ds.T @ q / math.sqrt(HD)
-    return dk, dv
+            dq[b, :, h * HD:(h + 1) * HD] = ds @ k / math.sqrt(HD)
+    return dq, dk, dv
 
 
 def run_bwd(B_, T, H, KV, HD, seed):
@@ -362,13 +452,17 @@ def run_bwd(B_, T, H, KV, HD, seed):
     for bx in range(B_ * KV):
         for by in range((T + BK - 1) // BK):
             dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by)
-    rk, rv = reference_grads(qkv, dout, B_, T, H, KV, HD)
+    untouched = np.abs(dqkv[:, :, :H * HD]).max() == 0  # dK/dV must leave the query columns
+    for bx in range(B_ * H):
+        for by in range((T + BM - 1) // BM):
+            dq_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by)
+    rq, rk, rv = reference_grads(qkv, dout, B_, T, H, KV, HD)
+    eq = np.abs(dqkv[:, :, :H * HD] - rq).max()
     ek = np.abs(dqkv[:, :, H * HD:(H + KV) * HD] - rk).max()
     ev = np.abs(dqkv[:, :, (H + KV) * HD:] - rv).max()
-    eq = np.abs(dqkv[:, :, :H * HD]).max()  # dQ is not this kernel's: must stay untouched
-    ok = ek < 1e-9 and ev < 1e-9 and eq == 0
-    print("%s dK/dV B%d T%d H%d KV%d hd%d: max |dK - ref| %.2e, max |dV - ref| %.2e" %
-          ("ok  " if ok else "FAIL", B_, T, H, KV, HD, ek, ev))
+    ok = eq < 1e-9 and ek < 1e-9 and ev < 1e-9 and untouched
+    print("%s backward B%d T%d H%d KV%d hd%d: max |dQ - ref| %.2e, |dK - ref| %.2e, |dV - ref| %.2e" %
+          ("ok  " if ok else "FAIL", B_, T, H, KV, HD, eq, ek, ev))
     return ok
 
 

@@ -1,9 +1,10 @@
-// kernels/cuda/flash_hopper.cu — causal attention forward on Hopper (sm_90a) with warpgroup
-// matrix multiply-accumulate (wgmma): attention variant "flash3" (kernels/registry.c). The
-// backward stays flash2's: this forward writes the same state (log2-unit log-sum-exp per row, then
-// a copy of the output; ops_cuda.cu flash_state_floats), so flash2's backward reads it unchanged.
+// kernels/cuda/flash_hopper.cu — causal attention on Hopper (sm_90a) with warpgroup matrix
+// multiply-accumulate (wgmma): attention variant "flash3" (kernels/registry.c), forward and
+// backward. The forward writes flash2's state (log2-unit log-sum-exp per row, then a copy of the
+// output; ops_cuda.cu flash_state_floats), so either backward can follow either forward.
 //
-// The backward's dK / dV is here too (fl3_dkdv_kernel, below); dQ stays flash2's kernel.
+// The backward is here too: fl3_dkdv_kernel and fl3_dq_kernel (below), after ops_cuda.cu's
+// D = rowsum(dO * O) kernel.
 //
 // STATUS: written without a GPU at hand (2026-11-30, session 3) and not yet run: opt-in only
 // (attention.implementation stays auto/flash; `kernels.cuda.train.attention = "flash3"` or
@@ -594,4 +595,166 @@ extern "C" int ct_fl3_bwd_dkdv(int fp16, void *dqkv, const void *dout, const voi
                                int hd, void *stream) {
   return fp16 ? dkdv<f16>(dqkv, dout, qkv, lse, D, B, T, H, KV, hd, stream)
               : dkdv<bf16>(dqkv, dout, qkv, lse, D, B, T, H, KV, hd, stream);
+}
+
+namespace {
+
+// ---- backward: dQ ----
+// Block: two warpgroups, 64 queries each (BM = 128 queries of one (b, h)); 64-key tiles of K and
+// V double-buffered up to the diagonal. Per tile, with rows = queries:
+//   S = Q K^T, dP = dO V^T      wgmma m64n64k16, A = Q / dO, B = K / V (shared, K-major)
+//   P = exp2(S sl2 - lse), dS = P (dP - D)          in registers (causal: key <= query)
+//   dQ += dS K                  wgmma m64n{HD}k16, A = dS from registers, B = K (MN-major)
+// dQ is scaled by 1/sqrt(HD) and added into dqkv's query columns.
+template <int HD> constexpr size_t dq_smem_bytes() {
+  return (size_t)2 * (2 * BM * HD + 2 * 2 * BN * HD) + 1024;
+}
+
+template <int HD, typename E>
+__global__ void __launch_bounds__(NT, 1)
+    fl3_dq_kernel(E *dqkv, const E *dout, const E *qkv, const float *lse, const float *D, int T,
+                  int H, int KV, float sl2, float scale) {
+  constexpr int OD = HD / 2;
+  constexpr int QB = BM * 128, KB = BN * 128; // bytes of a 64-column block of Q/dO, of K/V
+  extern __shared__ char smem_raw[];
+  char *sm = (char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  char *Qs = sm, *dOs = Qs + (HD / 64) * QB, *Ks = dOs + (HD / 64) * QB;
+  char *Vs = Ks + 2 * (HD / 64) * KB;
+  const int nqb = (T + BM - 1) / BM, qb = nqb - 1 - (int)blockIdx.y;
+  const int b = (int)blockIdx.x / H, h = (int)blockIdx.x % H, kv = h / (H / KV);
+  const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
+  const E *base = qkv + (long)b * T * W3;
+  const E *ksrc = base + (long)(H + kv) * HD, *vsrc = base + (long)(H + KV + kv) * HD;
+  const int wg = (int)threadIdx.x >> 7, warp = ((int)threadIdx.x >> 5) & 3,
+            lane = (int)threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+  const int q0 = qb * BM, w0 = q0 + wg * 64;
+  const int r0 = w0 + warp * 16 + g, r1 = r0 + 8;
+  const int nkv = ((q0 + BM < T ? q0 + BM : T) + BN - 1) / BN;
+  load_tile<HD, BM>(Qs, base + (long)h * HD, W3, q0, T);
+  load_tile<HD, BM>(dOs, dout + (long)b * T * HDt + (long)h * HD, HDt, q0, T);
+  load_tile<HD, BN>(Ks, ksrc, W3, 0, T);
+  load_tile<HD, BN>(Vs, vsrc, W3, 0, T);
+  cp_commit();
+  const long sr = ((long)b * H + h) * T;
+  // padding rows: lse = +inf makes P = 0
+  const float l0 = r0 < T ? lse[sr + r0] : INFINITY, l1 = r1 < T ? lse[sr + r1] : INFINITY;
+  const float d0 = r0 < T ? D[sr + r0] : 0.0f, d1 = r1 < T ? D[sr + r1] : 0.0f;
+  float dq[OD], s[32], dp[32];
+#pragma unroll
+  for (int i = 0; i < OD; i++) dq[i] = 0.0f;
+  for (int j = 0; j < nkv; j++) {
+    cp_wait0();
+    fence_async_smem();
+    __syncthreads();
+    if (j + 1 < nkv) {
+      const int st = (j + 1) & 1;
+      load_tile<HD, BN>(Ks + st * (HD / 64) * KB, ksrc, W3, (j + 1) * BN, T);
+      load_tile<HD, BN>(Vs + st * (HD / 64) * KB, vsrc, W3, (j + 1) * BN, T);
+      cp_commit();
+    }
+    const int key0 = j * BN;
+    if (w0 >= T || key0 > w0 + 63) continue; // warpgroup-uniform: every key after every query
+    const char *K = Ks + (j & 1) * (HD / 64) * KB, *V = Vs + (j & 1) * (HD / 64) * KB;
+    fence_regs(s);
+    fence_regs(dp);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++) {
+      const int cb = ks >> 2, kin = (ks & 3) * 32;
+      mma<E>::qk(s, desc(Qs + cb * QB + wg * 64 * 128 + kin, 16, 1024), desc(K + cb * KB + kin, 16, 1024),
+                 ks > 0);
+      mma<E>::qk(dp, desc(dOs + cb * QB + wg * 64 * 128 + kin, 16, 1024),
+                 desc(V + cb * KB + kin, 16, 1024), ks > 0);
+    }
+    wg_commit();
+    wg_wait0();
+    fence_regs(s);
+    fence_regs(dp);
+    // s[nt*4 + {0,1,2,3}] = (r0, k), (r0, k+1), (r1, k), (r1, k+1), k = key0 + nt*8 + tg*2
+    const bool diag = key0 + BN - 1 > w0;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+      const int key = key0 + nt * 8 + tg * 2;
+      float p0 = ex2(fmaf(s[nt * 4 + 0], sl2, -l0)), p1 = ex2(fmaf(s[nt * 4 + 1], sl2, -l0));
+      float p2 = ex2(fmaf(s[nt * 4 + 2], sl2, -l1)), p3 = ex2(fmaf(s[nt * 4 + 3], sl2, -l1));
+      if (diag) {
+        if (key > r0) p0 = 0.0f;
+        if (key + 1 > r0) p1 = 0.0f;
+        if (key > r1) p2 = 0.0f;
+        if (key + 1 > r1) p3 = 0.0f;
+      }
+      dp[nt * 4 + 0] = p0 * (dp[nt * 4 + 0] - d0);
+      dp[nt * 4 + 1] = p1 * (dp[nt * 4 + 1] - d0);
+      dp[nt * 4 + 2] = p2 * (dp[nt * 4 + 2] - d1);
+      dp[nt * 4 + 3] = p3 * (dp[nt * 4 + 3] - d1);
+    }
+    uint32_t sa[4][4];
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) {
+      const float *e0 = dp + 8 * kc, *e1 = dp + 8 * kc + 4;
+      sa[kc][0] = mma<E>::pack(e0[0], e0[1]);
+      sa[kc][1] = mma<E>::pack(e0[2], e0[3]);
+      sa[kc][2] = mma<E>::pack(e1[0], e1[1]);
+      sa[kc][3] = mma<E>::pack(e1[2], e1[3]);
+    }
+    fence_regs(dq);
+    wg_fence();
+#pragma unroll
+    for (int kc = 0; kc < 4; kc++) mma<E>::pv(dq, sa[kc], desc(K + kc * 2048, KB, 1024), 1);
+    wg_commit();
+    wg_wait0();
+    fence_regs(dq);
+  }
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const int row = half ? r1 : r0;
+    if (row >= T) continue;
+    E *d = dqkv + ((long)b * T + row) * W3 + (long)h * HD;
+#pragma unroll
+    for (int i = 0; i < OD / 4; i++) {
+      const int c = i * 8 + tg * 2, r = i * 4 + half * 2;
+      uint32_t *pq = reinterpret_cast<uint32_t *>(d + c);
+      const float2 o = mma<E>::unpack(*pq);
+      *pq = mma<E>::pack(o.x + dq[r] * scale, o.y + dq[r + 1] * scale);
+    }
+  }
+}
+
+template <int HD, typename E>
+int launch_dq(E *dqkv, const E *dout, const E *qkv, const float *lse, const float *D, int B, int T,
+              int H, int KV, cudaStream_t st) {
+  static int attr_done[16];
+  int dev = 0;
+  cudaGetDevice(&dev);
+  constexpr size_t smem = dq_smem_bytes<HD>();
+  if (dev < 16 && !attr_done[dev]) {
+    if (cudaFuncSetAttribute(fl3_dq_kernel<HD, E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem) != cudaSuccess)
+      return -2;
+    attr_done[dev] = 1;
+  }
+  const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
+  const dim3 grid((unsigned)(B * H), (unsigned)((T + BM - 1) / BM));
+  fl3_dq_kernel<HD, E><<<grid, NT, smem, st>>>(dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
+  return cudaGetLastError() == cudaSuccess ? 0 : -2;
+}
+
+template <typename E>
+int dqk(void *dqkv, const void *dout, const void *qkv, const float *lse, const float *D, int B,
+        int T, int H, int KV, int hd, void *stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (hd == 64)
+    return launch_dq<64, E>((E *)dqkv, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV, st);
+  if (hd == 128)
+    return launch_dq<128, E>((E *)dqkv, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV, st);
+  return -1;
+}
+
+} // namespace
+
+extern "C" int ct_fl3_bwd_dq(int fp16, void *dqkv, const void *dout, const void *qkv,
+                             const float *lse, const float *D, int B, int T, int H, int KV,
+                             int hd, void *stream) {
+  return fp16 ? dqk<f16>(dqkv, dout, qkv, lse, D, B, T, H, KV, hd, stream)
+              : dqk<bf16>(dqkv, dout, qkv, lse, D, B, T, H, KV, hd, stream);
 }

@@ -14,11 +14,15 @@ extern "C" {
 int ct_fl3_fwd(int fp16, void *out, float *lse, void *ocopy, const void *qkv, int B, int T, int H,
                int KV, int hd, void *stream);
 
-/* The dK / dV half of the backward (dQ stays flash2's kernel): adds dK and dV into the key and
+/* The dK / dV half of the backward: adds dK and dV into the key and
  * value columns of dqkv rows (B, T, (H + 2 KV) hd) from dout (B, T, H hd), qkv, the forward's lse
  * (B, H, T) and D = rowsum(dout * out) (B, H, T). Returns as ct_fl3_fwd. */
 int ct_fl3_bwd_dkdv(int fp16, void *dqkv, const void *dout, const void *qkv, const float *lse,
                     const float *D, int B, int T, int H, int KV, int hd, void *stream);
+
+/* The dQ half: adds dQ into the query columns of dqkv, from the same inputs. */
+int ct_fl3_bwd_dq(int fp16, void *dqkv, const void *dout, const void *qkv, const float *lse,
+                  const float *D, int B, int T, int H, int KV, int hd, void *stream);
 
 #ifdef __cplusplus
 }

@@ -74,8 +74,8 @@ enum {
   ATTN_FLASH2B = 4, // the same kernels in 8-warp, 128-row blocks (slower on the H200)
   ATTN_CUDNN = 5,   // cuDNN fused attention (attention_cudnn.cpp)
   ATTN_AUTO = 6,    // flash2 or cudnn per shape, by measurement (attn_auto_pick)
-  ATTN_FLASH3 = 7   // Hopper wgmma forward and dK/dV (flash_hopper.cu) + flash2's dQ; sm_90
-                    // only, flash2 elsewhere. Opt-in and not yet run on a GPU (see that file).
+  ATTN_FLASH3 = 7   // Hopper wgmma forward and backward (flash_hopper.cu); sm_90 only, flash2
+                    // elsewhere. Opt-in and not yet run on a GPU (see that file).
 };
 // What ATTN_DEFAULT means for the 16-bit tables: flash2. flash was promoted over batched after it
 // beat it on the same inputs (H200, bf16, tests/gpu/test_ops_cuda --perf: GPT-2 B16 T1024 H12
@@ -3753,15 +3753,11 @@ void fl2_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, in
 }
 
 #if CT_HAVE_FLASH3
-// flash3's backward: D = rowsum(dO * O), dK / dV from the Hopper kernel (flash_hopper.cu), dQ
-// from flash2's kernel in its default configuration (both read the same lse and D).
+// flash3's backward: D = rowsum(dO * O) here, then the Hopper dK / dV and dQ kernels
+// (flash_hopper.cu), both reading the forward's lse and D.
 template <int HD, typename E>
 void fl3_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, int B, int T, int H,
                     int KV) {
-  constexpr int NWQ = 4, MBQ = HD == 64 ? 3 : 1;
-  static int attr_dq;
-  constexpr size_t sq = fl2_dq_smem<HD, NWQ>();
-  if (!fl_smem_attr(fl2_dq_kernel<HD, NWQ, false, MBQ, E>, sq, &attr_dq)) return;
   const float *lse = state;
   const E *oc = (const E *)(state + flash_lse_floats(B, T, H));
   float *D = (float *)scratch(sizeof(float) * (size_t)B * H * T);
@@ -3770,15 +3766,13 @@ void fl3_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, in
   flash_bwd_pre_kernel<E><<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * 32, 0,
                          g.stream>>>(D, dout, oc, B, T, H, HD);
   if (!CK_LAUNCH(flash_bwd_pre_kernel)) return;
-  if (ct_fl3_bwd_dkdv(std::is_same<E, f16>::value, dqkv, dout, qkv, lse, D, B, T, H, KV, HD,
-                      g.stream) != 0) {
+  const int half16 = std::is_same<E, f16>::value;
+  if (ct_fl3_bwd_dkdv(half16, dqkv, dout, qkv, lse, D, B, T, H, KV, HD, g.stream) != 0) {
     CK_LAUNCH(fl3_dkdv_kernel);
     return;
   }
-  const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
-  fl2_dq_kernel<HD, NWQ, false, MBQ, E><<<fl2_grid(B, H, T, NWQ * 16), NWQ * 32, sq, g.stream>>>(
-      dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
-  CK_LAUNCH(fl2_dq_kernel);
+  if (ct_fl3_bwd_dq(half16, dqkv, dout, qkv, lse, D, B, T, H, KV, HD, g.stream) != 0)
+    CK_LAUNCH(fl3_dq_kernel);
 }
 #endif
 
