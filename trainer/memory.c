@@ -84,6 +84,16 @@ ct_status ct_memory_estimate(const ct_config *cfg, int world, const ct_ops *ops,
   /* cuBLAS workspace on the GPU; tp cross-entropy buffers (3 + 1 floats and a target per token) */
   e->workspace = (strncmp(ops->name, "cuda", 4) ? 0 : (size_t)32 << 20) +
                  (T > 1 ? N * (4 * F + sizeof(int32_t)) : 0);
+  /* cuDNN attention (builds with it, 16-bit tables, attention auto or cudnn): its backward writes
+   * dq/dk/dv into a scratch of the qkv gradient's size before adding them, and cuDNN keeps an
+   * fp32 dQ accumulator (N x H x hd); counted whether or not auto ends up choosing it */
+  const char *att = cfg->kernels.attention[0] ? cfg->kernels.attention : "auto";
+  if (CT_HAVE_CUDNN && !strncmp(ops->name, "cuda", 4) && ab == 2 &&
+      (!strcmp(att, "auto") || !strcmp(att, "sdpa") || !strcmp(att, "cudnn"))) {
+    const int H = mc.n_head / T, KV = (mc.n_kv_head ? mc.n_kv_head : mc.n_head) / T;
+    const size_t hd = (size_t)(mc.head_dim ? mc.head_dim : mc.d_model / mc.n_head);
+    e->workspace += N * (size_t)(H + 2 * KV) * hd * ab + N * (size_t)H * hd * F;
+  }
   e->total = ct_memory_model_state(e) + e->acts + e->workspace;
   /* saving takes no device memory: each rank writes its own shard of the moments (and, under
    * zero3 or tp, of the weights) from host copies; nothing is gathered */
