@@ -86,6 +86,27 @@ static ct_status dp_mean(run *r, double *v) {
   return CT_OK;
 }
 
+/* Once per step, after the gradients: the loss mean over the data-parallel ranks and the stop
+ * vote over all ranks (every rank must stop at the same step). Without tensor parallelism both are
+ * the same ranks, so one 4-float sum carries the loss and which signals arrived anywhere: one
+ * host wait less per step. */
+static ct_status step_agree(run *r, double *loss, double *sig) {
+  if (!r->comm) return CT_OK;
+  if (r->T > 1) {
+    CT_TRY(dp_mean(r, loss));
+    float f = (float)*sig;
+    CT_TRY(host_all_reduce(r, r->world, &f, 1, CT_MAX));
+    *sig = f;
+    return CT_OK;
+  }
+  const int s = (int)*sig;
+  float v[4] = {(float)*loss, s == SIGTERM, s == SIGINT, s == SIGUSR1};
+  CT_TRY(host_all_reduce(r, r->comm, v, 4, CT_SUM));
+  *loss = v[0] / ct_comm_size(r->comm);
+  *sig = v[1] > 0 ? SIGTERM : v[2] > 0 ? SIGINT : v[3] > 0 ? SIGUSR1 : 0;
+  return CT_OK;
+}
+
 static ct_status with_host_copy(run *r, float *dev, size_t n, float **host) {
   *host = dev;
   if (!r->be.cuda || comm_on_device(r)) return CT_OK;
@@ -568,7 +589,6 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     if (sharded) { /* each rank averages and keeps its own slice of the gradient */
       CT_TRY_GOTO(ct_zero_finish_grads(r.zero), done);
       CT_TRY_GOTO(ct_zero_grad_norm(r.zero, &norm), done);
-      CT_TRY_GOTO(dp_mean(&r, &loss), done);
     } else {
       if (r.comm) { /* average gradients (each rank's are means over its own tokens), losses */
         CT_TRY_GOTO(ct_ddp_finish(r.ddp), done); /* buckets were queued during backward */
@@ -576,20 +596,15 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
           ct_log_info("ddp: gradients all-reduced in %d buckets of %s (parallel.bucket_mb = %g) as"
                       " backward produced them", ct_ddp_buckets(r.ddp), cfg->parallel.reduce_dtype,
                       cfg->parallel.bucket_mb);
-        CT_TRY_GOTO(dp_mean(&r, &loss), done);
       }
       if (r.tpx) CT_TRY_GOTO(ct_tp_grad_norm(r.tpx, &norm), done);
       else norm = ct_grad_norm(r.model);
     }
     mark(&r, "grads reduced + norm");
-    /* Every rank must agree to stop at the same step. Asked here, where the host has just waited
-     * for the gradients anyway: after the optimizer it would drain the GPU every step. */
+    /* The loss mean and the stop vote, here where the host has just waited for the gradients
+     * anyway: after the optimizer the vote would drain the GPU every step. */
     double sig = stop_signal;
-    if (r.comm) {
-      float f = (float)sig;
-      CT_TRY_GOTO(host_all_reduce(&r, r.world, &f, 1, CT_MAX), done);
-      sig = f;
-    }
+    CT_TRY_GOTO(step_agree(&r, &loss, &sig), done);
     if (step + 1 == poison_step) norm = INFINITY; /* testing: an overflowed gradient */
     double lr = ct_lr_at(t, step);
     const double used_scale = scaler.enabled ? scaler.scale : 1.0;
