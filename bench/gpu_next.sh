@@ -20,8 +20,13 @@ export LD_LIBRARY_PATH=$PWD/.gpu/lib:/usr/local/cuda/lib64 NCCL_NVLS_ENABLE=0
 export OUT
 mkdir -p "$OUT"
 CT=$PWD/build-gpu/ctrain
+: "${COMMIT:=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+tag=$(date +%F)_${ngpu}xH200_$COMMIT
 for part in "$@"; do
   echo "== $part"
+  {
+  echo "# bench/gpu_next.sh $part, $(date -u +%FT%TZ), commit $COMMIT, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x $ngpu"
   case $part in
     checks)
       CT_TEST_BACKEND=cuda timeout 100 build-gpu/tests/test_golden 2>&1 | tail -1
@@ -49,4 +54,5 @@ for part in "$@"; do
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
     *) echo "unknown part $part (checks decode ddp perf llama dist)"; exit 2 ;;
   esac
+  } 2>&1 | tee "$OUT/gpu_next_${part}_$tag.txt"
 done
