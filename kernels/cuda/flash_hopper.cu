@@ -18,7 +18,8 @@
 //   S = Q K^T      wgmma m64n64k16, A = Q and B = K both from shared memory (K-major)
 //   softmax        online, in registers (each thread: 2 rows x 16 columns of the 64)
 //   O += P V       wgmma m64n{HD}k16, A = P from registers (the S accumulators rounded to 16 bits,
-//                  whose layout is the A operand's), B = V from shared memory (MN-major: transposed)
+//                  whose layout is the A operand's), B = V from shared memory (MN-major:
+//                  transposed)
 // Shared tiles are stored as column blocks of 64 elements (128 bytes a row) in the 128-byte swizzle
 // that the wgmma descriptors name: 16-byte chunk c of row r sits at chunk c ^ (r % 8); every block
 // starts on a 1024-byte boundary.
@@ -184,7 +185,9 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) 
                "r"(ok ? 16 : 0));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait0() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
 
 // Matrix descriptor of a 128-byte-swizzled tile: start address, leading and stride byte offsets
 // (both in 16-byte units), swizzle mode 1 (128 bytes) in bits 62-63.
@@ -206,7 +209,8 @@ __device__ __forceinline__ void load_tile(char *s, const E *base, long stride, i
     const int i = (int)threadIdx.x + k * NT, r = i / CPR, c = i % CPR, cb = c >> 3, ch = c & 7;
     const bool ok = row0 + r < T;
     char *dst = s + (size_t)cb * R * 128 + r * 128 + ((ch ^ (r & 7)) << 4);
-    cp_async16(dst, ok ? (const void *)(base + (long)(row0 + r) * stride + c * 8) : (const void *)base, ok);
+    const void *src = ok ? (const void *)(base + (long)(row0 + r) * stride + c * 8) : (const void *)base;
+    cp_async16(dst, src, ok);
   }
 }
 
@@ -661,8 +665,8 @@ __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
     for (int ks = 0; ks < HD / 16; ks++) {
       const int cb = ks >> 2, kin = (ks & 3) * 32;
-      mma<E>::qk(s, desc(Qs + cb * QB + wg * 64 * 128 + kin, 16, 1024), desc(K + cb * KB + kin, 16, 1024),
-                 ks > 0);
+      mma<E>::qk(s, desc(Qs + cb * QB + wg * 64 * 128 + kin, 16, 1024),
+                 desc(K + cb * KB + kin, 16, 1024), ks > 0);
       mma<E>::qk(dp, desc(dOs + cb * QB + wg * 64 * 128 + kin, 16, 1024),
                  desc(V + cb * KB + kin, 16, 1024), ks > 0);
     }
