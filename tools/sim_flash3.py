@@ -91,6 +91,14 @@ def from_frag(frag, n_acc, cols):
     return out
 
 
+def pack_a(acc, kc):
+    """The kernels' packing: A registers of k-step kc from accumulator n-blocks 2kc and 2kc+1,
+    per thread [(c0[0], c0[1]), (c0[2], c0[3]), (c1[0], c1[1]), (c1[2], c1[3])]."""
+    c0, c1 = acc[:, 8 * kc:8 * kc + 4], acc[:, 8 * kc + 4:8 * kc + 8]
+    return [[(c0[t, 0], c0[t, 1]), (c0[t, 2], c0[t, 3]), (c1[t, 0], c1[t, 1]), (c1[t, 2], c1[t, 3])]
+            for t in range(acc.shape[0])]
+
+
 def a_from_regs(p):
     """P (64 x 16) from per-thread 16-bit A registers p[t][4][2] (the mma.m16n8k16 A layout)."""
     out = np.full((64, 16), np.nan)
@@ -186,13 +194,7 @@ def kernel_block(qkv, out, lse, B_, T, H, KV, HD, bx, by):
                 S["l1"] += s[:, nt * 4 + 2] + s[:, nt * 4 + 3]
             omat = from_frag(o, OD, HD)
             for kc in range(4):
-                c0 = s[:, 8 * kc:8 * kc + 4]
-                c1 = s[:, 8 * kc + 4:8 * kc + 8]
-                p = [[(c0[th, 0], c0[th, 1]), (c0[th, 2], c0[th, 3]), (c1[th, 0], c1[th, 1]),
-                      (c1[th, 2], c1[th, 3])] for th in range(128)]
-                pm = a_from_regs(p)
-                vm = read_mnmajor(sm, V + kc * 2048, HD, KB)
-                omat += pm @ vm
+                omat += a_from_regs(pack_a(s, kc)) @ read_mnmajor(sm, V + kc * 2048, HD, KB)
             S["o"] = to_frag(omat, OD)
     for wg in range(NWG):
         S = state[wg]
@@ -300,14 +302,8 @@ def dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by):
             dvm = from_frag(acc[wg]["dv"], OD, HD)
             dkm = from_frag(acc[wg]["dk"], OD, HD)
             for kc in range(BQ // 16):
-                regs_p, regs_s = [], []
-                for th in range(128):
-                    c0, c1 = st[th, 8 * kc:8 * kc + 4], st[th, 8 * kc + 4:8 * kc + 8]
-                    e0, e1 = dpt[th, 8 * kc:8 * kc + 4], dpt[th, 8 * kc + 4:8 * kc + 8]
-                    regs_p.append([(c0[0], c0[1]), (c0[2], c0[3]), (c1[0], c1[1]), (c1[2], c1[3])])
-                    regs_s.append([(e0[0], e0[1]), (e0[2], e0[3]), (e1[0], e1[1]), (e1[2], e1[3])])
-                dvm += a_from_regs(regs_p) @ read_mnmajor(sm, dO + kc * 2048, HD, QBy)
-                dkm += a_from_regs(regs_s) @ read_mnmajor(sm, Q + kc * 2048, HD, QBy)
+                dvm += a_from_regs(pack_a(st, kc)) @ read_mnmajor(sm, dO + kc * 2048, HD, QBy)
+                dkm += a_from_regs(pack_a(dpt, kc)) @ read_mnmajor(sm, Q + kc * 2048, HD, QBy)
             acc[wg]["dv"] = to_frag(dvm, OD)
             acc[wg]["dk"] = to_frag(dkm, OD)
     koff, voff = (H + kv) * HD, (H + KV + kv) * HD
@@ -395,11 +391,7 @@ def dq_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by):
                     dp[:, nt * 4 + c] = p[c] * (dp[:, nt * 4 + c] - dd)
             dqm = from_frag(acc[wg], OD, HD)
             for kc in range(4):
-                regs = []
-                for th in range(128):
-                    e0, e1 = dp[th, 8 * kc:8 * kc + 4], dp[th, 8 * kc + 4:8 * kc + 8]
-                    regs.append([(e0[0], e0[1]), (e0[2], e0[3]), (e1[0], e1[1]), (e1[2], e1[3])])
-                dqm += a_from_regs(regs) @ read_mnmajor(sm, K + kc * 2048, HD, KB)
+                dqm += a_from_regs(pack_a(dp, kc)) @ read_mnmajor(sm, K + kc * 2048, HD, KB)
             acc[wg] = to_frag(dqm, OD)
     for wg in range(NWG):
         w0 = q0 + wg * 64

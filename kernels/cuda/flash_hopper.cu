@@ -367,19 +367,24 @@ __global__ void __launch_bounds__(NT, 1)
   }
 }
 
+// Raises a kernel's dynamic shared memory limit once per device (*done: a bit per device).
+template <typename K> bool smem_once(K kernel, size_t bytes, int *done) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if ((*done >> dev) & 1) return true;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) !=
+      cudaSuccess)
+    return false;
+  *done |= 1 << dev;
+  return true;
+}
+
 template <int HD, typename E>
 int launch(E *out, float *lse, E *ocopy, const E *qkv, int B, int T, int H, int KV,
            cudaStream_t st) {
-  static int attr_done[16];
-  int dev = 0;
-  cudaGetDevice(&dev);
   constexpr size_t smem = smem_bytes<HD>();
-  if (dev < 16 && !attr_done[dev]) {
-    if (cudaFuncSetAttribute(fl3_fwd_kernel<HD, E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)smem) != cudaSuccess)
-      return -2;
-    attr_done[dev] = 1;
-  }
+  static int attr;
+  if (!smem_once(fl3_fwd_kernel<HD, E>, smem, &attr)) return -2;
   const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
   const dim3 grid((unsigned)(B * H), (unsigned)((T + BM - 1) / BM));
   fl3_fwd_kernel<HD, E><<<grid, NT, smem, st>>>(out, lse, ocopy, qkv, T, H, KV, sl2);
@@ -565,16 +570,9 @@ __global__ void __launch_bounds__(NT, 1)
 template <int HD, typename E>
 int launch_dkdv(E *dqkv, const E *dout, const E *qkv, const float *lse, const float *D, int B,
                 int T, int H, int KV, cudaStream_t st) {
-  static int attr_done[16];
-  int dev = 0;
-  cudaGetDevice(&dev);
   constexpr size_t smem = bwd_smem_bytes<HD>();
-  if (dev < 16 && !attr_done[dev]) {
-    if (cudaFuncSetAttribute(fl3_dkdv_kernel<HD, E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)smem) != cudaSuccess)
-      return -2;
-    attr_done[dev] = 1;
-  }
+  static int attr;
+  if (!smem_once(fl3_dkdv_kernel<HD, E>, smem, &attr)) return -2;
   const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
   const dim3 grid((unsigned)(B * KV), (unsigned)((T + BK - 1) / BK));
   fl3_dkdv_kernel<HD, E><<<grid, NT, smem, st>>>(dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
@@ -727,16 +725,9 @@ __global__ void __launch_bounds__(NT, 1)
 template <int HD, typename E>
 int launch_dq(E *dqkv, const E *dout, const E *qkv, const float *lse, const float *D, int B, int T,
               int H, int KV, cudaStream_t st) {
-  static int attr_done[16];
-  int dev = 0;
-  cudaGetDevice(&dev);
   constexpr size_t smem = dq_smem_bytes<HD>();
-  if (dev < 16 && !attr_done[dev]) {
-    if (cudaFuncSetAttribute(fl3_dq_kernel<HD, E>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)smem) != cudaSuccess)
-      return -2;
-    attr_done[dev] = 1;
-  }
+  static int attr;
+  if (!smem_once(fl3_dq_kernel<HD, E>, smem, &attr)) return -2;
   const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
   const dim3 grid((unsigned)(B * H), (unsigned)((T + BM - 1) / BM));
   fl3_dq_kernel<HD, E><<<grid, NT, smem, st>>>(dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);

@@ -3675,6 +3675,19 @@ bool fl_aligned(const void *a, const void *b, const void *c) {
   return false;
 }
 
+// The flash backwards' first step: D = rowsum(dout * out) per (b, h, t) in the scratch buffer,
+// out being the copy the forward kept after the lse in state. NULL on failure (recorded).
+template <typename E>
+float *flash_bwd_D(const E *dout, const float *state, int B, int T, int H, int hd) {
+  const E *oc = (const E *)(state + flash_lse_floats(B, T, H));
+  float *D = (float *)scratch(sizeof(float) * (size_t)B * H * T);
+  if (!D) return NULL;
+  const long rows = (long)B * T * H;
+  flash_bwd_pre_kernel<E><<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * 32, 0,
+                         g.stream>>>(D, dout, oc, B, T, H, hd);
+  return CK_LAUNCH(flash_bwd_pre_kernel) ? D : NULL;
+}
+
 template <int HD, typename E>
 void flash_fwd_launch(E *out, float *state, const E *qkv, int B, int T, int H, int KV) {
   static int attr;
@@ -3696,13 +3709,8 @@ void flash_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, 
   if (!fl_smem_attr(flash_bwd_dq_kernel<HD, E>, smem, &attr_dq)) return;
   if (!fl_smem_attr(flash_bwd_dkdv_kernel<HD, E>, smem, &attr_dkdv)) return;
   const float *lse = state;
-  const E *oc = (const E *)(state + flash_lse_floats(B, T, H));
-  float *D = (float *)scratch(sizeof(float) * (size_t)B * H * T);
+  float *D = flash_bwd_D<E>(dout, state, B, T, H, HD);
   if (!D) return;
-  const long rows = (long)B * T * H;
-  flash_bwd_pre_kernel<E><<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * 32, 0,
-                         g.stream>>>(D, dout, oc, B, T, H, HD);
-  if (!CK_LAUNCH(flash_bwd_pre_kernel)) return;
   const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
   const unsigned nqb = (unsigned)((T + 63) / 64);
   flash_bwd_dkdv_kernel<HD, E><<<dim3(nqb, (unsigned)(B * KV)), FL_THREADS, smem, g.stream>>>(
@@ -3736,13 +3744,8 @@ void fl2_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, in
   if (!fl_smem_attr(fl2_dq_kernel<HD, NWQ, QREG, MBQ, E>, sq, &attr_dq)) return;
   if (!fl_smem_attr(fl2_dkdv_kernel<HD, NWK, KVREG, MBK, E>, sk, &attr_dkdv)) return;
   const float *lse = state;
-  const E *oc = (const E *)(state + flash_lse_floats(B, T, H));
-  float *D = (float *)scratch(sizeof(float) * (size_t)B * H * T);
+  float *D = flash_bwd_D<E>(dout, state, B, T, H, HD);
   if (!D) return;
-  const long rows = (long)B * T * H;
-  flash_bwd_pre_kernel<E><<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * 32, 0,
-                         g.stream>>>(D, dout, oc, B, T, H, HD);
-  if (!CK_LAUNCH(flash_bwd_pre_kernel)) return;
   const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
   fl2_dkdv_kernel<HD, NWK, KVREG, MBK, E><<<fl2_grid(B, KV, T, NWK * 16), NWK * 32, sk, g.stream>>>(
       dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
@@ -3759,13 +3762,8 @@ template <int HD, typename E>
 void fl3_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, int B, int T, int H,
                     int KV) {
   const float *lse = state;
-  const E *oc = (const E *)(state + flash_lse_floats(B, T, H));
-  float *D = (float *)scratch(sizeof(float) * (size_t)B * H * T);
+  float *D = flash_bwd_D<E>(dout, state, B, T, H, HD);
   if (!D) return;
-  const long rows = (long)B * T * H;
-  flash_bwd_pre_kernel<E><<<(unsigned)((rows + NORM_WARPS - 1) / NORM_WARPS), NORM_WARPS * 32, 0,
-                         g.stream>>>(D, dout, oc, B, T, H, HD);
-  if (!CK_LAUNCH(flash_bwd_pre_kernel)) return;
   const int half16 = std::is_same<E, f16>::value;
   if (ct_fl3_bwd_dkdv(half16, dqkv, dout, qkv, lse, D, B, T, H, KV, HD, g.stream) != 0) {
     CK_LAUNCH(fl3_dkdv_kernel);
