@@ -112,6 +112,11 @@ typedef struct ct_ops {
   /* dqkv += gradient w.r.t. qkv (q, k and v sections). */
   void (*attention_bwd)(void *dqkv, const void *dout, const void *qkv, const float *state,
                         int B, int T, int H, int KV, int hd);
+  /* dqkv = gradient w.r.t. qkv: what attention_bwd adds into a zeroed dqkv, without reading
+   * dqkv first (cuDNN then writes its gradients in place, with no scratch buffer and no add
+   * pass). NULL in tables without it: callers zero dqkv and call attention_bwd. */
+  void (*attention_bwd_set)(void *dqkv, const void *dout, const void *qkv, const float *state,
+                            int B, int T, int H, int KV, int hd);
 
   /* Inference with a KV cache: n new query rows at positions pos0 .. pos0+n-1 attend over the
    * cache, which already holds keys/values for positions 0 .. pos0+n-1 (the new ones included).

@@ -769,8 +769,12 @@ static ct_status backward_device(ct_model *m) {
     o->zero(datty, (size_t)N * H * hd * m->ab);
     o->matmul_bwd(datty, PG(l, P_ATTO_W), PG(l, P_ATTO_B), dres, A(a->atty), PW(l, P_ATTO_W), N,
                   H * hd, C);
-    o->zero(dqkv, (size_t)N * W * m->ab);
-    o->attention_bwd(dqkv, datty, A(a->qkv), AF(a->att), B, T, H, KV, hd);
+    if (o->attention_bwd_set) {
+      o->attention_bwd_set(dqkv, datty, A(a->qkv), AF(a->att), B, T, H, KV, hd);
+    } else {
+      o->zero(dqkv, (size_t)N * W * m->ab);
+      o->attention_bwd(dqkv, datty, A(a->qkv), AF(a->att), B, T, H, KV, hd);
+    }
     if (!m->gpt2) o->rope_bwd(dqkv, B, T, H, KV, hd, 0, theta);
     char *dproj = dqkv; /* gradient w.r.t. the qkv projection output */
     if (m->cfg.qk_norm) {

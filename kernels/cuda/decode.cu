@@ -19,9 +19,10 @@
 // sum; so an output's arithmetic depends only on its own input row, never on how many rows
 // ran with it (a batch row equals its solo run bit for bit). The rms norm of the input is
 // recomputed by every block (its rows are at most 3072 wide) with the arithmetic of
-// rmsnorm_fwd (with CT_DECODE_V2=1 the sum of squares goes by 16-byte chunks, so its last bit
-// may differ); products are rounded where the unfused ops round them. Other shapes, the fp32
-// table and more rows compose the table's plain ops (cuBLAS), which is the reference too.
+// rmsnorm_fwd (the sum of squares goes by 16-byte chunks, so its last bit may differ;
+// CT_DECODE_V2=0 keeps rmsnorm_fwd's order); products are rounded where the unfused ops round
+// them. Other shapes, the fp32 table and more rows compose the table's plain ops (cuBLAS),
+// which is the reference too.
 // Every kernel of a decode step is launched with programmatic dependent launch: it lets the
 // next kernel start while it runs; each kernel waits (griddepcontrol.wait) for the one before
 // to finish before it touches activations, and a GEMV loads its first weights before the wait,
@@ -35,6 +36,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
@@ -81,18 +87,47 @@ bool gemv_on() {
   if (on < 0) on = !env_off("CT_DECODE_GEMV");
   return on;
 }
-// CT_DECODE_V2=1: the second round of decode kernels (attention_decode_vec_kernel,
-// argmax_split_kernel, the 16-byte norm prologue, one cos/sin table per row). Opt-in until it
-// has passed test_decode_cuda and generate_gpu.sh on a GPU: it was written after the last
-// device run of its session.
+// The second round of decode kernels (attention_decode_vec_kernel, argmax_split_kernel, the
+// 16-byte norm prologue, one cos/sin table per row) is the default since it passed
+// test_decode_cuda and generate_gpu.sh on an H200 (2026-11-30: batch-1 decode 774 -> 1099
+// tokens/s on the Qwen3-0.6B shape); CT_DECODE_V2=0 runs the first round (for comparisons).
 bool v2_on() {
   static int on = -1;
-  if (on < 0) {
-    const char *v = getenv("CT_DECODE_V2");
-    on = v && !strcmp(v, "1");
-  }
+  if (on < 0) on = !env_off("CT_DECODE_V2");
   return on;
 }
+
+// CT_CUDA_PROFILE=1 also times every decode kernel launched outside a graph capture (a pair of
+// events around it, which costs the early launch its overlap: run with --cuda_graphs off and
+// compare totals with the step time); ct_cuda_shutdown prints the table (kernel, grid).
+struct dec_prof {
+  int on = -1;
+  struct rec { std::string key; cudaEvent_t a, b; };
+  std::vector<rec> pending;
+  std::map<std::string, std::pair<double, long>> stats;
+  bool enabled() {
+    if (on < 0) {
+      const char *v = getenv("CT_CUDA_PROFILE");
+      on = v && strcmp(v, "0") && *v;
+    }
+    return on;
+  }
+  void flush() {
+    if (pending.empty()) return;
+    cudaEventSynchronize(pending.back().b);
+    for (rec &r : pending) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, r.a, r.b);
+      auto &st = stats[r.key];
+      st.first += ms;
+      st.second++;
+      cudaEventDestroy(r.a);
+      cudaEventDestroy(r.b);
+    }
+    pending.clear();
+  }
+};
+dec_prof dprof;
 
 // A kernel launch on the current stream, with programmatic dependent launch allowed (see the
 // file comment) unless CT_CUDA_PDL=0.
@@ -109,7 +144,25 @@ bool launch(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 b
   at[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = at;
   cfg.numAttrs = pdl_on() ? 1 : 0;
-  return ck(cudaLaunchKernelEx(&cfg, k, ((P)args)...), op, name, __LINE__);
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  const bool timed = dprof.enabled() && cudaStreamIsCapturing(cfg.stream, &cap) == cudaSuccess &&
+                     cap == cudaStreamCaptureStatusNone;
+  dec_prof::rec r;
+  if (timed) {
+    char key[96];
+    snprintf(key, sizeof key, "%s grid %ux%u", name, grid.x, grid.y);
+    r.key = key;
+    cudaEventCreate(&r.a);
+    cudaEventCreate(&r.b);
+    cudaEventRecord(r.a, cfg.stream);
+  }
+  const bool ok = ck(cudaLaunchKernelEx(&cfg, k, ((P)args)...), op, name, __LINE__);
+  if (timed) {
+    cudaEventRecord(r.b, cfg.stream);
+    dprof.pending.push_back(r);
+    if (dprof.pending.size() >= 4096) dprof.flush();
+  }
+  return ok;
 }
 
 // multiprocessors of the current device (cached per device)
@@ -1194,4 +1247,26 @@ extern "C" void ct_cuda_decode_table(ct_ops *t) {
   t->host_free = cu_host_free;
   t->to_host_async = cu_to_host_async;
   t->sync = cu_sync;
+}
+
+// The decode kernels' profile (CT_CUDA_PROFILE=1), largest total first; called by
+// ct_cuda_shutdown.
+extern "C" void ct_cuda_decode_profile_report(void) {
+  if (dprof.on <= 0) return;
+  dprof.flush();
+  if (dprof.stats.empty()) return;
+  std::vector<std::pair<double, std::string>> order;
+  double total = 0;
+  for (auto &kv : dprof.stats) {
+    order.push_back({kv.second.first, kv.first});
+    total += kv.second.first;
+  }
+  std::sort(order.rbegin(), order.rend());
+  fprintf(stderr, "decode kernel profile (stream time, uncaptured launches): total %.1f ms\n", total);
+  fprintf(stderr, "  %-52s %8s %10s %6s %10s\n", "kernel", "calls", "total ms", "%", "avg us");
+  for (auto &o : order) {
+    const auto &st = dprof.stats[o.second];
+    fprintf(stderr, "  %-52s %8ld %10.2f %6.2f %10.2f\n", o.second.c_str(), st.second, st.first,
+            100.0 * st.first / total, 1e3 * st.first / st.second);
+  }
 }

@@ -3870,9 +3870,11 @@ void cudnn_fwd(E *out, float *state, const E *qkv, int B, int T, int H, int KV, 
                      g.stream));
 }
 
+// dqkv += the gradient, or with set, dqkv = the gradient (cuDNN writes it in place: no scratch
+// copy of dqkv and no add pass).
 template <typename E>
 void cudnn_bwd(E *dqkv, const E *dout, const E *qkv, const float *state, int B, int T, int H,
-               int KV, int hd) {
+               int KV, int hd, bool set = false) {
   const ct_cudnn_attn_shape s = cudnn_shape<E>(B, T, H, KV, hd);
   char why[512];
   size_t ws = 0;
@@ -3881,15 +3883,16 @@ void cudnn_bwd(E *dqkv, const E *dout, const E *qkv, const float *state, int B, 
     return;
   }
   const size_t n = (size_t)B * T * (H + 2 * KV) * hd, ws_al = (ws + 255) / 256 * 256;
-  char *base = (char *)scratch(ws_al + n * sizeof(E));
+  char *base = (char *)scratch(ws_al + (set ? 0 : n * sizeof(E)));
   if (!base) return;
-  E *tmp = (E *)(base + ws_al);
+  E *tmp = set ? dqkv : (E *)(base + ws_al);
   const E *oc = (const E *)(state + flash_lse_floats(B, T, H));
   if (ct_cudnn_attn_bwd(g.stream, &s, tmp, dout, qkv, oc, state, ws ? base : NULL, why,
                         sizeof why) != 0) {
     record_error("ct_cudnn_attn_bwd", why, __FILE__, __LINE__);
     return;
   }
+  if (set) return;
   constexpr size_t V = 16 / sizeof(E); // dqkv += tmp
   if (n % V == 0 && aligned16(dqkv)) {
     add_vec_kernel<E><<<grid_for(n / V, 256), 256, 0, g.stream>>>(dqkv, dqkv, tmp, n / V);
@@ -3953,7 +3956,7 @@ int attn_auto_pick(E *out, float *state, const E *qkv, int B, int T, int H, int 
     r.flash_ms = time_best3([&] { fl2_fwd<E>(ATTN_FLASH2, hd, out, state, qkv, B, T, H, KV); }) +
                  time_best3([&] { fl2_bwd<E>(ATTN_FLASH2, hd, dq, out, qkv, state, B, T, H, KV); });
     r.cudnn_ms = time_best3([&] { cudnn_fwd<E>(out, state, qkv, B, T, H, KV, hd); }) +
-                 time_best3([&] { cudnn_bwd<E>(dq, out, qkv, state, B, T, H, KV, hd); });
+                 time_best3([&] { cudnn_bwd<E>(dq, out, qkv, state, B, T, H, KV, hd, true); });
     if (r.cudnn_ms < r.flash_ms) r.variant = ATTN_CUDNN;
   }
   if (dq) {
@@ -4025,23 +4028,29 @@ void cu_attention_fwd_16(void *out, float *state, const void *qkv, int B, int T,
   else flash_fwd_launch<128, E>((E *)out, state, (const E *)qkv, B, T, H, KV);
 }
 
+// set: dqkv = the gradient (attention_bwd_set); cuDNN writes it directly, every other variant
+// accumulates into dqkv zeroed first.
 template <typename E>
-void cu_attention_bwd_16(void *dqkv, const void *dout, const void *qkv, const float *state, int B,
-                         int T, int H, int KV, int hd) {
-  OP("attention_bwd");
+void attention_bwd_16(void *dqkv, const void *dout, const void *qkv, const float *state, int B,
+                      int T, int H, int KV, int hd, bool set) {
   if (B <= 0 || T <= 0 || H <= 0) return;
+  auto zero_first = [&] {
+    return !set || CK(cudaMemsetAsync(dqkv, 0, sizeof(E) * (size_t)B * T * (H + 2 * KV) * hd,
+                                      g.stream));
+  };
   if (!attn_16_flash(hd)) {
-    attention_bwd_16_batched<E>(dqkv, dout, qkv, state, B, T, H, KV, hd);
+    if (zero_first()) attention_bwd_16_batched<E>(dqkv, dout, qkv, state, B, T, H, KV, hd);
     return;
   }
   if (!fl_aligned(dqkv, dout, qkv) || !fl_aligned(state, state, state)) return;
   int v = attn_bwd_pick<E>(B, T, H, KV, hd);
 #if CT_HAVE_CUDNN
   if (v == ATTN_CUDNN) {
-    cudnn_bwd<E>((E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV, hd);
+    cudnn_bwd<E>((E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV, hd, set);
     return;
   }
 #endif
+  if (!zero_first()) return;
 #if CT_HAVE_FLASH3
   if (v == ATTN_FLASH3 && g.cc == 90) {
     if (hd == 64) fl3_bwd_launch<64, E>((E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV);
@@ -4056,6 +4065,20 @@ void cu_attention_bwd_16(void *dqkv, const void *dout, const void *qkv, const fl
     flash_bwd_launch<64, E>((E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV);
   else
     flash_bwd_launch<128, E>((E *)dqkv, (const E *)dout, (const E *)qkv, state, B, T, H, KV);
+}
+
+template <typename E>
+void cu_attention_bwd_16(void *dqkv, const void *dout, const void *qkv, const float *state, int B,
+                         int T, int H, int KV, int hd) {
+  OP("attention_bwd");
+  attention_bwd_16<E>(dqkv, dout, qkv, state, B, T, H, KV, hd, false);
+}
+
+template <typename E>
+void cu_attention_bwd_set_16(void *dqkv, const void *dout, const void *qkv, const float *state,
+                             int B, int T, int H, int KV, int hd) {
+  OP("attention_bwd");
+  attention_bwd_16<E>(dqkv, dout, qkv, state, B, T, H, KV, hd, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -4274,6 +4297,7 @@ template <typename A> ct_ops make_table() {
     t.attention_state_floats = cu_attention_state_floats_16;
     t.attention_fwd = cu_attention_fwd_16<A>;
     t.attention_bwd = cu_attention_bwd_16<A>;
+    t.attention_bwd_set = cu_attention_bwd_set_16<A>;
   }
   t.attention_cached = cu_attention_cached<A>;
   t.gelu_fwd = cu_gelu_fwd<A>;
@@ -4471,6 +4495,7 @@ extern "C" void ct_cuda_shutdown(void) {
   ct_cuda_release_other_devices();
   cudaStreamSynchronize(g.stream);
   if (prof.on) prof.report();
+  if (prof.on) ct_cuda_decode_profile_report();
   if (marks.on) marks.report();
   release();
 }

@@ -113,6 +113,8 @@ void ct_cuda_report(const char *op, const char *call, const char *why, const cha
 /* Fills the batched-inference and device entries of a table (kernels/cuda/decode.cu);
  * the table's act_bytes and dtype must be set. */
 void ct_cuda_decode_table(ct_ops *t);
+/* Prints the decode kernels' CT_CUDA_PROFILE table (kernels/cuda/decode.cu). */
+void ct_cuda_decode_profile_report(void);
 
 #ifdef __cplusplus
 }

@@ -331,8 +331,12 @@ static void pr_att_bwd(const tcase *c, void **h) {
   ct_ops_cpu()->attention_fwd(tmp, h[3], h[2], c->B, c->T, c->H, c->KV, c->hd);
   free(tmp);
 }
+static int g_perf_run; /* the case is being timed: attention backward as the model calls it */
 static void ca_att_bwd(const ct_ops *o, void **p, const tcase *c) {
-  o->attention_bwd(p[0], p[1], p[2], F(3), c->B, c->T, c->H, c->KV, c->hd);
+  if (g_perf_run && o->attention_bwd_set)
+    o->attention_bwd_set(p[0], p[1], p[2], F(3), c->B, c->T, c->H, c->KV, c->hd);
+  else
+    o->attention_bwd(p[0], p[1], p[2], F(3), c->B, c->T, c->H, c->KV, c->hd);
 }
 static double fl_att_bwd(const tcase *c) { return 2.0 * fl_att_fwd(c); }
 
@@ -806,7 +810,14 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* Times the op on the device: warm-up, then 5 batches sized to ~20 ms; median batch mean. */
+static double time_op_runs(const tcase *c, void **gp);
 static double time_op(const tcase *c, void **gp) {
+  g_perf_run = 1;
+  const double t = time_op_runs(c, gp);
+  g_perf_run = 0;
+  return t;
+}
+static double time_op_runs(const tcase *c, void **gp) {
   for (int i = 0; i < 2; i++) c->fam->call(dev, gp, c);
   if (dev_check("warm-up")) return NAN;
   double t0 = ct_now();
@@ -1371,6 +1382,30 @@ static void test_attn_cudnn_vs_flash(void) {
       size_t diff = 0;
       for (size_t i = 0; i < nq; i++) diff += memcmp(&f[i], &b[i], 4) != 0;
       CHECK_MSG(diff == 0, "%s: deterministic backward differs in %zu elements", what, diff);
+    }
+    /* attention_bwd_set over a dqkv full of other values: what attention_bwd added into zeros
+     * (flash2: the same bits; cudnn, written in place: within the bound of its dQ atomics) */
+    if (dev->attention_bwd_set) {
+      for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < nq; i++) h16[i] = to16(3.0f);
+        dev->to_device(dq2, h16, e * nq);
+        ct_cuda_set_variant("attention", vs[k]);
+        dev->attention_bwd_set(dq2, dout, qkv, st[k], B, T, H, KV, hd);
+        dev->to_host(h16, dq2, e * nq);
+        for (size_t i = 0; i < nq; i++) a[i] = from16(h16[i]);
+        dev->to_host(h16, dq[k], e * nq);
+        size_t diff = 0;
+        for (size_t i = 0; i < nq; i++) diff += a[i] != from16(h16[i]);
+        if (k == 0 || det == 1) {
+          CHECK_MSG(diff == 0, "%s: %s attention_bwd_set differs from attention_bwd into zeros"
+                    " in %zu of %zu elements", what, vs[k], diff, nq);
+        } else {
+          float *ref = b; /* b still holds cudnn's dqkv from attention_bwd */
+          char nm[200];
+          snprintf(nm, sizeof nm, "%s: cudnn attention_bwd_set", what);
+          ct_check_close(nm, a, ref, nq, tol, 0.0);
+        }
+      }
     }
     note("attention/cudnn~flash2", err[0] > err[1] ? err[0] : err[1]);
     printf("  %-40s out %.2e  dqkv %.2e  (cudnn backward %s)\n", what, err[0], err[1],
