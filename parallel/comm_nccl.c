@@ -225,9 +225,16 @@ bad:
   return st;
 }
 
+/* CT_NCCL_CTA_POLICY=0|1|2 (NCCL >= 2.27: default, efficiency, zero-CTA) asks NCCL to run its
+ * kernels on fewer multiprocessors, for comparing how much the all-reduces overlapped with
+ * backward slow its GEMMs down (bench/ddp_probe.sh). */
 static ncclConfig_t nonblocking_config(void) {
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
+#if defined(NCCL_CTA_POLICY_EFFICIENCY)
+  const char *pol = getenv("CT_NCCL_CTA_POLICY");
+  if (pol && *pol) cfg.CTAPolicy = atoi(pol);
+#endif
   return cfg;
 }
 

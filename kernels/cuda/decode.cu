@@ -420,19 +420,32 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   const int sp = blockIdx.x * DEC_WARPS + w, kv = blockIdx.y, n = blockIdx.z;
   __shared__ int last;
   pdl_trigger();
-  pdl_wait();
+  // pos and slot were copied in before the step's first kernel, and every key but the row's
+  // newest (len - 1, appended by the kernel before) was cached by an earlier step: their loads
+  // go out while the kernel before is still finishing
   const int len = pos[n] + 1, k0 = sp * DEC_CHUNK;
-  if (sp < splits && k0 < len) {
-    const int ks = lane / LK, ch = lane % LK;
-    const long s = slot ? slot[n] : n;
-    const T *K = kc + ((s * KV + kv) * max_T) * (long)hd + ch * 8;
-    const T *V = vc + ((s * KV + kv) * max_T) * (long)hd + ch * 8;
-    uint4 kr[J], vr[J];
+  const bool active = sp < splits && k0 < len;
+  const int ks = lane / LK, ch = lane % LK;
+  const long s = active && slot ? slot[n] : n;
+  const T *K = kc + ((s * KV + kv) * max_T) * (long)hd + ch * 8;
+  const T *V = vc + ((s * KV + kv) * max_T) * (long)hd + ch * 8;
+  uint4 kr[J], vr[J];
+#pragma unroll
+  for (int j = 0; j < J; j++) {
+    const int key = k0 + j * KPL + ks;
+    const bool old_key = active && key < len - 1;
+    kr[j] = old_key ? *(const uint4 *)(K + (long)key * hd) : make_uint4(0, 0, 0, 0);
+    vr[j] = old_key ? *(const uint4 *)(V + (long)key * hd) : make_uint4(0, 0, 0, 0);
+  }
+  pdl_wait();
+  if (active) {
 #pragma unroll
     for (int j = 0; j < J; j++) {
       const int key = k0 + j * KPL + ks;
-      kr[j] = key < len ? *(const uint4 *)(K + (long)key * hd) : make_uint4(0, 0, 0, 0);
-      vr[j] = key < len ? *(const uint4 *)(V + (long)key * hd) : make_uint4(0, 0, 0, 0);
+      if (key == len - 1) {
+        kr[j] = *(const uint4 *)(K + (long)key * hd);
+        vr[j] = *(const uint4 *)(V + (long)key * hd);
+      }
     }
     float q[G][8];
     const T *qp = qkv + (long)n * (H + 2 * KV) * hd + (long)kv * G * hd + ch * 8;
@@ -736,10 +749,11 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
                                        int KV, int max_T, float theta, float eps,
                                        int table) {
   pdl_trigger();
-  pdl_wait();
   constexpr int hd = 32 * J;
   const int lane = threadIdx.x & 31, n = blockIdx.x, nh = H + 2 * KV;
   const long W3 = (long)nh * hd;
+  // slot and pos were copied in before the step's first kernel, so they (and the cos / sin
+  // table made from them) can be read while the kernel before is still finishing
   const long s = slot ? slot[n] : n;
   const int p = pos[n];
   // cos / sin of the row's angles, once for all heads (rope_pos_kernel's formulas)
@@ -753,6 +767,7 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
     cs_[i] = (float)cd;
     sn_[i] = (float)sd;
   }
+  pdl_wait();
   __syncthreads();
   for (int h = threadIdx.x >> 5; h < nh; h += blockDim.x >> 5) {
     const T *x = raw + n * W3 + (long)h * hd;
