@@ -21,7 +21,7 @@ typedef struct op_def {
 /* flash3 (the Hopper wgmma forward, kernels/cuda/flash_hopper.cu): opt-in, in builds for sm_90 */
 #if CT_HAVE_FLASH3
 #define FLASH3 "flash3",
-#define FLASH3_HELP "; flash3: Hopper wgmma forward and backward (sm_90; opt-in, new)"
+#define FLASH3_HELP "; flash3: Hopper wgmma forward and backward (sm_90; opt-in)"
 #else
 #define FLASH3
 #define FLASH3_HELP ""

@@ -6,10 +6,14 @@
 // The backward is here too: fl3_dkdv_kernel and fl3_dq_kernel (below), after ops_cuda.cu's
 // D = rowsum(dO * O) kernel.
 //
-// STATUS: written without a GPU at hand (2026-11-30, session 3) and not yet run: opt-in only
-// (attention.implementation stays auto/flash; `kernels.cuda.train.attention = "flash3"` or
-// CT_CUDA_ATTN=flash3 selects it), never picked by auto. tests/gpu/test_ops_cuda checks it
-// against the CPU reference like every other variant. tools/sim_flash3.py replays this kernel's
+// STATUS: written without a GPU at hand (2026-11-30, session 3); on its first GPU run (H200,
+// session 5) it passed tests/gpu/test_ops_cuda's checks against the CPU reference (forward and
+// backward, bf16 and fp16, GQA 1-8, hd 64/128, T off the tiles) like every other variant.
+// Forward 229-373 TFLOP/s (flash2 186-311, cuDNN 258-563), forward + backward 119-215 (flash2
+// 127-188, cuDNN 179-442): bench/results/attention_2026-11-30_NVIDIA_H200_fb38dc6.txt. Still
+// opt-in (`kernels.cuda.train.attention = "flash3"` or CT_CUDA_ATTN=flash3), never picked by
+// auto: the backward's separate dQ kernel recomputes S and dP (7 GEMMs a tile where FA3 does 5
+// with dQ accumulated by atomics), and nothing yet uses TMA or a producer warpgroup. tools/sim_flash3.py replays this kernel's
 // indexing (swizzled stores, descriptors, k-step offsets, fragment bookkeeping) on the host against
 // the PTX ISA's documented layouts and matches plain attention to 1e-15: keep the two in step.
 //

@@ -75,7 +75,7 @@ enum {
   ATTN_CUDNN = 5,   // cuDNN fused attention (attention_cudnn.cpp)
   ATTN_AUTO = 6,    // flash2 or cudnn per shape, by measurement (attn_auto_pick)
   ATTN_FLASH3 = 7   // Hopper wgmma forward and backward (flash_hopper.cu); sm_90 only, flash2
-                    // elsewhere. Opt-in and not yet run on a GPU (see that file).
+                    // elsewhere. Opt-in: passes the GPU checks, slower than cuDNN (see that file).
 };
 // What ATTN_DEFAULT means for the 16-bit tables: flash2. flash was promoted over batched after it
 // beat it on the same inputs (H200, bf16, tests/gpu/test_ops_cuda --perf: GPT-2 B16 T1024 H12
