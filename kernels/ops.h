@@ -29,6 +29,13 @@ typedef struct ct_adamw_seg {
   float wd;    /* decoupled weight decay of the slice (0: none) */
 } ct_adamw_seg;
 
+/* One layer's device pointers for decode_layers (biases, q_norm and k_norm may be NULL). */
+typedef struct ct_decode_layer {
+  const void *ln1_w, *qkv_w, *qkv_b, *q_norm, *k_norm, *o_w, *o_b, *ln2_w, *fc_w, *proj_w,
+      *proj_b;
+  void *kc, *vc; /* the layer's KV cache */
+} ct_decode_layer;
+
 typedef struct ct_ops {
   const char *name;  /* "cpu", "cuda", "cuda-bf16" */
   const char *dtype; /* working dtype of activations and working weights: "fp32", "bf16", "fp16" */
@@ -219,6 +226,16 @@ typedef struct ct_ops {
   void (*qkv_rope_append)(void *qkv, const void *raw, const void *qnw, const void *knw, void *kc,
                           void *vc, const int32_t *slot, const int32_t *pos, int N, int H, int KV,
                           int hd, int max_T, float theta, float eps);
+  /* The whole fused decode step of layers[0 .. nl-1] for ONE row (batch 1): for each layer
+   * norm_matmul_fwd (x -> raw), qkv_rope_append (raw -> qkv, cache), attention_decode (-> atty),
+   * matmul_add_fwd (-> res2), norm_matmul_swiglu_fwd (-> act), matmul_add_fwd (-> x), with the
+   * same values as those ops; CUDA runs them as one persistent kernel. Returns 0 when it ran,
+   * 1 when it does not apply (shapes, alignment, device; the caller runs the ops), -1 on a
+   * device error. NULL in tables without it. */
+  int (*decode_layers)(void *x, void *res2, void *raw, void *qkv, void *atty, void *act,
+                       const ct_decode_layer *layers, int nl, const int32_t *slot,
+                       const int32_t *pos, int C, int H, int KV, int hd, int F, int max_T,
+                       float theta, float eps);
 
   /* ---- devices (inference across GPUs; NULL where the backend has none) ----
    * set_device makes later ops (and alloc) run on device `dev` with that device's own stream

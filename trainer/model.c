@@ -1367,7 +1367,24 @@ static void infer_segment(ct_infer *e, infer_dev *d, int N, bool decode, int nse
   if (d->first)
     o->embed_pos_fwd(DA(d, x), DAI(d, tok), DAI(d, pos), DW(d, G, P_WTE), DWO(d, G, P_WPE), N, C);
   const bool fused = infer_fused(e);
-  for (int l = d->l0; l < d->l1; l++) {
+  int l_done = d->l0;
+  if (decode && fused && N == 1 && o->decode_layers && d->l1 - d->l0 <= 96) {
+    /* one row: the device's layers in one call (CUDA: one persistent kernel) */
+    ct_decode_layer L[96];
+    for (int l = d->l0; l < d->l1; l++)
+      L[l - d->l0] = (ct_decode_layer){DW(d, l, P_LN1_W), DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B),
+                                       m->cfg.qk_norm ? DW(d, l, P_QNORM) : NULL,
+                                       m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL,
+                                       DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), DW(d, l, P_LN2_W),
+                                       DW(d, l, P_FC_W), DW(d, l, P_PROJ_W), DWO(d, l, P_PROJ_B),
+                                       e->kc[l], e->vc[l]};
+    char *raw = m->cfg.qk_norm ? DA(d, raw) : DA(d, qkv);
+    if (o->decode_layers(DA(d, x), DA(d, res2), raw, DA(d, qkv), DA(d, atty), DA(d, act), L,
+                         d->l1 - d->l0, DAI(d, slot), DAI(d, pos), C, m->H, m->KV, m->hd, m->F,
+                         e->max_T, (float)m->cfg.rope_theta, (float)m->cfg.norm_eps) == 0)
+      l_done = d->l1;
+  }
+  for (int l = l_done; l < d->l1; l++) {
     if (decode && fused) infer_layer_fused(e, d, l, N);
     else infer_layer(e, d, l, N, decode, nseq, n, p0, slots);
   }

@@ -401,6 +401,121 @@ __global__ void attention_decode_merge_kernel(T *out, const float *part, const i
   stf(out + (long)n * H * hd + (long)h * hd + d, a / L);
 }
 
+// One split of attention_decode_vec_kernel, after its keys' K and V rows are in kr / vr (lane l:
+// key k0 + j * (32 / LK) + l / LK, 16-byte chunk l % LK): scores, the split's softmax and V sums,
+// written to part as (acc[hd], max, sum). Warp-level; shared with decode_layers_kernel.
+template <typename T, int LK, int G>
+__device__ __forceinline__ void att_split_math(float *part, const T *qkv,
+                                               const uint4 (&kr)[DEC_CHUNK / (32 / LK)],
+                                               const uint4 (&vr)[DEC_CHUNK / (32 / LK)], int n,
+                                               int kv, int sp, int k0, int len, int H, int KV,
+                                               int splits, float scale, int lane) {
+  constexpr int hd = 8 * LK, KPL = 32 / LK, J = DEC_CHUNK / KPL;
+  constexpr int PS = hd + 4;
+  const int ks = lane / LK, ch = lane % LK;
+  float q[G][8];
+  const T *qp = qkv + (long)n * (H + 2 * KV) * hd + (long)kv * G * hd + ch * 8;
+#pragma unroll
+  for (int g = 0; g < G; g++) cvt8<T>(__ldcg((const uint4 *)(qp + (long)g * hd)), q[g]);
+  float sc[G][J];
+#pragma unroll
+  for (int j = 0; j < J; j++) {
+    float kf[8];
+    cvt8<T>(kr[j], kf);
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      float d = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; e++) d = fmaf(q[g][e], kf[e], d);
+      sc[g][j] = d;
+    }
+  }
+#pragma unroll
+  for (int o = LK / 2; o > 0; o >>= 1)
+#pragma unroll
+    for (int g = 0; g < G; g++)
+#pragma unroll
+      for (int j = 0; j < J; j++) sc[g][j] += __shfl_xor_sync(0xffffffffu, sc[g][j], o);
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    m[g] = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      sc[g][j] = k0 + j * KPL + ks < len ? sc[g][j] * scale : -INFINITY;
+      m[g] = fmaxf(m[g], sc[g][j]);
+    }
+#pragma unroll
+    for (int o = LK; o < 32; o <<= 1) m[g] = fmaxf(m[g], __shfl_xor_sync(0xffffffffu, m[g], o));
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < J; j++) {
+    float vf[8];
+    cvt8<T>(vr[j], vf);
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      const float p = expf(sc[g][j] - m[g]);
+      l[g] += p;
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
+    }
+  }
+#pragma unroll
+  for (int o = LK; o < 32; o <<= 1)
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      l[g] += __shfl_xor_sync(0xffffffffu, l[g], o);
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+    }
+  if (ks == 0) {
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      float *o = part + (((long)n * H + kv * G + g) * splits + sp) * PS;
+      *(float4 *)(o + ch * 8) = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+      *(float4 *)(o + ch * 8 + 4) = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+      if (ch == 0) {
+        o[hd] = m[g];
+        o[hd + 1] = l[g];
+      }
+    }
+  }
+}
+
+// The merge of a row's splits for query head h, in split order: a warp; shared with
+// decode_layers_kernel.
+template <typename T, int hd>
+__device__ __forceinline__ void att_merge_head(T *out, const float *part, int n, int h, int H,
+                                               int splits, int used, int lane) {
+  constexpr int PS = hd + 4;
+  const float *p = part + ((long)n * H + h) * splits * PS;
+  float M = -INFINITY;
+  for (int s = lane; s < used; s += 32) M = fmaxf(M, __ldcg(p + (long)s * PS + hd));
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  float L = 0.0f, a[hd / 32];
+#pragma unroll
+  for (int i = 0; i < hd / 32; i++) a[i] = 0.0f;
+  for (int s0 = 0; s0 < used; s0 += 32) {
+    const int s = s0 + lane;
+    const float f = s < used ? expf(__ldcg(p + (long)s * PS + hd) - M) : 0.0f;
+    if (s < used) L += __ldcg(p + (long)s * PS + hd + 1) * f;
+    const int ns = min(32, used - s0);
+#pragma unroll 4
+    for (int j = 0; j < ns; j++) {
+      const float fj = __shfl_sync(0xffffffffu, f, j);
+      const float *ps = p + (long)(s0 + j) * PS;
+#pragma unroll
+      for (int i = 0; i < hd / 32; i++) a[i] = fmaf(fj, __ldcg(ps + lane + 32 * i), a[i]);
+    }
+  }
+  L = warp_sum(L);
+#pragma unroll
+  for (int i = 0; i < hd / 32; i++) stf(out + (long)n * H * hd + (long)h * hd + lane + 32 * i, a[i] / L);
+}
+
 // The 16-bit attention_decode for hd = 8 * LK (LK lanes read a key's row, 16 bytes each) and G
 // query heads per kv head. grid (ceil(splits / DEC_WARPS), KV, N); warp w of block x takes
 // split sp = x * DEC_WARPS + w, keys sp * DEC_CHUNK .. +DEC_CHUNK - 1 of kv head blockIdx.y, for
@@ -414,8 +529,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     attention_decode_vec_kernel(T *out, float *part, unsigned *count, const T *qkv, const T *kc,
                                 const T *vc, const int32_t *slot, const int32_t *pos, int H,
                                 int KV, int max_T, int splits, float scale) {
+  // part: a split's hd + 4 floats (acc (hd), max, sum; 16-byte rows)
   constexpr int hd = 8 * LK, KPL = 32 / LK, J = DEC_CHUNK / KPL;
-  constexpr int PS = hd + 4; // a split's floats in part: acc (hd), max, sum; 16-byte rows
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int sp = blockIdx.x * DEC_WARPS + w, kv = blockIdx.y, n = blockIdx.z;
   __shared__ int last;
@@ -447,76 +562,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         vr[j] = *(const uint4 *)(V + (long)key * hd);
       }
     }
-    float q[G][8];
-    const T *qp = qkv + (long)n * (H + 2 * KV) * hd + (long)kv * G * hd + ch * 8;
-#pragma unroll
-    for (int g = 0; g < G; g++) cvt8<T>(*(const uint4 *)(qp + (long)g * hd), q[g]);
-    float sc[G][J];
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-      float kf[8];
-      cvt8<T>(kr[j], kf);
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        float d = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; e++) d = fmaf(q[g][e], kf[e], d);
-        sc[g][j] = d;
-      }
-    }
-#pragma unroll
-    for (int o = LK / 2; o > 0; o >>= 1)
-#pragma unroll
-      for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int j = 0; j < J; j++) sc[g][j] += __shfl_xor_sync(0xffffffffu, sc[g][j], o);
-    float m[G], l[G], acc[G][8];
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      m[g] = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < J; j++) {
-        sc[g][j] = k0 + j * KPL + ks < len ? sc[g][j] * scale : -INFINITY;
-        m[g] = fmaxf(m[g], sc[g][j]);
-      }
-#pragma unroll
-      for (int o = LK; o < 32; o <<= 1) m[g] = fmaxf(m[g], __shfl_xor_sync(0xffffffffu, m[g], o));
-      l[g] = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-      float vf[8];
-      cvt8<T>(vr[j], vf);
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        const float p = expf(sc[g][j] - m[g]);
-        l[g] += p;
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
-      }
-    }
-#pragma unroll
-    for (int o = LK; o < 32; o <<= 1)
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        l[g] += __shfl_xor_sync(0xffffffffu, l[g], o);
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
-      }
-    if (ks == 0) {
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        float *o = part + (((long)n * H + kv * G + g) * splits + sp) * PS;
-        *(float4 *)(o + ch * 8) = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
-        *(float4 *)(o + ch * 8 + 4) = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
-        if (ch == 0) {
-          o[hd] = m[g];
-          o[hd + 1] = l[g];
-        }
-      }
-    }
+    att_split_math<T, LK, G>(part, qkv, kr, vr, n, kv, sp, k0, len, H, KV, splits, scale, lane);
   }
   // the last block of (n, kv) merges
   __threadfence();
@@ -528,30 +574,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   __threadfence();
   const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
   for (int g = w; g < G; g += DEC_WARPS) { // a warp per query head
-    const int h = kv * G + g;
-    const float *p = part + ((long)n * H + h) * splits * PS;
-    float M = -INFINITY;
-    for (int s = lane; s < used; s += 32) M = fmaxf(M, __ldcg(p + (long)s * PS + hd));
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    float L = 0.0f, a[hd / 32];
-#pragma unroll
-    for (int i = 0; i < hd / 32; i++) a[i] = 0.0f;
-    for (int s0 = 0; s0 < used; s0 += 32) {
-      const int s = s0 + lane;
-      const float f = s < used ? expf(__ldcg(p + (long)s * PS + hd) - M) : 0.0f;
-      if (s < used) L += __ldcg(p + (long)s * PS + hd + 1) * f;
-      const int ns = min(32, used - s0);
-#pragma unroll 4
-      for (int j = 0; j < ns; j++) {
-        const float fj = __shfl_sync(0xffffffffu, f, j);
-        const float *ps = p + (long)(s0 + j) * PS;
-#pragma unroll
-        for (int i = 0; i < hd / 32; i++) a[i] = fmaf(fj, __ldcg(ps + lane + 32 * i), a[i]);
-      }
-    }
-    L = warp_sum(L);
-#pragma unroll
-    for (int i = 0; i < hd / 32; i++) stf(out + (long)n * H * hd + (long)h * hd + lane + 32 * i, a[i] / L);
+    att_merge_head<T, hd>(out, part, n, kv * G + g, H, splits, used, lane);
   }
   if (threadIdx.x == 0) count[(long)n * KV + kv] = 0;
 }
@@ -739,6 +762,79 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   }
 }
 
+// A value written earlier in the same kernel by another block: read from L2 (not a stale L1 line).
+template <typename T> __device__ __forceinline__ float ldcgf(const T *p) { return __ldcg(p); }
+template <> __device__ __forceinline__ float ldcgf<bf16>(const bf16 *p) {
+  return __bfloat162float(__ushort_as_bfloat16(__ldcg((const unsigned short *)p)));
+}
+template <> __device__ __forceinline__ float ldcgf<f16>(const f16 *p) {
+  return __half2float(__ushort_as_half(__ldcg((const unsigned short *)p)));
+}
+
+// qkv_rope_append_kernel's work on head h of row n (a warp): q / k heads rms-normalized (when
+// given) and rotated, k and v appended to the cache at (s, p). cs / sn: the row's cos / sin table
+// when `table`. Shared with decode_layers_kernel.
+template <typename T, int J>
+__device__ __forceinline__ void rope_head_warp(T *qkv, const T *raw, const T *qnw, const T *knw,
+                                               T *kc, T *vc, long s, int p, int n, int h, int H,
+                                               int KV, int max_T, float theta, float eps,
+                                               int table, const float *cs_, const float *sn_,
+                                               int lane) {
+  constexpr int hd = 32 * J;
+  const int nh = H + 2 * KV;
+  const long W3 = (long)nh * hd;
+  const T *x = raw + n * W3 + (long)h * hd;
+  T *y = qkv + n * W3 + (long)h * hd;
+  float v[J];
+#pragma unroll
+  for (int j = 0; j < J; j++) v[j] = ldcgf(x + lane + 32 * j);
+  if (h >= H + KV) { // v head: copy
+    T *dst = vc + ((s * KV + (h - H - KV)) * max_T + p) * (long)hd;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      stf(dst + lane + 32 * j, v[j]);
+      if (y != x) stf(y + lane + 32 * j, v[j]);
+    }
+    return;
+  }
+  const T *nwt = h < H ? qnw : knw;
+  if (nwt) { // as rmsnorm_fwd over the head's hd values, rounded
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) ss += v[j] * v[j];
+    const float r = 1.0f / sqrtf(warp_sum(ss) / hd + eps);
+#pragma unroll
+    for (int j = 0; j < J; j++) v[j] = rounded<T>(v[j] * r * ldf(nwt + lane + 32 * j));
+  }
+  float o[J];
+#pragma unroll
+  for (int j = 0; j < J / 2; j++) {
+    const int i = lane + 32 * j; // pairs with i + hd/2, held at j + J/2
+    float c, sn;
+    if (table) {
+      c = cs_[i];
+      sn = sn_[i];
+    } else {
+      float e = (float)(2 * i) / (float)hd;
+      float inv = 1.0f / (float)pow((double)theta, (double)e);
+      float ang = (float)p * inv;
+      double sd, cd;
+      sincos((double)ang, &sd, &cd);
+      c = (float)cd;
+      sn = (float)sd;
+    }
+    const float x1 = v[j], x2 = v[j + J / 2];
+    o[j] = x1 * c - x2 * sn;
+    o[j + J / 2] = x2 * c + x1 * sn;
+  }
+  T *kdst = h >= H ? kc + ((s * KV + (h - H)) * max_T + p) * (long)hd : NULL;
+#pragma unroll
+  for (int j = 0; j < J; j++) {
+    stf(y + lane + 32 * j, o[j]);
+    if (kdst) stf(kdst + lane + 32 * j, o[j]);
+  }
+}
+
 // qkv row n = raw row n with q and k heads rms-normalized by qnw / knw (when given), then
 // rotated (rope_pos_fwd's angles); k and v heads appended to the cache at (slot[n], pos[n]).
 // grid (N), one warp per head (q heads, k heads, v heads); lane holds d = lane + 32 j, j < J =
@@ -751,7 +847,6 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
   pdl_trigger();
   constexpr int hd = 32 * J;
   const int lane = threadIdx.x & 31, n = blockIdx.x, nh = H + 2 * KV;
-  const long W3 = (long)nh * hd;
   // slot and pos were copied in before the step's first kernel, so they (and the cos / sin
   // table made from them) can be read while the kernel before is still finishing
   const long s = slot ? slot[n] : n;
@@ -769,58 +864,9 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
   }
   pdl_wait();
   __syncthreads();
-  for (int h = threadIdx.x >> 5; h < nh; h += blockDim.x >> 5) {
-    const T *x = raw + n * W3 + (long)h * hd;
-    T *y = qkv + n * W3 + (long)h * hd;
-    float v[J];
-#pragma unroll
-    for (int j = 0; j < J; j++) v[j] = ldf(x + lane + 32 * j);
-    if (h >= H + KV) { // v head: copy
-      T *dst = vc + ((s * KV + (h - H - KV)) * max_T + p) * (long)hd;
-#pragma unroll
-      for (int j = 0; j < J; j++) {
-        stf(dst + lane + 32 * j, v[j]);
-        if (y != x) stf(y + lane + 32 * j, v[j]);
-      }
-      continue;
-    }
-    const T *nwt = h < H ? qnw : knw;
-    if (nwt) { // as rmsnorm_fwd over the head's hd values, rounded
-      float ss = 0.0f;
-#pragma unroll
-      for (int j = 0; j < J; j++) ss += v[j] * v[j];
-      const float r = 1.0f / sqrtf(warp_sum(ss) / hd + eps);
-#pragma unroll
-      for (int j = 0; j < J; j++) v[j] = rounded<T>(v[j] * r * ldf(nwt + lane + 32 * j));
-    }
-    float o[J];
-#pragma unroll
-    for (int j = 0; j < J / 2; j++) {
-      const int i = lane + 32 * j; // pairs with i + hd/2, held at j + J/2
-      float c, sn;
-      if (table) {
-        c = cs_[i];
-        sn = sn_[i];
-      } else {
-        float e = (float)(2 * i) / (float)hd;
-        float inv = 1.0f / (float)pow((double)theta, (double)e);
-        float ang = (float)p * inv;
-        double sd, cd;
-        sincos((double)ang, &sd, &cd);
-        c = (float)cd;
-        sn = (float)sd;
-      }
-      const float x1 = v[j], x2 = v[j + J / 2];
-      o[j] = x1 * c - x2 * sn;
-      o[j + J / 2] = x2 * c + x1 * sn;
-    }
-    T *kdst = h >= H ? kc + ((s * KV + (h - H)) * max_T + p) * (long)hd : NULL;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-      stf(y + lane + 32 * j, o[j]);
-      if (kdst) stf(kdst + lane + 32 * j, o[j]);
-    }
-  }
+  for (int h = threadIdx.x >> 5; h < nh; h += blockDim.x >> 5)
+    rope_head_warp<T, J>(qkv, raw, qnw, knw, kc, vc, s, p, n, h, H, KV, max_T, theta, eps, table,
+                         cs_, sn_, lane);
 }
 
 // argmax over many blocks: grid (B, N); block b scans a slice of row n, writes its (value,
@@ -937,6 +983,353 @@ float *split_scratch(size_t bytes) {
   b->p = p;
   b->bytes = bytes;
   return p;
+}
+
+// ---- decode_layers: a batch-1 decode step's layers in one persistent kernel ----
+// One block per multiprocessor (DL_WARPS warps, all resident: launched without programmatic
+// dependent launch, so the kernel before has finished and the one after waits for this one),
+// phases separated by a grid-wide barrier; per layer, as infer_layer_fused's ops and with their
+// arithmetic (the same device functions or the same loops), so the values equal the per-layer
+// kernels' bit for bit:
+//   qkv GEMV (rms norm of x in every block)  | q/k norm + rope + cache append (warp per head)
+//   attention splits (warp per (kv head, 16 keys)) | merge (warp per head) | o_proj + residual
+//   | norm + gate/up + SwiGLU | down + residual
+// A phase's weights are asked into L2 two GEMV phases ahead (cp.async.bulk.prefetch.L2, one
+// slice per block), so DRAM keeps streaming weights through the barriers and the GEMVs read
+// from L2. Activations written by other blocks are read with ld.cg (never a stale L1 line).
+#define DL_WARPS 16
+#define DL_MAX_LAYERS 96
+struct dl_args {
+  void *x, *res2, *raw, *qkv, *atty, *act;
+  float *part;
+  unsigned *bar;
+  const int32_t *slot, *pos;
+  int nl, C, H, KV, hd, F, max_T, splits;
+  float theta, eps, scale;
+  ct_decode_layer L[DL_MAX_LAYERS];
+};
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// All blocks of the grid reach this point before any goes on; bar[0] counts arrivals, bar[1] is
+// the generation (both zero when no barrier is in flight).
+__device__ __forceinline__ void grid_barrier(unsigned *bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned g = ld_acquire(bar + 1);
+    __threadfence();
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicAdd(bar + 1, 1u);
+    } else {
+      while (ld_acquire(bar + 1) == g) {
+      }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// This block's slice of `bytes` bytes at p into L2 (sm_90 bulk prefetch; nothing elsewhere).
+__device__ __forceinline__ void l2_prefetch_slice(const void *p, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x != 0 || !p) return;
+  const size_t per = ((bytes + gridDim.x - 1) / gridDim.x + 15) & ~(size_t)15;
+  const size_t lo = per * blockIdx.x;
+  if (lo >= bytes) return;
+  size_t n = bytes - lo < per ? bytes - lo : per;
+  n &= ~(size_t)15;
+  const char *a = (const char *)p + lo;
+  while (n) {
+    const unsigned k = n > (1u << 20) ? (1u << 20) : (unsigned)n;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(k) : "memory");
+    a += k;
+    n -= k;
+  }
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+// One GEMV phase for one row (gemv_kernel's arithmetic with N = 1): x (or its rms norm, as the
+// 16-byte-chunk prologue of gemv_kernel) into shared memory, then a warp per output row (per
+// gate/up pair for GV_SWIGLU): all U 16-byte weight chunks of a lane loaded first, then the
+// products in k order, a butterfly sum, gemv_kernel's epilogue.
+template <typename T, int U, bool NORM, int MODE>
+__device__ __forceinline__ void dl_gemv(T *out, const T *inp, const T *nw, const T *w,
+                                        const T *bias, const T *res, int IC, int OC, float eps,
+                                        uint4 *xs4) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nchunk = IC / 8;
+  const uint4 *x4 = (const uint4 *)inp;
+  if constexpr (NORM) {
+    if (warp == 0) {
+      float ss = 0.0f;
+      for (int c = lane; c < nchunk; c += 32) {
+        float v[8];
+        cvt8<T>(__ldcg(x4 + c), v);
+#pragma unroll
+        for (int e = 0; e < 8; e++) ss = fmaf(v[e], v[e], ss);
+      }
+      const float r = 1.0f / sqrtf(warp_sum(ss) / IC + eps);
+      for (int c = lane; c < nchunk; c += 32) {
+        float v[8], g[8], y[8];
+        cvt8<T>(__ldcg(x4 + c), v);
+        cvt8<T>(*(const uint4 *)(nw + (long)c * 8), g);
+#pragma unroll
+        for (int e = 0; e < 8; e++) y[e] = v[e] * r * g[e];
+        xs4[c] = pack8<T>(y);
+      }
+    }
+  } else {
+    for (int c = threadIdx.x; c < nchunk; c += blockDim.x) xs4[c] = __ldcg(x4 + c);
+  }
+  __syncthreads();
+  constexpr int RR = MODE == GV_SWIGLU ? 2 : 1;
+  const int nw_all = gridDim.x * DL_WARPS;
+  for (int o = blockIdx.x * DL_WARPS + warp; o < OC; o += nw_all) {
+    uint4 wv[RR][U];
+#pragma unroll
+    for (int rr = 0; rr < RR; rr++) {
+      const T *wr = w + (long)(rr ? OC + o : o) * IC;
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int c = u * 32 + lane;
+        wv[rr][u] = c < nchunk ? ld_stream(wr + (long)c * 8) : make_uint4(0, 0, 0, 0);
+      }
+    }
+    float acc[RR];
+#pragma unroll
+    for (int rr = 0; rr < RR; rr++) acc[rr] = 0.0f;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int c = u * 32 + lane;
+      if (c < nchunk) {
+        float xf[8];
+        cvt8<T>(xs4[c], xf);
+#pragma unroll
+        for (int rr = 0; rr < RR; rr++) {
+          float wf[8];
+          cvt8<T>(wv[rr][u], wf);
+#pragma unroll
+          for (int e = 0; e < 8; e++) acc[rr] = fmaf(wf[e], xf[e], acc[rr]);
+        }
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RR; rr++) acc[rr] = warp_sum(acc[rr]);
+    if (lane == 0) {
+      if constexpr (MODE == GV_SWIGLU) {
+        const float gt = rounded<T>(acc[0]), up = rounded<T>(acc[1]);
+        stf(out + o, gt / (1.0f + expf(-gt)) * up);
+      } else {
+        float v = acc[0] + (bias ? ldf(bias + o) : 0.0f);
+        if (MODE == GV_RESID) v = rounded<T>(v) + ldcgf(res + o);
+        stf(out + o, v);
+      }
+    }
+  }
+}
+
+// UQ: 16-byte chunks per lane for the C-wide inputs (qkv, gate/up); UR: for the o_proj and down
+// inputs (H * hd and F wide; chunks past the row are not loaded).
+template <typename T, int LK, int G, int UQ, int UR>
+__global__ void __launch_bounds__(DL_WARPS * 32, 1)
+    decode_layers_kernel(const __grid_constant__ dl_args a) {
+  constexpr int hd = 8 * LK, J = hd / 32, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
+  __shared__ uint4 xs4[(UR > UQ ? UR : UQ) * 32];
+  __shared__ float cs_[hd / 2], sn_[hd / 2];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gw = blockIdx.x * DL_WARPS + warp, nw_all = gridDim.x * DL_WARPS;
+  const int H = a.H, KV = a.KV, C = a.C, F = a.F, nh = H + 2 * KV, W = nh * hd;
+  const long s = a.slot ? a.slot[0] : 0;
+  const int p = a.pos[0], len = p + 1, nsp = (len + DEC_CHUNK - 1) / DEC_CHUNK;
+  const int used = min(a.splits, nsp);
+  T *x = (T *)a.x, *res2 = (T *)a.res2, *raw = (T *)a.raw, *qkv = (T *)a.qkv;
+  T *atty = (T *)a.atty, *act = (T *)a.act;
+  const size_t e = sizeof(T);
+  // the GEMV phases' weights: phase 4l + {0 qkv, 1 o_proj, 2 gate/up, 3 down}
+  auto phase_w = [&](int ph, const void **wp, size_t *bytes) {
+    const ct_decode_layer &Ly = a.L[ph >> 2];
+    switch (ph & 3) {
+    case 0: *wp = Ly.qkv_w; *bytes = e * W * C; break;
+    case 1: *wp = Ly.o_w; *bytes = e * C * H * hd; break;
+    case 2: *wp = Ly.fc_w; *bytes = e * 2 * F * C; break;
+    default: *wp = Ly.proj_w; *bytes = e * C * F; break;
+    }
+  };
+  auto prefetch = [&](int ph) {
+    if (ph >= 4 * a.nl) return;
+    const void *wp;
+    size_t bytes;
+    phase_w(ph, &wp, &bytes);
+    l2_prefetch_slice(wp, bytes);
+  };
+  prefetch(0);
+  prefetch(1);
+  // the row's cos / sin table (qkv_rope_append_kernel's formulas)
+  for (int i = threadIdx.x; i < hd / 2; i += blockDim.x) {
+    float ex = (float)(2 * i) / (float)hd;
+    float inv = 1.0f / (float)pow((double)a.theta, (double)ex);
+    float ang = (float)p * inv;
+    double sd, cd;
+    sincos((double)ang, &sd, &cd);
+    cs_[i] = (float)cd;
+    sn_[i] = (float)sd;
+  }
+  for (int l = 0; l < a.nl; l++) {
+    const ct_decode_layer &Ly = a.L[l];
+    T *kc = (T *)Ly.kc, *vc = (T *)Ly.vc;
+    // qkv projection of rmsnorm(x)
+    prefetch(4 * l + 2);
+    dl_gemv<T, UQ, true, GV_PLAIN>(raw, x, (const T *)Ly.ln1_w, (const T *)Ly.qkv_w,
+                                   (const T *)Ly.qkv_b, NULL, C, W, a.eps, xs4);
+    grid_barrier(a.bar);
+    // q / k norm, rope, cache append
+    for (int h = gw; h < nh; h += nw_all)
+      rope_head_warp<T, J>(qkv, raw, (const T *)Ly.q_norm, (const T *)Ly.k_norm, kc, vc, s, p, 0,
+                           h, H, KV, a.max_T, a.theta, a.eps, 1, cs_, sn_, lane);
+    grid_barrier(a.bar);
+    // attention: a warp per (kv head, split of DEC_CHUNK keys)
+    for (int t = gw; t < KV * nsp; t += nw_all) {
+      const int kv = t / nsp, sp = t % nsp, k0 = sp * DEC_CHUNK;
+      const int ks = lane / LK, ch = lane % LK;
+      const T *K = kc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
+      const T *V = vc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
+      uint4 kr[JK], vr[JK];
+#pragma unroll
+      for (int j = 0; j < JK; j++) {
+        const int key = k0 + j * KPL + ks;
+        kr[j] = key < len ? __ldcg((const uint4 *)(K + (long)key * hd)) : make_uint4(0, 0, 0, 0);
+        vr[j] = key < len ? __ldcg((const uint4 *)(V + (long)key * hd)) : make_uint4(0, 0, 0, 0);
+      }
+      att_split_math<T, LK, G>(a.part, qkv, kr, vr, 0, kv, sp, k0, len, H, KV, a.splits, a.scale,
+                               lane);
+    }
+    grid_barrier(a.bar);
+    for (int h = gw; h < H; h += nw_all)
+      att_merge_head<T, hd>(atty, a.part, 0, h, H, a.splits, used, lane);
+    grid_barrier(a.bar);
+    // output projection + residual: res2 = o_proj(atty) + x
+    prefetch(4 * l + 3);
+    dl_gemv<T, UR, false, GV_RESID>(res2, atty, NULL, (const T *)Ly.o_w, (const T *)Ly.o_b, x,
+                                    H * hd, C, 0.0f, xs4);
+    grid_barrier(a.bar);
+    // act = swiglu(rmsnorm(res2) @ fc^T)
+    prefetch(4 * l + 4);
+    dl_gemv<T, UQ, true, GV_SWIGLU>(act, res2, (const T *)Ly.ln2_w, (const T *)Ly.fc_w, NULL,
+                                    NULL, C, F, a.eps, xs4);
+    grid_barrier(a.bar);
+    // x = proj(act) + res2
+    prefetch(4 * l + 5);
+    dl_gemv<T, UR, false, GV_RESID>(x, act, NULL, (const T *)Ly.proj_w, (const T *)Ly.proj_b,
+                                    res2, F, C, 0.0f, xs4);
+    if (l + 1 < a.nl) grid_barrier(a.bar);
+  }
+}
+
+unsigned *bar_bufs[16];
+long dl_launches; // decode_layers kernels launched (or recorded into a graph)
+
+// CT_DECODE_PERSIST=1 (opt-in until it has run on a GPU): decode_layers runs. Read at every
+// call, so a test can compare both paths in one process.
+bool persist_on() {
+  const char *v = getenv("CT_DECODE_PERSIST");
+  return v && !strcmp(v, "1");
+}
+
+template <typename T, int LK, int G>
+bool dl_launch(const dl_args &a) {
+  // chunks per lane: C / 256 for qkv and gate/up (at most 4: C <= 1024), max(H * hd, F) / 256
+  // for o_proj and down (4, 8 or 12: up to 3072)
+  const int uq = (a.C / 8 + 31) / 32, ur0 = ((a.H * a.hd > a.F ? a.H * a.hd : a.F) / 8 + 31) / 32;
+  const int ur = ur0 <= 4 ? 4 : ur0 <= 8 ? 8 : ur0 <= 12 ? 12 : 0;
+  if (uq > 4 || !ur) return false;
+  void (*k)(dl_args) = ur == 4    ? decode_layers_kernel<T, LK, G, 4, 4>
+                       : ur == 8 ? decode_layers_kernel<T, LK, G, 4, 8>
+                                 : decode_layers_kernel<T, LK, G, 4, 12>;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DL_WARPS * 32, 0) != cudaSuccess ||
+      per_sm < 1) {
+    cudaGetLastError();
+    return false;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)num_sms());
+  cfg.blockDim = dim3(DL_WARPS * 32);
+  cfg.stream = stream();
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  const bool timed = dprof.enabled() && cudaStreamIsCapturing(cfg.stream, &cap) == cudaSuccess &&
+                     cap == cudaStreamCaptureStatusNone;
+  dec_prof::rec r;
+  if (timed) {
+    r.key = "decode_layers_kernel";
+    cudaEventCreate(&r.a);
+    cudaEventCreate(&r.b);
+    cudaEventRecord(r.a, cfg.stream);
+  }
+  const bool ok = CKD("decode_layers", cudaLaunchKernelEx(&cfg, k, a));
+  if (ok) dl_launches++;
+  if (timed) {
+    cudaEventRecord(r.b, cfg.stream);
+    dprof.pending.push_back(r);
+  }
+  return ok;
+}
+
+template <typename T>
+int cu_decode_layers(void *x, void *res2, void *raw, void *qkv, void *atty, void *act,
+                     const ct_decode_layer *layers, int nl, const int32_t *slot,
+                     const int32_t *pos, int C, int H, int KV, int hd, int F, int max_T,
+                     float theta, float eps) {
+  if constexpr (sizeof(T) != 2) {
+    return 1;
+  } else {
+    if (!persist_on() || !gemv_on() || !v2_on() || nl <= 0 || nl > DL_MAX_LAYERS || H % KV ||
+        (hd != 64 && hd != 128) || C % 8 || F % 8)
+      return 1;
+    const int G = H / KV;
+    if (G != 1 && G != 2 && G != 4) return 1;
+    if (!aligned16(x) || !aligned16(res2) || !aligned16(raw) || !aligned16(qkv) ||
+        !aligned16(atty) || !aligned16(act))
+      return 1;
+    for (int l = 0; l < nl; l++) {
+      const ct_decode_layer &L = layers[l];
+      if (!aligned16(L.ln1_w) || !aligned16(L.qkv_w) || !aligned16(L.o_w) || !aligned16(L.ln2_w) ||
+          !aligned16(L.fc_w) || !aligned16(L.proj_w) || !aligned16(L.kc) || !aligned16(L.vc))
+        return 1;
+    }
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 1;
+    if (!bar_bufs[dev]) { // allocated outside graph capture (the first, uncaptured step)
+      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      cudaStreamIsCapturing(stream(), &cs);
+      if (cs != cudaStreamCaptureStatusNone) return 1;
+      unsigned *b = NULL;
+      if (!CKD("decode_layers", cudaMalloc((void **)&b, 256))) return -1;
+      if (!CKD("decode_layers", cudaMemsetAsync(b, 0, 256, stream()))) return -1;
+      bar_bufs[dev] = b;
+    }
+    const int splits = (max_T + DEC_CHUNK - 1) / DEC_CHUNK;
+    char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + sizeof(float) * (size_t)H * splits * (hd + 4));
+    if (!buf) return 1;
+    static dl_args a; // 10+ KB: not on the stack
+    a.x = x, a.res2 = res2, a.raw = raw, a.qkv = qkv, a.atty = atty, a.act = act;
+    a.part = (float *)(buf + SPLIT_COUNT_BYTES);
+    a.bar = bar_bufs[dev];
+    a.slot = slot, a.pos = pos;
+    a.nl = nl, a.C = C, a.H = H, a.KV = KV, a.hd = hd, a.F = F, a.max_T = max_T, a.splits = splits;
+    a.theta = theta, a.eps = eps, a.scale = 1.0f / sqrtf((float)hd);
+    for (int l = 0; l < nl; l++) a.L[l] = layers[l];
+    bool ok;
+    if (hd == 64) ok = G == 1 ? dl_launch<T, 8, 1>(a) : G == 2 ? dl_launch<T, 8, 2>(a) : dl_launch<T, 8, 4>(a);
+    else ok = G == 1 ? dl_launch<T, 16, 1>(a) : G == 2 ? dl_launch<T, 16, 2>(a) : dl_launch<T, 16, 4>(a);
+    return ok ? 0 : 1;
+  }
 }
 
 template <typename T>
@@ -1246,6 +1639,7 @@ template <typename T> void fill(ct_ops *t) {
   t->norm_matmul_swiglu_fwd = cu_norm_matmul_swiglu_fwd<T>;
   t->matmul_add_fwd = cu_matmul_add_fwd<T>;
   t->qkv_rope_append = cu_qkv_rope_append<T>;
+  t->decode_layers = cu_decode_layers<T>;
 }
 
 } // namespace
@@ -1266,6 +1660,8 @@ extern "C" void ct_cuda_decode_table(ct_ops *t) {
 
 // The decode kernels' profile (CT_CUDA_PROFILE=1), largest total first; called by
 // ct_cuda_shutdown.
+extern "C" long ct_cuda_decode_layers_launches(void) { return dl_launches; }
+
 extern "C" void ct_cuda_decode_profile_report(void) {
   if (dprof.on <= 0) return;
   dprof.flush();

@@ -115,6 +115,8 @@ void ct_cuda_report(const char *op, const char *call, const char *why, const cha
 void ct_cuda_decode_table(ct_ops *t);
 /* Prints the decode kernels' CT_CUDA_PROFILE table (kernels/cuda/decode.cu). */
 void ct_cuda_decode_profile_report(void);
+/* How many decode_layers kernels were launched or recorded into graphs (tests). */
+long ct_cuda_decode_layers_launches(void);
 
 #ifdef __cplusplus
 }

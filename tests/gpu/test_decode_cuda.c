@@ -487,6 +487,72 @@ static void test_engine(void) {
   ct_model_destroy(m);
 }
 
+/* one sequence: a 20-token prompt, then 6 decode steps of one row; logits of each (7 x Vp) */
+static void engine_logits_1row(ct_model *m, const ct_ops *o, float *out) {
+  ct_infer_cfg ic = CT_INFER_CFG_INIT;
+  ic.max_seqs = 1;
+  ic.max_len = 40;
+  ic.max_rows = 64;
+  ic.device = 0;
+  ic.graphs = 1;
+  ct_infer *e = NULL;
+  CHECK(ct_infer_create(m, o, &ic, &e) == CT_OK);
+  if (!e) return;
+  const int Vp = ct_model_padded_vocab(ct_model_config(m)), s0 = 0;
+  int32_t toks[40];
+  for (int i = 0; i < 40; i++) toks[i] = (i * 41 + 3) % 300;
+  CHECK(ct_infer_prefill(e, 1, &s0, toks, 20, out, NULL) == CT_OK);
+  for (int step = 0; step < 6; step++)
+    CHECK(ct_infer_decode(e, 1, &s0, toks + 20 + step, out + (size_t)(1 + step) * Vp, NULL) == CT_OK);
+  ct_infer_destroy(e);
+}
+
+/* decode_layers (the batch-1 decode step as one persistent kernel, CT_DECODE_PERSIST=1) gives
+ * the per-layer kernels' logits bit for bit, for GQA ratios 1, 2 and 4 and head dims 64 / 128 */
+static void test_decode_layers(void) {
+  static const int S[][4] = {{256, 2, 1, 0}, {256, 4, 4, 0}, {512, 8, 2, 0}, {256, 4, 1, 1}};
+  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+    ct_config c;
+    ct_config_defaults(&c);
+    snprintf(c.model.arch, sizeof c.model.arch, "llama");
+    c.model.n_layer = 3;
+    c.model.d_model = S[si][0];
+    c.model.n_head = S[si][1];
+    c.model.n_kv_head = S[si][2];
+    c.model.vocab_size = 300;
+    c.model.max_seq_len = 64;
+    c.model.qk_norm = !S[si][3];
+    c.model.init_std = 0.05;
+    c.train.seq_len = 64;
+    CHECK(ct_config_validate(&c) == CT_OK);
+    ct_model *m = NULL;
+    CHECK(ct_model_create(&c.model, ct_ops_cpu(), 1, 1, &m) == CT_OK);
+    if (!m) return;
+    ct_model_init_weights(m, 5 + (uint64_t)si);
+    const size_t Vp = (size_t)ct_model_padded_vocab(&c.model), rows = 7;
+    float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
+    char what[160];
+    snprintf(what, sizeof what, "decode_layers C%d H%d KV%d hd%d%s", S[si][0], S[si][1], S[si][2],
+             S[si][0] / S[si][1], S[si][3] ? " no qk norm" : "");
+    unsetenv("CT_DECODE_PERSIST");
+    engine_logits_1row(m, ct_ops_cuda_bf16(), a);
+    const long before = ct_cuda_decode_layers_launches();
+    setenv("CT_DECODE_PERSIST", "1", 1);
+    engine_logits_1row(m, ct_ops_cuda_bf16(), b);
+    unsetenv("CT_DECODE_PERSIST");
+    const long ran = ct_cuda_decode_layers_launches() - before;
+    CHECK_MSG(ran > 0, "%s: the persistent kernel did not run", what);
+    size_t diff = 0;
+    for (size_t i = Vp; i < rows * Vp; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+    CHECK_MSG(diff == 0, "%s: %zu of %zu decode logits differ from the per-layer kernels'", what,
+              diff, (rows - 1) * Vp);
+    printf("%s: %ld launches, decode logits %s\n", what, ran, diff ? "DIFFER" : "bit-identical");
+    free(a);
+    free(b);
+    ct_model_destroy(m);
+  }
+}
+
 int main(void) {
   char err[512];
   const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -505,6 +571,7 @@ int main(void) {
   test_fused(ct_ops_cuda(), 1e-5);
   test_fused(ct_ops_cuda_bf16(), 2e-2);
   test_engine();
+  test_decode_layers();
   const char *perf = getenv("CT_TEST_PERF");
   if (perf && perf[0] == '1') perf_fused(ct_ops_cuda_bf16());
   ct_cuda_shutdown();
