@@ -997,6 +997,13 @@ float *split_scratch(size_t bytes) {
 // A phase's weights are asked into L2 two GEMV phases ahead (cp.async.bulk.prefetch.L2, one
 // slice per block), so DRAM keeps streaming weights through the barriers and the GEMVs read
 // from L2. Activations written by other blocks are read with ld.cg (never a stale L1 line).
+// STATUS (H200, 2026-11-30, bench/results/gpu_decode_persist_*): bit-identical to the per-layer
+// kernels, but slower on the Qwen3-0.6B shape (804 against 1181 tokens/s at batch 1, ~41 us a
+// layer), so opt-in (CT_DECODE_PERSIST=1). What to try next: each warp's first weights loaded
+// into registers before the barrier (as gemv_kernel does before griddepcontrol.wait), the norm
+// prologue spread over all warps, rope folded into the attention phase and the merge done by
+// the last split of a kv head (two barriers fewer), a cheaper barrier (red.release + polling a
+// monotonic counter).
 #define DL_WARPS 16
 #define DL_MAX_LAYERS 96
 struct dl_args {
