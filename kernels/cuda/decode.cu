@@ -403,20 +403,24 @@ __global__ void attention_decode_merge_kernel(T *out, const float *part, const i
 
 // One split of attention_decode_vec_kernel, after its keys' K and V rows are in kr / vr (lane l:
 // key k0 + j * (32 / LK) + l / LK, 16-byte chunk l % LK): scores, the split's softmax and V sums,
-// written to part as (acc[hd], max, sum). Warp-level; shared with decode_layers_kernel.
-template <typename T, int LK, int G>
-__device__ __forceinline__ void att_split_math(float *part, const T *qkv,
+// written to part as (acc[hd], max, sum). q0: the G query heads of kv head kv, hd apart (global
+// memory read through L2, or with QSHARED shared memory). Warp-level; shared with
+// decode_layers_kernel.
+template <typename T, int LK, int G, bool QSHARED = false>
+__device__ __forceinline__ void att_split_math(float *part, const T *q0,
                                                const uint4 (&kr)[DEC_CHUNK / (32 / LK)],
                                                const uint4 (&vr)[DEC_CHUNK / (32 / LK)], int n,
-                                               int kv, int sp, int k0, int len, int H, int KV,
+                                               int kv, int sp, int k0, int len, int H,
                                                int splits, float scale, int lane) {
   constexpr int hd = 8 * LK, KPL = 32 / LK, J = DEC_CHUNK / KPL;
   constexpr int PS = hd + 4;
   const int ks = lane / LK, ch = lane % LK;
   float q[G][8];
-  const T *qp = qkv + (long)n * (H + 2 * KV) * hd + (long)kv * G * hd + ch * 8;
+  const T *qp = q0 + ch * 8;
 #pragma unroll
-  for (int g = 0; g < G; g++) cvt8<T>(__ldcg((const uint4 *)(qp + (long)g * hd)), q[g]);
+  for (int g = 0; g < G; g++)
+    cvt8<T>(QSHARED ? *(const uint4 *)(qp + (long)g * hd) : __ldcg((const uint4 *)(qp + (long)g * hd)),
+            q[g]);
   float sc[G][J];
 #pragma unroll
   for (int j = 0; j < J; j++) {
@@ -562,7 +566,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         vr[j] = *(const uint4 *)(V + (long)key * hd);
       }
     }
-    att_split_math<T, LK, G>(part, qkv, kr, vr, n, kv, sp, k0, len, H, KV, splits, scale, lane);
+    att_split_math<T, LK, G>(part, qkv + (long)n * (H + 2 * KV) * hd + (long)kv * G * hd, kr, vr, n,
+                             kv, sp, k0, len, H, splits, scale, lane);
   }
   // the last block of (n, kv) merges
   __threadfence();
@@ -771,33 +776,17 @@ template <> __device__ __forceinline__ float ldcgf<f16>(const f16 *p) {
   return __half2float(__ushort_as_half(__ldcg((const unsigned short *)p)));
 }
 
-// qkv_rope_append_kernel's work on head h of row n (a warp): q / k heads rms-normalized (when
-// given) and rotated, k and v appended to the cache at (s, p). cs / sn: the row's cos / sin table
-// when `table`. Shared with decode_layers_kernel.
+// Head x (hd values, lane holds d = lane + 32 j) rms-normalized by nwt when given (rounded, as
+// rmsnorm_fwd) and rotated by the row's angles (rope_pos_kernel's formulas; cs / sn: the table
+// when `table`): o[j], still to be rounded by the store. Warp-level.
 template <typename T, int J>
-__device__ __forceinline__ void rope_head_warp(T *qkv, const T *raw, const T *qnw, const T *knw,
-                                               T *kc, T *vc, long s, int p, int n, int h, int H,
-                                               int KV, int max_T, float theta, float eps,
-                                               int table, const float *cs_, const float *sn_,
-                                               int lane) {
+__device__ __forceinline__ void rope_head_vals(float (&o)[J], const T *x, const T *nwt, int p,
+                                               float theta, float eps, int table, const float *cs_,
+                                               const float *sn_, int lane) {
   constexpr int hd = 32 * J;
-  const int nh = H + 2 * KV;
-  const long W3 = (long)nh * hd;
-  const T *x = raw + n * W3 + (long)h * hd;
-  T *y = qkv + n * W3 + (long)h * hd;
   float v[J];
 #pragma unroll
   for (int j = 0; j < J; j++) v[j] = ldcgf(x + lane + 32 * j);
-  if (h >= H + KV) { // v head: copy
-    T *dst = vc + ((s * KV + (h - H - KV)) * max_T + p) * (long)hd;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-      stf(dst + lane + 32 * j, v[j]);
-      if (y != x) stf(y + lane + 32 * j, v[j]);
-    }
-    return;
-  }
-  const T *nwt = h < H ? qnw : knw;
   if (nwt) { // as rmsnorm_fwd over the head's hd values, rounded
     float ss = 0.0f;
 #pragma unroll
@@ -806,7 +795,6 @@ __device__ __forceinline__ void rope_head_warp(T *qkv, const T *raw, const T *qn
 #pragma unroll
     for (int j = 0; j < J; j++) v[j] = rounded<T>(v[j] * r * ldf(nwt + lane + 32 * j));
   }
-  float o[J];
 #pragma unroll
   for (int j = 0; j < J / 2; j++) {
     const int i = lane + 32 * j; // pairs with i + hd/2, held at j + J/2
@@ -827,6 +815,34 @@ __device__ __forceinline__ void rope_head_warp(T *qkv, const T *raw, const T *qn
     o[j] = x1 * c - x2 * sn;
     o[j + J / 2] = x2 * c + x1 * sn;
   }
+}
+
+// qkv_rope_append_kernel's work on head h of row n (a warp): q / k heads rms-normalized (when
+// given) and rotated, k and v appended to the cache at (s, p). cs / sn: the row's cos / sin table
+// when `table`.
+template <typename T, int J>
+__device__ __forceinline__ void rope_head_warp(T *qkv, const T *raw, const T *qnw, const T *knw,
+                                               T *kc, T *vc, long s, int p, int n, int h, int H,
+                                               int KV, int max_T, float theta, float eps,
+                                               int table, const float *cs_, const float *sn_,
+                                               int lane) {
+  constexpr int hd = 32 * J;
+  const int nh = H + 2 * KV;
+  const long W3 = (long)nh * hd;
+  const T *x = raw + n * W3 + (long)h * hd;
+  T *y = qkv + n * W3 + (long)h * hd;
+  if (h >= H + KV) { // v head: copy
+    T *dst = vc + ((s * KV + (h - H - KV)) * max_T + p) * (long)hd;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      const float v = ldcgf(x + lane + 32 * j);
+      stf(dst + lane + 32 * j, v);
+      if (y != x) stf(y + lane + 32 * j, v);
+    }
+    return;
+  }
+  float o[J];
+  rope_head_vals<T, J>(o, x, h < H ? qnw : knw, p, theta, eps, table, cs_, sn_, lane);
   T *kdst = h >= H ? kc + ((s * KV + (h - H)) * max_T + p) * (long)hd : NULL;
 #pragma unroll
   for (int j = 0; j < J; j++) {
@@ -990,26 +1006,31 @@ float *split_scratch(size_t bytes) {
 // dependent launch, so the kernel before has finished and the one after waits for this one),
 // phases separated by a grid-wide barrier; per layer, as infer_layer_fused's ops and with their
 // arithmetic (the same device functions or the same loops), so the values equal the per-layer
-// kernels' bit for bit:
-//   qkv GEMV (rms norm of x in every block)  | q/k norm + rope + cache append (warp per head)
-//   attention splits (warp per (kv head, 16 keys)) | merge (warp per head) | o_proj + residual
-//   | norm + gate/up + SwiGLU | down + residual
-// A phase's weights are asked into L2 two GEMV phases ahead (cp.async.bulk.prefetch.L2, one
-// slice per block), so DRAM keeps streaming weights through the barriers and the GEMVs read
-// from L2. Activations written by other blocks are read with ld.cg (never a stale L1 line).
-// STATUS (H200, 2026-11-30, bench/results/gpu_decode_persist_*): bit-identical to the per-layer
-// kernels, but slower on the Qwen3-0.6B shape (804 against 1181 tokens/s at batch 1, ~41 us a
-// layer), so opt-in (CT_DECODE_PERSIST=1). What to try next: each warp's first weights loaded
-// into registers before the barrier (as gemv_kernel does before griddepcontrol.wait), the norm
-// prologue spread over all warps, rope folded into the attention phase and the merge done by
-// the last split of a kv head (two barriers fewer), a cheaper barrier (red.release + polling a
-// monotonic counter).
-#define DL_WARPS 16
+// kernels' bit for bit. Five phases a layer:
+//   qkv GEMV (rms norm of x in every block)
+//   attention: a warp per (kv head, 16 keys) makes its query heads' q norm + rope itself (into
+//     its shared memory), the warp whose keys include the newest also that key's k norm + rope
+//     and v (used from shared memory and appended to the cache); the last split of a kv head to
+//     finish merges its query heads (a counter per kv head)
+//   o_proj + residual | norm + gate/up + SwiGLU | down + residual
+// A GEMV warp issues its first rows' weight loads before the x prologue, and every phase's
+// weights are asked into L2 two GEMV phases ahead (cp.async.bulk.prefetch.L2, a slice per
+// block), so DRAM keeps streaming weights through the barriers. Activations written by other
+// blocks are read with ld.cg (never a stale L1 line).
+// STATUS (H200, 2026-11-30): the first version (seven phases: rope and the merge apart; the
+// GEMV loads after the prologue; a barrier that read the generation, fenced, then added) ran
+// bit-identical to the per-layer kernels but slower: 804 against 1181 tokens/s at batch 1 on the
+// Qwen3-0.6B shape (bench/results/gpu_decode_persist_2026-11-30_H200_19a67d2.txt). This version
+// (five phases, loads first, an acquire/release barrier) was written after the session's last
+// GPU run and has not run yet: opt-in (CT_DECODE_PERSIST=1); test_decode_cuda checks it
+// against the per-layer kernels bit for bit.
+#define DL_WARPS 8
 #define DL_MAX_LAYERS 96
+#define DL_MAX_KV 32 // the per-kv-head merge counters sit in the barrier buffer
 struct dl_args {
   void *x, *res2, *raw, *qkv, *atty, *act;
   float *part;
-  unsigned *bar;
+  unsigned *bar; // [0] arrivals, [1] generation, [2 .. 2 + KV) merge counters
   const int32_t *slot, *pos;
   int nl, C, H, KV, hd, F, max_T, splits;
   float theta, eps, scale;
@@ -1022,22 +1043,24 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
   return v;
 }
 
-// All blocks of the grid reach this point before any goes on; bar[0] counts arrivals, bar[1] is
-// the generation (both zero when no barrier is in flight).
-__device__ __forceinline__ void grid_barrier(unsigned *bar) {
+// All blocks of the grid reach this point before any goes on. bar[0] counts arrivals (reset by
+// the last), bar[1] is the generation; gen (shared, thread 0's) the generation this block last
+// saw, so arriving takes one atomic round trip.
+__device__ __forceinline__ void grid_barrier(unsigned *bar, unsigned *gen) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    const unsigned g = ld_acquire(bar + 1);
-    __threadfence();
-    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
+    const unsigned g = *gen;
+    unsigned old;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(bar) : "memory");
+    if (old == gridDim.x - 1) {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(g + 1) : "memory");
     } else {
       while (ld_acquire(bar + 1) == g) {
       }
     }
-    __threadfence();
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    *gen = g + 1;
   }
   __syncthreads();
 }
@@ -1063,52 +1086,72 @@ __device__ __forceinline__ void l2_prefetch_slice(const void *p, size_t bytes) {
 #endif
 }
 
-// One GEMV phase for one row (gemv_kernel's arithmetic with N = 1): x (or its rms norm, as the
-// 16-byte-chunk prologue of gemv_kernel) into shared memory, then a warp per output row (per
-// gate/up pair for GV_SWIGLU): all U 16-byte weight chunks of a lane loaded first, then the
+// One GEMV phase for one row (gemv_kernel's arithmetic with N = 1): a warp takes R output rows
+// at a time (R gate/up pairs for GV_SWIGLU), rows o, o + nw, ... with nw the grid's warps; its
+// first rows' U 16-byte chunks a lane are loaded before x (or its rms norm, gemv_kernel's
+// 16-byte-chunk prologue, by warp 0 with x kept in registers) goes into shared memory; then the
 // products in k order, a butterfly sum, gemv_kernel's epilogue.
-template <typename T, int U, bool NORM, int MODE>
+template <typename T, int U, int R, bool NORM, int MODE>
 __device__ __forceinline__ void dl_gemv(T *out, const T *inp, const T *nw, const T *w,
                                         const T *bias, const T *res, int IC, int OC, float eps,
                                         uint4 *xs4) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nchunk = IC / 8;
+  constexpr int RR = MODE == GV_SWIGLU ? 2 * R : R;
+  const int nw_all = gridDim.x * DL_WARPS;
+  uint4 wv[RR][U];
+  auto load = [&](int o0) {
+#pragma unroll
+    for (int rr = 0; rr < RR; rr++) {
+      const int r = MODE == GV_SWIGLU ? rr % R : rr, o = o0 + r * nw_all;
+      const bool ok = o < OC;
+      const T *wr = w + (long)(MODE == GV_SWIGLU && rr >= R ? OC + o : o) * IC;
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int c = u * 32 + lane;
+        wv[rr][u] = ok && c < nchunk ? ld_stream(wr + (long)c * 8) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  int o0 = blockIdx.x * DL_WARPS + warp;
+  if (o0 < OC) load(o0);
   const uint4 *x4 = (const uint4 *)inp;
   if constexpr (NORM) {
     if (warp == 0) {
+      uint4 xr[U];
       float ss = 0.0f;
-      for (int c = lane; c < nchunk; c += 32) {
-        float v[8];
-        cvt8<T>(__ldcg(x4 + c), v);
 #pragma unroll
-        for (int e = 0; e < 8; e++) ss = fmaf(v[e], v[e], ss);
+      for (int u = 0; u < U; u++) {
+        const int c = u * 32 + lane;
+        xr[u] = c < nchunk ? __ldcg(x4 + c) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (u * 32 + lane < nchunk) {
+          float v[8];
+          cvt8<T>(xr[u], v);
+#pragma unroll
+          for (int e = 0; e < 8; e++) ss = fmaf(v[e], v[e], ss);
+        }
       }
       const float r = 1.0f / sqrtf(warp_sum(ss) / IC + eps);
-      for (int c = lane; c < nchunk; c += 32) {
-        float v[8], g[8], y[8];
-        cvt8<T>(__ldcg(x4 + c), v);
-        cvt8<T>(*(const uint4 *)(nw + (long)c * 8), g);
 #pragma unroll
-        for (int e = 0; e < 8; e++) y[e] = v[e] * r * g[e];
-        xs4[c] = pack8<T>(y);
+      for (int u = 0; u < U; u++) {
+        const int c = u * 32 + lane;
+        if (c < nchunk) {
+          float v[8], g[8], y[8];
+          cvt8<T>(xr[u], v);
+          cvt8<T>(*(const uint4 *)(nw + (long)c * 8), g);
+#pragma unroll
+          for (int e = 0; e < 8; e++) y[e] = v[e] * r * g[e];
+          xs4[c] = pack8<T>(y);
+        }
       }
     }
   } else {
     for (int c = threadIdx.x; c < nchunk; c += blockDim.x) xs4[c] = __ldcg(x4 + c);
   }
   __syncthreads();
-  constexpr int RR = MODE == GV_SWIGLU ? 2 : 1;
-  const int nw_all = gridDim.x * DL_WARPS;
-  for (int o = blockIdx.x * DL_WARPS + warp; o < OC; o += nw_all) {
-    uint4 wv[RR][U];
-#pragma unroll
-    for (int rr = 0; rr < RR; rr++) {
-      const T *wr = w + (long)(rr ? OC + o : o) * IC;
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int c = u * 32 + lane;
-        wv[rr][u] = c < nchunk ? ld_stream(wr + (long)c * 8) : make_uint4(0, 0, 0, 0);
-      }
-    }
+  for (; o0 < OC; o0 += R * nw_all) {
     float acc[RR];
 #pragma unroll
     for (int rr = 0; rr < RR; rr++) acc[rr] = 0.0f;
@@ -1127,16 +1170,22 @@ __device__ __forceinline__ void dl_gemv(T *out, const T *inp, const T *nw, const
         }
       }
     }
+    if (o0 + R * nw_all < OC) load(o0 + R * nw_all); // the next rows' weights, before the sums
 #pragma unroll
     for (int rr = 0; rr < RR; rr++) acc[rr] = warp_sum(acc[rr]);
     if (lane == 0) {
-      if constexpr (MODE == GV_SWIGLU) {
-        const float gt = rounded<T>(acc[0]), up = rounded<T>(acc[1]);
-        stf(out + o, gt / (1.0f + expf(-gt)) * up);
-      } else {
-        float v = acc[0] + (bias ? ldf(bias + o) : 0.0f);
-        if (MODE == GV_RESID) v = rounded<T>(v) + ldcgf(res + o);
-        stf(out + o, v);
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const int o = o0 + r * nw_all;
+        if (o >= OC) continue;
+        if constexpr (MODE == GV_SWIGLU) {
+          const float gt = rounded<T>(acc[r]), up = rounded<T>(acc[R + r]);
+          stf(out + o, gt / (1.0f + expf(-gt)) * up);
+        } else {
+          float v = acc[r] + (bias ? ldf(bias + o) : 0.0f);
+          if (MODE == GV_RESID) v = rounded<T>(v) + ldcgf(res + o);
+          stf(out + o, v);
+        }
       }
     }
   }
@@ -1150,31 +1199,29 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
   constexpr int hd = 8 * LK, J = hd / 32, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
   __shared__ uint4 xs4[(UR > UQ ? UR : UQ) * 32];
   __shared__ float cs_[hd / 2], sn_[hd / 2];
+  __shared__ __align__(16) T qs[DL_WARPS][G + 2][hd]; // a warp's q heads, then the newest k, v
+  __shared__ unsigned gen;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gw = blockIdx.x * DL_WARPS + warp, nw_all = gridDim.x * DL_WARPS;
   const int H = a.H, KV = a.KV, C = a.C, F = a.F, nh = H + 2 * KV, W = nh * hd;
   const long s = a.slot ? a.slot[0] : 0;
   const int p = a.pos[0], len = p + 1, nsp = (len + DEC_CHUNK - 1) / DEC_CHUNK;
   const int used = min(a.splits, nsp);
-  T *x = (T *)a.x, *res2 = (T *)a.res2, *raw = (T *)a.raw, *qkv = (T *)a.qkv;
+  T *x = (T *)a.x, *res2 = (T *)a.res2, *raw = (T *)a.raw;
   T *atty = (T *)a.atty, *act = (T *)a.act;
+  unsigned *cnt = a.bar + 2;
   const size_t e = sizeof(T);
+  if (threadIdx.x == 0) gen = ld_acquire(a.bar + 1); // no barrier is in flight between launches
   // the GEMV phases' weights: phase 4l + {0 qkv, 1 o_proj, 2 gate/up, 3 down}
-  auto phase_w = [&](int ph, const void **wp, size_t *bytes) {
-    const ct_decode_layer &Ly = a.L[ph >> 2];
-    switch (ph & 3) {
-    case 0: *wp = Ly.qkv_w; *bytes = e * W * C; break;
-    case 1: *wp = Ly.o_w; *bytes = e * C * H * hd; break;
-    case 2: *wp = Ly.fc_w; *bytes = e * 2 * F * C; break;
-    default: *wp = Ly.proj_w; *bytes = e * C * F; break;
-    }
-  };
   auto prefetch = [&](int ph) {
     if (ph >= 4 * a.nl) return;
-    const void *wp;
-    size_t bytes;
-    phase_w(ph, &wp, &bytes);
-    l2_prefetch_slice(wp, bytes);
+    const ct_decode_layer &Ly = a.L[ph >> 2];
+    switch (ph & 3) {
+    case 0: l2_prefetch_slice(Ly.qkv_w, e * W * C); break;
+    case 1: l2_prefetch_slice(Ly.o_w, e * C * H * hd); break;
+    case 2: l2_prefetch_slice(Ly.fc_w, e * 2 * F * C); break;
+    default: l2_prefetch_slice(Ly.proj_w, e * C * F); break;
+    }
   };
   prefetch(0);
   prefetch(1);
@@ -1191,17 +1238,13 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
   for (int l = 0; l < a.nl; l++) {
     const ct_decode_layer &Ly = a.L[l];
     T *kc = (T *)Ly.kc, *vc = (T *)Ly.vc;
-    // qkv projection of rmsnorm(x)
+    const T *qn = (const T *)Ly.q_norm, *kn = (const T *)Ly.k_norm;
+    // raw = qkv projection of rmsnorm(x)
     prefetch(4 * l + 2);
-    dl_gemv<T, UQ, true, GV_PLAIN>(raw, x, (const T *)Ly.ln1_w, (const T *)Ly.qkv_w,
-                                   (const T *)Ly.qkv_b, NULL, C, W, a.eps, xs4);
-    grid_barrier(a.bar);
-    // q / k norm, rope, cache append
-    for (int h = gw; h < nh; h += nw_all)
-      rope_head_warp<T, J>(qkv, raw, (const T *)Ly.q_norm, (const T *)Ly.k_norm, kc, vc, s, p, 0,
-                           h, H, KV, a.max_T, a.theta, a.eps, 1, cs_, sn_, lane);
-    grid_barrier(a.bar);
-    // attention: a warp per (kv head, split of DEC_CHUNK keys)
+    dl_gemv<T, UQ, 2, true, GV_PLAIN>(raw, x, (const T *)Ly.ln1_w, (const T *)Ly.qkv_w,
+                                      (const T *)Ly.qkv_b, NULL, C, W, a.eps, xs4);
+    grid_barrier(a.bar, &gen);
+    // attention (with q / k norm + rope and the cache append): a warp per (kv head, split)
     for (int t = gw; t < KV * nsp; t += nw_all) {
       const int kv = t / nsp, sp = t % nsp, k0 = sp * DEC_CHUNK;
       const int ks = lane / LK, ch = lane % LK;
@@ -1209,33 +1252,79 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
       const T *V = vc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
       uint4 kr[JK], vr[JK];
 #pragma unroll
-      for (int j = 0; j < JK; j++) {
+      for (int j = 0; j < JK; j++) { // keys cached by earlier steps
         const int key = k0 + j * KPL + ks;
-        kr[j] = key < len ? __ldcg((const uint4 *)(K + (long)key * hd)) : make_uint4(0, 0, 0, 0);
-        vr[j] = key < len ? __ldcg((const uint4 *)(V + (long)key * hd)) : make_uint4(0, 0, 0, 0);
+        kr[j] = key < len - 1 ? __ldcg((const uint4 *)(K + (long)key * hd)) : make_uint4(0, 0, 0, 0);
+        vr[j] = key < len - 1 ? __ldcg((const uint4 *)(V + (long)key * hd)) : make_uint4(0, 0, 0, 0);
       }
-      att_split_math<T, LK, G>(a.part, qkv, kr, vr, 0, kv, sp, k0, len, H, KV, a.splits, a.scale,
-                               lane);
+      T(*q)[hd] = qs[warp];
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float o[J];
+        rope_head_vals<T, J>(o, raw + (long)(kv * G + g) * hd, qn, p, a.theta, a.eps, 1, cs_, sn_,
+                             lane);
+#pragma unroll
+        for (int j = 0; j < J; j++) stf(&q[g][lane + 32 * j], o[j]);
+      }
+      if (k0 <= len - 1 && len - 1 < k0 + DEC_CHUNK) { // the newest key is this split's
+        float o[J];
+        rope_head_vals<T, J>(o, raw + (long)(H + kv) * hd, kn, p, a.theta, a.eps, 1, cs_, sn_,
+                             lane);
+        T *kd = kc + ((s * KV + kv) * a.max_T + p) * (long)hd;
+        T *vd = vc + ((s * KV + kv) * a.max_T + p) * (long)hd;
+        const T *vsrc = raw + (long)(H + KV + kv) * hd;
+#pragma unroll
+        for (int j = 0; j < J; j++) {
+          stf(&q[G][lane + 32 * j], o[j]);
+          stf(kd + lane + 32 * j, o[j]);
+          const float v = ldcgf(vsrc + lane + 32 * j);
+          stf(&q[G + 1][lane + 32 * j], v);
+          stf(vd + lane + 32 * j, v);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < JK; j++) {
+          if (k0 + j * KPL + ks == len - 1) {
+            kr[j] = *(const uint4 *)(&q[G][ch * 8]);
+            vr[j] = *(const uint4 *)(&q[G + 1][ch * 8]);
+          }
+        }
+      }
+      __syncwarp();
+      att_split_math<T, LK, G, true>(a.part, &q[0][0], kr, vr, 0, kv, sp, k0, len, H, a.splits,
+                                     a.scale, lane);
+      // the last split of this kv head to finish merges its query heads, in split order
+      unsigned last = 0;
+      __syncwarp();
+      if (lane == 0) {
+        __threadfence();
+        last = atomicAdd(cnt + kv, 1u) == (unsigned)nsp - 1;
+      }
+      last = __shfl_sync(0xffffffffu, last, 0);
+      if (last) {
+        __threadfence();
+#pragma unroll
+        for (int g = 0; g < G; g++) att_merge_head<T, hd>(atty, a.part, 0, kv * G + g, H, a.splits, used, lane);
+        if (lane == 0) cnt[kv] = 0;
+      }
+      __syncwarp();
     }
-    grid_barrier(a.bar);
-    for (int h = gw; h < H; h += nw_all)
-      att_merge_head<T, hd>(atty, a.part, 0, h, H, a.splits, used, lane);
-    grid_barrier(a.bar);
-    // output projection + residual: res2 = o_proj(atty) + x
+    grid_barrier(a.bar, &gen);
+    // res2 = o_proj(atty) + x
     prefetch(4 * l + 3);
-    dl_gemv<T, UR, false, GV_RESID>(res2, atty, NULL, (const T *)Ly.o_w, (const T *)Ly.o_b, x,
-                                    H * hd, C, 0.0f, xs4);
-    grid_barrier(a.bar);
+    dl_gemv<T, UR, 1, false, GV_RESID>(res2, atty, NULL, (const T *)Ly.o_w, (const T *)Ly.o_b, x,
+                                       H * hd, C, 0.0f, xs4);
+    grid_barrier(a.bar, &gen);
     // act = swiglu(rmsnorm(res2) @ fc^T)
     prefetch(4 * l + 4);
-    dl_gemv<T, UQ, true, GV_SWIGLU>(act, res2, (const T *)Ly.ln2_w, (const T *)Ly.fc_w, NULL,
-                                    NULL, C, F, a.eps, xs4);
-    grid_barrier(a.bar);
+    dl_gemv<T, UQ, 1, true, GV_SWIGLU>(act, res2, (const T *)Ly.ln2_w, (const T *)Ly.fc_w, NULL,
+                                       NULL, C, F, a.eps, xs4);
+    grid_barrier(a.bar, &gen);
     // x = proj(act) + res2
     prefetch(4 * l + 5);
-    dl_gemv<T, UR, false, GV_RESID>(x, act, NULL, (const T *)Ly.proj_w, (const T *)Ly.proj_b,
-                                    res2, F, C, 0.0f, xs4);
-    if (l + 1 < a.nl) grid_barrier(a.bar);
+    dl_gemv<T, UR, 1, false, GV_RESID>(x, act, NULL, (const T *)Ly.proj_w, (const T *)Ly.proj_b,
+                                       res2, F, C, 0.0f, xs4);
+    if (l + 1 < a.nl) grid_barrier(a.bar, &gen);
   }
 }
 
@@ -1297,6 +1386,7 @@ int cu_decode_layers(void *x, void *res2, void *raw, void *qkv, void *atty, void
     return 1;
   } else {
     if (!persist_on() || !gemv_on() || !v2_on() || nl <= 0 || nl > DL_MAX_LAYERS || H % KV ||
+        KV > DL_MAX_KV ||
         (hd != 64 && hd != 128) || C % 8 || F % 8)
       return 1;
     const int G = H / KV;

@@ -487,7 +487,8 @@ static void test_engine(void) {
   ct_model_destroy(m);
 }
 
-/* one sequence: a 20-token prompt, then 6 decode steps of one row; logits of each (7 x Vp) */
+/* one sequence: a 14-token prompt, then 8 decode steps of one row (positions 14 .. 21: the
+ * newest key opens a new 16-key split at 16); logits of each (9 x Vp) */
 static void engine_logits_1row(ct_model *m, const ct_ops *o, float *out) {
   ct_infer_cfg ic = CT_INFER_CFG_INIT;
   ic.max_seqs = 1;
@@ -501,9 +502,9 @@ static void engine_logits_1row(ct_model *m, const ct_ops *o, float *out) {
   const int Vp = ct_model_padded_vocab(ct_model_config(m)), s0 = 0;
   int32_t toks[40];
   for (int i = 0; i < 40; i++) toks[i] = (i * 41 + 3) % 300;
-  CHECK(ct_infer_prefill(e, 1, &s0, toks, 20, out, NULL) == CT_OK);
-  for (int step = 0; step < 6; step++)
-    CHECK(ct_infer_decode(e, 1, &s0, toks + 20 + step, out + (size_t)(1 + step) * Vp, NULL) == CT_OK);
+  CHECK(ct_infer_prefill(e, 1, &s0, toks, 14, out, NULL) == CT_OK);
+  for (int step = 0; step < 8; step++)
+    CHECK(ct_infer_decode(e, 1, &s0, toks + 14 + step, out + (size_t)(1 + step) * Vp, NULL) == CT_OK);
   ct_infer_destroy(e);
 }
 
@@ -529,7 +530,7 @@ static void test_decode_layers(void) {
     CHECK(ct_model_create(&c.model, ct_ops_cpu(), 1, 1, &m) == CT_OK);
     if (!m) return;
     ct_model_init_weights(m, 5 + (uint64_t)si);
-    const size_t Vp = (size_t)ct_model_padded_vocab(&c.model), rows = 7;
+    const size_t Vp = (size_t)ct_model_padded_vocab(&c.model), rows = 9;
     float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
     char what[160];
     snprintf(what, sizeof what, "decode_layers C%d H%d KV%d hd%d%s", S[si][0], S[si][1], S[si][2],
