@@ -18,31 +18,38 @@ typedef struct op_def {
 /* CUDA: the variants the backend switches with ct_cuda_set_variant. Measured on an H200
  * (bench/results/profile_gpt2_b64_*): the optimized set took GPT-2 124M at B=64 from 189 to
  * 131 ms per step. */
-/* flash3 (the Hopper wgmma forward, kernels/cuda/flash_hopper.cu): opt-in, in builds for sm_90 */
+/* flash3 (the Hopper wgmma kernels, kernels/cuda/flash_hopper.cu): in builds for sm_90 */
 #if CT_HAVE_FLASH3
 #define FLASH3 "flash3",
-#define FLASH3_HELP "; flash3: Hopper wgmma forward and backward (sm_90; opt-in)"
+#define FLASH3_HELP "; flash3: Hopper wgmma forward and backward (sm_90; also timed by auto)"
 #else
 #define FLASH3
 #define FLASH3_HELP ""
 #endif
 static const op_def CUDA_OPS[] = {
 #if CT_HAVE_CUDNN
-    /* auto: flash or cudnn per shape, whichever forward + backward ran faster when the shape
-     * was first seen (timed on the device, kernels/cuda/ops_cuda.cu attn_auto_pick). On an H200
+#define CUDNN_V "cudnn",
+#define CUDNN_HELP "; cudnn: cuDNN fused attention (cudnn-frontend)"
+#else
+#define CUDNN_V
+#define CUDNN_HELP ""
+#endif
+#if CT_HAVE_CUDNN || CT_HAVE_FLASH3
+    /* auto: flash, cudnn (where built) or flash3 (where built, on sm_90) per shape, whichever
+     * forward + backward ran fastest when the shape was first seen (timed on the device,
+     * kernels/cuda/ops_cuda.cu attn_auto_pick). On an H200
      * (bench/results/attention_2026-11-30_NVIDIA_H200_b31116e.txt) cudnn ran forward + backward
      * 1.4-2.4x faster than flash at T = 1k..8k, head dims 64 and 128, and auto picked it there;
-     * flash kept the small shapes (e.g. B16 T100 H2 hd64: 0.031 vs 0.048 ms). */
-    {"attention", "auto", "eager", {"auto", "flash", "cudnn", "flash1", "flash2b", FLASH3 "eager", NULL},
-     "auto: flash or cudnn per shape, the faster one as timed on the shape's first use; flash: own"
-     " FA2-style kernels (head dims 64/128, sm80+; eager otherwise); cudnn: cuDNN fused attention"
-     " (cudnn-frontend); flash1: the first flash kernels; flash2b: 8-warp blocks; eager: matmul +"
-     " softmax + matmul (cuBLAS batched)" FLASH3_HELP},
+     * flash kept the small shapes (e.g. B16 T100 H2 hd64: 0.031 vs 0.048 ms). Without cuDNN,
+     * flash3 beat flash on most hd 128 shapes (attention_2026-11-30_NVIDIA_H200_fb38dc6.txt). */
+    {"attention", "auto", "eager", {"auto", "flash", CUDNN_V "flash1", "flash2b", FLASH3 "eager", NULL},
+     "auto: the fastest per shape as timed on the shape's first use; flash: own FA2-style kernels"
+     " (head dims 64/128, sm80+; eager otherwise)" CUDNN_HELP "; flash1: the first flash kernels;"
+     " flash2b: 8-warp blocks; eager: matmul + softmax + matmul (cuBLAS batched)" FLASH3_HELP},
 #else
-    {"attention", "flash", "eager", {"flash", "flash1", "flash2b", FLASH3 "eager", NULL},
+    {"attention", "flash", "eager", {"flash", "flash1", "flash2b", "eager", NULL},
      "flash: own FA2-style kernels (head dims 64/128, sm80+; eager otherwise); flash1: the first"
-     " flash kernels; flash2b: 8-warp blocks; eager: matmul + softmax + matmul (cuBLAS batched)"
-     FLASH3_HELP},
+     " flash kernels; flash2b: 8-warp blocks; eager: matmul + softmax + matmul (cuBLAS batched)"},
 #endif
     {"matmul", "lt", "gemmex", {"lt", "gemmex", NULL},
      "lt: cuBLASLt with bias/GELU epilogues, candidates timed on first use; gemmex: cublasGemmEx"},

@@ -73,7 +73,7 @@ enum {
   ATTN_FLASH2 = 3, // flash2 kernels (see their section), 4-warp blocks: the 16-bit default
   ATTN_FLASH2B = 4, // the same kernels in 8-warp, 128-row blocks (slower on the H200)
   ATTN_CUDNN = 5,   // cuDNN fused attention (attention_cudnn.cpp)
-  ATTN_AUTO = 6,    // flash2 or cudnn per shape, by measurement (attn_auto_pick)
+  ATTN_AUTO = 6,    // flash2, cudnn or flash3 per shape, by measurement (attn_auto_pick)
   ATTN_FLASH3 = 7   // Hopper wgmma forward and backward (flash_hopper.cu); sm_90 only, flash2
                     // elsewhere. Opt-in: passes the GPU checks, slower than cuDNN (see that file).
 };
@@ -3827,8 +3827,8 @@ void fl2_bwd(int v, int hd, E *dqkv, const E *dout, const E *qkv, const float *s
 // its deterministic algorithm at the cost of a (B,H,T,T) workspace, see attention_cudnn.cpp).
 // "auto" may pick cudnn; implementation = "flash" keeps every kernel deterministic.
 struct attn_auto_rec {
-  int variant;               // ATTN_FLASH2 or ATTN_CUDNN
-  float flash_ms, cudnn_ms;  // forward + backward, best of 3 each (0: not timed)
+  int variant;                         // ATTN_FLASH2, ATTN_CUDNN or ATTN_FLASH3
+  float flash_ms, cudnn_ms, flash3_ms; // forward + backward, best of 3 each (0: not timed)
 };
 std::map<std::vector<int>, attn_auto_rec> attn_auto;
 
@@ -3903,6 +3903,8 @@ void cudnn_bwd(E *dqkv, const E *dout, const E *qkv, const float *state, int B, 
   }
 }
 
+#endif
+
 // Best of 3 timed runs of fn after one warm-up, in ms (CUDA events on g.stream).
 template <typename F> float time_best3(F fn) {
   fn();
@@ -3926,59 +3928,73 @@ template <typename F> float time_best3(F fn) {
   cudaEventDestroy(e1);
   return best;
 }
-#endif
 
 // The backend "auto" runs for this shape's forward: the recorded decision, else (outside graph
-// capture) a new measured one; flash2 where cuDNN is missing, cannot run the shape, or a graph
-// is being recorded (the decision then waits for an uncaptured forward).
+// capture) a new measured one: forward + backward of flash2, of cudnn where the build has cuDNN
+// attention and it can run the shape, and of flash3 on an sm_90 GPU in builds with the Hopper
+// kernels; the fastest is kept. flash2 where nothing else is available or a graph is being
+// recorded (the decision then waits for an uncaptured forward).
 template <typename E>
 int attn_auto_pick(E *out, float *state, const E *qkv, int B, int T, int H, int KV, int hd) {
   const std::vector<int> key = attn_key<E>(B, T, H, KV, hd);
   auto it = attn_auto.find(key);
   if (it != attn_auto.end()) return it->second.variant;
+  bool has3 = false, hasc = false;
+  char why[512] = "not in this build";
+#if CT_HAVE_FLASH3
+  has3 = g.cc == 90;
+#endif
 #if CT_HAVE_CUDNN
-  if (g.capturing) return ATTN_FLASH2;
-  attn_auto_rec r = {ATTN_FLASH2, 0, 0};
   const ct_cudnn_attn_shape s = cudnn_shape<E>(B, T, H, KV, hd);
-  char why[512] = "";
   size_t wf = 0, wb = 0;
+  hasc = cudnn_plan(s, 0, &wf, why, sizeof why) && cudnn_plan(s, 1, &wb, why, sizeof why);
+#endif
+  if ((!has3 && !hasc) || g.capturing) return ATTN_FLASH2;
+  attn_auto_rec r = {ATTN_FLASH2, 0, 0, 0};
   E *dq = NULL;
   const size_t n = (size_t)B * T * (H + 2 * KV) * hd;
-  bool can = cudnn_plan(s, 0, &wf, why, sizeof why) && cudnn_plan(s, 1, &wb, why, sizeof why);
-  if (can && cudaMalloc(&dq, n * sizeof(E)) != cudaSuccess) { // out of memory: not an op error
+  if (cudaMalloc(&dq, n * sizeof(E)) != cudaSuccess) { // out of memory: not an op error
     cudaGetLastError();
-    dq = NULL;
-    snprintf(why, sizeof why, "no memory for the timing run's gradient buffer");
-    can = false;
+    return ATTN_FLASH2;
   }
-  if (can && CK(cudaMemsetAsync(dq, 0, n * sizeof(E), g.stream))) {
+  if (CK(cudaMemsetAsync(dq, 0, n * sizeof(E), g.stream))) {
     // dout = out: any values time the same; dq collects the (discarded) gradients
     r.flash_ms = time_best3([&] { fl2_fwd<E>(ATTN_FLASH2, hd, out, state, qkv, B, T, H, KV); }) +
                  time_best3([&] { fl2_bwd<E>(ATTN_FLASH2, hd, dq, out, qkv, state, B, T, H, KV); });
-    r.cudnn_ms = time_best3([&] { cudnn_fwd<E>(out, state, qkv, B, T, H, KV, hd); }) +
-                 time_best3([&] { cudnn_bwd<E>(dq, out, qkv, state, B, T, H, KV, hd, true); });
-    if (r.cudnn_ms < r.flash_ms) r.variant = ATTN_CUDNN;
+    float best = r.flash_ms;
+#if CT_HAVE_CUDNN
+    if (hasc) {
+      r.cudnn_ms = time_best3([&] { cudnn_fwd<E>(out, state, qkv, B, T, H, KV, hd); }) +
+                   time_best3([&] { cudnn_bwd<E>(dq, out, qkv, state, B, T, H, KV, hd, true); });
+      if (r.cudnn_ms < best) best = r.cudnn_ms, r.variant = ATTN_CUDNN;
+    }
+#endif
+#if CT_HAVE_FLASH3
+    if (has3) {
+      const bool f16t = std::is_same<E, f16>::value;
+      float *lse = state;
+      E *oc = (E *)(state + flash_lse_floats(B, T, H));
+      r.flash3_ms =
+          time_best3([&] { ct_fl3_fwd(f16t, out, lse, oc, qkv, B, T, H, KV, hd, g.stream); }) +
+          time_best3([&] {
+            if (hd == 64) fl3_bwd_launch<64, E>(dq, out, qkv, state, B, T, H, KV);
+            else fl3_bwd_launch<128, E>(dq, out, qkv, state, B, T, H, KV);
+          });
+      if (r.flash3_ms < best) best = r.flash3_ms, r.variant = ATTN_FLASH3;
+    }
+#endif
+    (void)best;
   }
-  if (dq) {
-    CK(cudaStreamSynchronize(g.stream));
-    CK(cudaFree(dq));
-  }
-  if (getenv("CT_CUDA_ATTN_LOG") && atoi(getenv("CT_CUDA_ATTN_LOG")) > 0) {
-    if (r.flash_ms > 0)
-      fprintf(stderr, "attention auto B%d T%d H%d KV%d hd%d %s: flash2 %.3f ms, cudnn %.3f ms"
-              " (forward + backward) -> %s\n", B, T, H, KV, hd,
-              std::is_same<E, f16>::value ? "fp16" : "bf16", r.flash_ms, r.cudnn_ms,
-              r.variant == ATTN_CUDNN ? "cudnn" : "flash2");
-    else
-      fprintf(stderr, "attention auto B%d T%d H%d KV%d hd%d: flash2 (cuDNN: %s)\n", B, T, H, KV,
-              hd, why);
-  }
+  CK(cudaStreamSynchronize(g.stream));
+  CK(cudaFree(dq));
+  if (getenv("CT_CUDA_ATTN_LOG") && atoi(getenv("CT_CUDA_ATTN_LOG")) > 0)
+    fprintf(stderr, "attention auto B%d T%d H%d KV%d hd%d %s (forward + backward): flash2 %.3f ms,"
+            " cudnn %s%.3f ms, flash3 %.3f ms -> %s\n", B, T, H, KV, hd,
+            std::is_same<E, f16>::value ? "fp16" : "bf16", r.flash_ms, hasc ? "" : "(unavailable) ",
+            r.cudnn_ms, r.flash3_ms,
+            r.variant == ATTN_CUDNN ? "cudnn" : r.variant == ATTN_FLASH3 ? "flash3" : "flash2");
   attn_auto[key] = r;
   return r.variant;
-#else
-  (void)out, (void)state, (void)qkv;
-  return ATTN_FLASH2;
-#endif
 }
 
 // The backend the backward of this shape runs: the forward's.

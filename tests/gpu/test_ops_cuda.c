@@ -1306,8 +1306,10 @@ static int is_att(const family *f) { return f == &fam_att_fwd || f == &fam_att_b
 #endif
 #if CT_HAVE_CUDNN
 static const char *g_attn_list = "batched,flash,flash2,flash2b,cudnn,auto,default" FLASH3_LIST;
+#elif CT_HAVE_FLASH3 /* auto times flash2 against flash3 */
+static const char *g_attn_list = "batched,flash,flash2,flash2b,auto,default" FLASH3_LIST;
 #else
-static const char *g_attn_list = "batched,flash,flash2,flash2b,default" FLASH3_LIST;
+static const char *g_attn_list = "batched,flash,flash2,flash2b,default";
 #endif
 #define NO_CUDNN_MSG "cudnn attention: not in this build (configured without the cudnn-frontend headers): its cases are skipped"
 

@@ -100,16 +100,16 @@ int main(void) {
     ct_kernels_cfg on = {.use_kernels = true, .attention = "auto", .n = 1,
                          .entries = {{"cuda", "eval", "attention", "eager"}}};
     CHECK(ct_registry_resolve("cuda", &on, &t) == CT_OK);
-    /* auto: the measured per-shape choice where cuDNN attention is built, else flash */
+    /* auto: the measured per-shape choice where cuDNN attention or flash3 is built, else flash */
     CHECK(!strcmp(t.op[0], "attention") &&
-          !strcmp(t.variant[CT_KMODE_TRAIN][0], CT_HAVE_CUDNN ? "auto" : "flash") &&
+          !strcmp(t.variant[CT_KMODE_TRAIN][0], CT_HAVE_CUDNN || CT_HAVE_FLASH3 ? "auto" : "flash") &&
           !strcmp(t.variant[CT_KMODE_EVAL][0], "eager"));
     /* attention.deterministic: auto (possibly cuDNN's atomic backward) becomes flash, in both
      * modes; an explicit variant stays */
     on.deterministic = true;
     CHECK(ct_registry_resolve("cuda", &on, &t) == CT_OK);
     CHECK(!strcmp(t.variant[CT_KMODE_TRAIN][0], "flash") && !strcmp(t.variant[CT_KMODE_EVAL][0], "eager"));
-#if CT_HAVE_CUDNN
+#if CT_HAVE_CUDNN || CT_HAVE_FLASH3
     on.entries[0] = (ct_kernel_entry){"cuda", "eval", "attention", "auto"};
     CHECK(ct_registry_resolve("cuda", &on, &t) == CT_OK);
     CHECK(!strcmp(t.variant[CT_KMODE_EVAL][0], "flash"));
@@ -138,7 +138,7 @@ int main(void) {
   expect_error("", "kernels.cuda.train.attention=flash9", CT_ERR_CONFIG,
                CT_HAVE_CUDNN ? (CT_HAVE_FLASH3 ? "unknown variant 'flash9' (valid: auto, flash, cudnn, flash1, flash2b, flash3, eager)"
                                                : "unknown variant 'flash9' (valid: auto, flash, cudnn, flash1, flash2b, eager)")
-                             : (CT_HAVE_FLASH3 ? "unknown variant 'flash9' (valid: flash, flash1, flash2b, flash3, eager)"
+                             : (CT_HAVE_FLASH3 ? "unknown variant 'flash9' (valid: auto, flash, flash1, flash2b, flash3, eager)"
                                                : "unknown variant 'flash9' (valid: flash, flash1, flash2b, eager)"));
   expect_error("", "kernels.tpu.train.attention=flash", CT_ERR_CONFIG, "unknown device 'tpu'");
   expect_error("", "kernels.cuda.infer.attention=flash", CT_ERR_CONFIG, "unknown mode 'infer'");
