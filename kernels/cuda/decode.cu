@@ -37,11 +37,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <algorithm>
-#include <map>
-#include <string>
-#include <vector>
-
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
 
@@ -97,37 +92,9 @@ bool v2_on() {
   return on;
 }
 
-// CT_CUDA_PROFILE=1 also times every decode kernel launched outside a graph capture (a pair of
-// events around it, which costs the early launch its overlap: run with --cuda_graphs off and
-// compare totals with the step time); ct_cuda_shutdown prints the table (kernel, grid).
-struct dec_prof {
-  int on = -1;
-  struct rec { std::string key; cudaEvent_t a, b; };
-  std::vector<rec> pending;
-  std::map<std::string, std::pair<double, long>> stats;
-  bool enabled() {
-    if (on < 0) {
-      const char *v = getenv("CT_CUDA_PROFILE");
-      on = v && strcmp(v, "0") && *v;
-    }
-    return on;
-  }
-  void flush() {
-    if (pending.empty()) return;
-    cudaEventSynchronize(pending.back().b);
-    for (rec &r : pending) {
-      float ms = 0;
-      cudaEventElapsedTime(&ms, r.a, r.b);
-      auto &st = stats[r.key];
-      st.first += ms;
-      st.second++;
-      cudaEventDestroy(r.a);
-      cudaEventDestroy(r.b);
-    }
-    pending.clear();
-  }
-};
-dec_prof dprof;
+// CT_CUDA_PROFILE=1 also times every decode kernel launched outside a graph capture, in the op
+// profile of ops_cuda.cu (keyed by kernel and grid; the events around a kernel cost it its early
+// launch: run with --cuda_graphs off and compare totals, not the step time).
 
 // A kernel launch on the current stream, with programmatic dependent launch allowed (see the
 // file comment) unless CT_CUDA_PDL=0.
@@ -144,23 +111,12 @@ bool launch(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 b
   at[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = at;
   cfg.numAttrs = pdl_on() ? 1 : 0;
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  const bool timed = dprof.enabled() && cudaStreamIsCapturing(cfg.stream, &cap) == cudaSuccess &&
-                     cap == cudaStreamCaptureStatusNone;
-  dec_prof::rec r;
-  if (timed) {
-    char key[96];
-    snprintf(key, sizeof key, "%s grid %ux%u", name, grid.x, grid.y);
-    r.key = key;
-    cudaEventCreate(&r.a);
-    cudaEventCreate(&r.b);
-    cudaEventRecord(r.a, cfg.stream);
-  }
+  void *ev = ct_cuda_prof_begin();
   const bool ok = ck(cudaLaunchKernelEx(&cfg, k, ((P)args)...), op, name, __LINE__);
-  if (timed) {
-    cudaEventRecord(r.b, cfg.stream);
-    dprof.pending.push_back(r);
-    if (dprof.pending.size() >= 4096) dprof.flush();
+  if (ev) {
+    char key[64];
+    snprintf(key, sizeof key, "%s grid %ux%u", name, grid.x, grid.y);
+    ct_cuda_prof_end(ev, key);
   }
   return ok;
 }
@@ -1358,22 +1314,10 @@ bool dl_launch(const dl_args &a) {
   cfg.gridDim = dim3((unsigned)num_sms());
   cfg.blockDim = dim3(DL_WARPS * 32);
   cfg.stream = stream();
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  const bool timed = dprof.enabled() && cudaStreamIsCapturing(cfg.stream, &cap) == cudaSuccess &&
-                     cap == cudaStreamCaptureStatusNone;
-  dec_prof::rec r;
-  if (timed) {
-    r.key = "decode_layers_kernel";
-    cudaEventCreate(&r.a);
-    cudaEventCreate(&r.b);
-    cudaEventRecord(r.a, cfg.stream);
-  }
+  void *ev = ct_cuda_prof_begin();
   const bool ok = CKD("decode_layers", cudaLaunchKernelEx(&cfg, k, a));
   if (ok) dl_launches++;
-  if (timed) {
-    cudaEventRecord(r.b, cfg.stream);
-    dprof.pending.push_back(r);
-  }
+  if (ev) ct_cuda_prof_end(ev, "decode_layers_kernel");
   return ok;
 }
 
@@ -1755,26 +1699,5 @@ extern "C" void ct_cuda_decode_table(ct_ops *t) {
   t->sync = cu_sync;
 }
 
-// The decode kernels' profile (CT_CUDA_PROFILE=1), largest total first; called by
-// ct_cuda_shutdown.
-extern "C" long ct_cuda_decode_layers_launches(void) { return dl_launches; }
 
-extern "C" void ct_cuda_decode_profile_report(void) {
-  if (dprof.on <= 0) return;
-  dprof.flush();
-  if (dprof.stats.empty()) return;
-  std::vector<std::pair<double, std::string>> order;
-  double total = 0;
-  for (auto &kv : dprof.stats) {
-    order.push_back({kv.second.first, kv.first});
-    total += kv.second.first;
-  }
-  std::sort(order.rbegin(), order.rend());
-  fprintf(stderr, "decode kernel profile (stream time, uncaptured launches): total %.1f ms\n", total);
-  fprintf(stderr, "  %-52s %8s %10s %6s %10s\n", "kernel", "calls", "total ms", "%", "avg us");
-  for (auto &o : order) {
-    const auto &st = dprof.stats[o.second];
-    fprintf(stderr, "  %-52s %8ld %10.2f %6.2f %10.2f\n", o.second.c_str(), st.second, st.first,
-            100.0 * st.first / total, 1e3 * st.first / st.second);
-  }
-}
+extern "C" long ct_cuda_decode_layers_launches(void) { return dl_launches; }

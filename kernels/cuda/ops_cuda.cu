@@ -4504,6 +4504,29 @@ extern "C" int ct_cuda_check(char *err, size_t cap) {
   return -1;
 }
 
+// Timing of a kernel launched outside an OP scope (kernels/cuda/decode.cu), into the same
+// profile: begin returns an event recorded on the stream (NULL when not profiling, inside an op
+// or while a graph is being recorded); end records the second and files them under key.
+extern "C" void *ct_cuda_prof_begin(void) {
+  if (!prof.on || g.capturing || prof.depth) return NULL;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(g.stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone)
+    return NULL;
+  cudaEvent_t a = prof.take();
+  cudaEventRecord(a, g.stream);
+  return (void *)a;
+}
+extern "C" void ct_cuda_prof_end(void *a, const char *key) {
+  if (!a) return;
+  prof_rec r;
+  snprintf(r.key, sizeof r.key, "%s", key);
+  r.a = (cudaEvent_t)a;
+  r.b = prof.take();
+  cudaEventRecord(r.b, g.stream);
+  prof.pending.push_back(r);
+  if (prof.pending.size() >= 4096) prof.flush();
+}
+
 extern "C" void *ct_cuda_stream(void) { return g.ready ? (void *)g.stream : NULL; }
 
 extern "C" void ct_cuda_shutdown(void) {
@@ -4511,7 +4534,6 @@ extern "C" void ct_cuda_shutdown(void) {
   ct_cuda_release_other_devices();
   cudaStreamSynchronize(g.stream);
   if (prof.on) prof.report();
-  if (prof.on) ct_cuda_decode_profile_report();
   if (marks.on) marks.report();
   release();
 }

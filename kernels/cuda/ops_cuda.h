@@ -113,8 +113,11 @@ void ct_cuda_report(const char *op, const char *call, const char *why, const cha
 /* Fills the batched-inference and device entries of a table (kernels/cuda/decode.cu);
  * the table's act_bytes and dtype must be set. */
 void ct_cuda_decode_table(ct_ops *t);
-/* Prints the decode kernels' CT_CUDA_PROFILE table (kernels/cuda/decode.cu). */
-void ct_cuda_decode_profile_report(void);
+/* CT_CUDA_PROFILE timing of a kernel launched outside an op scope (kernels/cuda/decode.cu):
+ * begin returns an event handle or NULL (not profiling, inside an op, or capturing a graph);
+ * end files the time since it under key (at most 63 characters). */
+void *ct_cuda_prof_begin(void);
+void ct_cuda_prof_end(void *begin, const char *key);
 /* How many decode_layers kernels were launched or recorded into graphs (tests). */
 long ct_cuda_decode_layers_launches(void);
 

@@ -443,25 +443,32 @@ static void engine_logits(ct_model *m, const ct_ops *o, const int *layer_dev, fl
   ct_infer_destroy(e);
 }
 
-static void test_engine(void) {
+/* a small llama-style model (vocabulary 300, 64 positions) with random weights, on the CPU
+ * table (engines copy it to their device); NULL when it cannot be made */
+static ct_model *tiny_llama(int layers, int C, int H, int KV, bool qk_norm, uint64_t seed) {
   ct_config c;
   ct_config_defaults(&c);
   snprintf(c.model.arch, sizeof c.model.arch, "llama");
-  c.model.n_layer = 2;
-  c.model.d_model = 256;
-  c.model.n_head = 2;
-  c.model.n_kv_head = 1;
+  c.model.n_layer = layers;
+  c.model.d_model = C;
+  c.model.n_head = H;
+  c.model.n_kv_head = KV;
   c.model.vocab_size = 300;
   c.model.max_seq_len = 64;
-  c.model.qk_norm = true;
+  c.model.qk_norm = qk_norm;
   c.model.init_std = 0.05;
   c.train.seq_len = 64;
   CHECK(ct_config_validate(&c) == CT_OK);
   ct_model *m = NULL;
   CHECK(ct_model_create(&c.model, ct_ops_cpu(), 1, 1, &m) == CT_OK);
+  if (m) ct_model_init_weights(m, seed);
+  return m;
+}
+
+static void test_engine(void) {
+  ct_model *m = tiny_llama(2, 256, 2, 1, true, 3);
   if (!m) return;
-  ct_model_init_weights(m, 3);
-  const size_t Vp = (size_t)ct_model_padded_vocab(&c.model), rows = 15;
+  const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m)), rows = 15;
   float *ref = calloc(rows * Vp, 4), *got = calloc(rows * Vp, 4), *one = calloc(rows * Vp, 4);
   engine_logits(m, ct_ops_cpu(), NULL, ref);
   const ct_ops *tabs[2] = {ct_ops_cuda(), ct_ops_cuda_bf16()};
@@ -513,24 +520,9 @@ static void engine_logits_1row(ct_model *m, const ct_ops *o, float *out) {
 static void test_decode_layers(void) {
   static const int S[][4] = {{256, 2, 1, 0}, {256, 4, 4, 0}, {512, 8, 2, 0}, {256, 4, 1, 1}};
   for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
-    ct_config c;
-    ct_config_defaults(&c);
-    snprintf(c.model.arch, sizeof c.model.arch, "llama");
-    c.model.n_layer = 3;
-    c.model.d_model = S[si][0];
-    c.model.n_head = S[si][1];
-    c.model.n_kv_head = S[si][2];
-    c.model.vocab_size = 300;
-    c.model.max_seq_len = 64;
-    c.model.qk_norm = !S[si][3];
-    c.model.init_std = 0.05;
-    c.train.seq_len = 64;
-    CHECK(ct_config_validate(&c) == CT_OK);
-    ct_model *m = NULL;
-    CHECK(ct_model_create(&c.model, ct_ops_cpu(), 1, 1, &m) == CT_OK);
+    ct_model *m = tiny_llama(3, S[si][0], S[si][1], S[si][2], !S[si][3], 5 + (uint64_t)si);
     if (!m) return;
-    ct_model_init_weights(m, 5 + (uint64_t)si);
-    const size_t Vp = (size_t)ct_model_padded_vocab(&c.model), rows = 9;
+    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m)), rows = 9;
     float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
     char what[160];
     snprintf(what, sizeof what, "decode_layers C%d H%d KV%d hd%d%s", S[si][0], S[si][1], S[si][2],
