@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # What the next GPU session should run first, in priority order (each PART well under the
 # 10-minute call limit on 2 x H200; CUDA build in build-gpu with cuDNN attention; pass COMMIT):
-#   checks   golden + every CUDA op (cuDNN attention, the bf16 gradient wire ops) + the GPU smoke
-#            suite + the decode op tests on the default and the first-round (CT_DECODE_V2=0) path + generation
-#   decode   bench/gpu_decode.sh on the default path, then the first-round kernels (CT_DECODE_V2=0:
-#            graphs = no graphs and batch = solo on Qwen3-0.6B, and their tokens/s)
-#   ddp      bench/ddp_probe.sh: fp32 vs bf16 gradient wire (parallel.reduce_dtype), bucket 100,
-#            GEMMs aimed at 116 of the 132 SMs (CT_CUDA_GEMM_SMS) to leave room for NCCL,
-#            with the step phases (CT_STEP_MARKS) of the default
-#   perf     bench/gpt2_124m.sh (attention auto now times cuDNN against flash), bench/attention.sh
-#            with flash3 (the Hopper wgmma kernels: passed their checks on an H200)
+#   checks   golden + every CUDA op (auto now also times flash3) + the GPU smoke suite + the
+#            decode op tests (with the persistent decode_layers kernel against the per-layer
+#            kernels, bit for bit) + generation, default and CT_DECODE_PERSIST=1
+#   decode   bench/gpu_decode.sh on the default path, then decode_layers (CT_DECODE_PERSIST=1:
+#            its tokens/s, graphs = no graphs, = the per-layer kernels)
+#   ddp      bench/ddp_probe.sh with the step phases of the default and of NCCL limited to 2 and
+#            4 CTAs: does the backward's +2.5 ms shrink while the tail grows? (then: a lean
+#            communicator for the overlapped buckets, the full one for the last bucket)
+#   perf     bench/gpt2_124m.sh, bench/attention.sh with flash3
 #   llama    bench/qwen3_0p6b.sh (use_kernels on/off vs torch.compile)
-#   dist     bench/gpu_dist.sh equiv ckpt fault (passed at 3717b25; rerun after kernel changes)
+#   dist     bench/gpu_dist.sh equiv ckpt fault
 # usage: bench/gpu_next.sh PART...     results under $OUT (default bench/results)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,23 +32,27 @@ for part in "$@"; do
       CT_TEST_BACKEND=cuda timeout 100 build-gpu/tests/test_golden 2>&1 | tail -1
       timeout 300 build-gpu/tests/test_ops_cuda 2>&1 | grep -E "FAIL|MISMATCH|^test:"
       timeout 300 bash tests/gpu/smoke_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
-      timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | tail -2
-      CT_DECODE_V2=0 timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | tail -2 | sed 's/^/V1: /'
+      timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | grep -E "decode_layers|FAIL|^test:"
       timeout 300 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
-      CT_DECODE_V2=0 timeout 300 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok" | sed 's/^/V1: /' ;;
+      CT_DECODE_PERSIST=1 timeout 300 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok" | sed 's/^/persist: /' ;;
     decode)
-      CTRAIN=$CT timeout 200 bash bench/gpu_decode.sh
+      CTRAIN=$CT COMPILE_BATCHES=1 timeout 300 bash bench/gpu_decode.sh
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16"
-      CT_DECODE_V2=0 timeout 90 $G --batch 1,1,8,64 --cuda_graphs auto 2>&1 >/dev/null | grep '^stats' | sed 's/^/V1 /'
-      a=$(CT_DECODE_V2=0 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs on 2>/dev/null | md5sum)
-      b=$(CT_DECODE_V2=0 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs off 2>/dev/null | md5sum)
-      c=$(CT_DECODE_V2=0 timeout 30 $G --batch 3 --max_new_tokens 48 --print_ids 2>/dev/null | sed -n 2p | md5sum)
-      d=$(CT_DECODE_V2=0 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids 2>/dev/null | sed -n 2p | md5sum)
-      echo "V1 qwen3-0.6b: graphs = no graphs: $([ "$a" = "$b" ] && echo ok || echo DIFF);" \
-           "batch row 0 = solo: $([ "$c" = "$d" ] && echo ok || echo DIFF)" ;;
+      CT_DECODE_PERSIST=1 timeout 90 $G --batch 1,1 --cuda_graphs auto 2>&1 >/dev/null | grep '^stats' | sed 's/^/persist /'
+      a=$(CT_DECODE_PERSIST=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs on 2>/dev/null | md5sum)
+      b=$(CT_DECODE_PERSIST=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs off 2>/dev/null | md5sum)
+      c=$(timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum)
+      echo "persist qwen3-0.6b: graphs = no graphs: $([ "$a" = "$b" ] && echo ok || echo DIFF);" \
+           "= per-layer kernels: $([ "$a" = "$c" ] && echo ok || echo DIFF)" ;;
     ddp)
-      MARKS=1 EXTRA="parallel.reduce_dtype=bf16 parallel.bucket_mb=100" ENVS="CT_CUDA_GEMM_SMS=116" \
-        timeout 400 bench/ddp_probe.sh build-gpu ;;
+      MARKS=1 ENVS="NCCL_MAX_CTAS=2 NCCL_MAX_CTAS=4" timeout 400 bench/ddp_probe.sh build-gpu
+      for n in 2 4; do
+        NCCL_MAX_CTAS=$n CT_STEP_MARKS=1 timeout 60 build-gpu/ctrain-launch --nproc_per_node 2 --standalone \
+          configs/smoke.toml model.n_layer=12 model.d_model=768 model.n_head=12 model.vocab_size=50257 \
+          model.max_seq_len=1024 train.seq_len=1024 train.max_steps=23 train.eval_every=0 data.val= \
+          train.sample_tokens=0 train.warmup_steps=5 train.precision=bf16 train.micro_batch=64 \
+          train.checkpoint_every=100000 train.out_dir=/tmp/ctas$n 2>&1 | grep -A6 "rank0.*step marks" | sed "s/^/ctas $n: /"
+      done ;;
     perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
