@@ -9,8 +9,8 @@
 // STATUS: written without a GPU at hand (2026-11-30, session 3); on its first GPU run (H200,
 // session 5) it passed tests/gpu/test_ops_cuda's checks against the CPU reference (forward and
 // backward, bf16 and fp16, GQA 1-8, hd 64/128, T off the tiles) like every other variant.
-// Forward 229-373 TFLOP/s (flash2 186-311, cuDNN 258-563), forward + backward 119-215 (flash2
-// 127-188, cuDNN 179-442): bench/results/attention_2026-11-30_NVIDIA_H200_fb38dc6.txt. Chosen
+// Forward 225-373 TFLOP/s (flash2 186-311, cuDNN 258-563), forward + backward 119-215 (flash2
+// 127-188, cuDNN 179-425): bench/results/attention_2026-11-30_NVIDIA_H200_fb38dc6.txt. Chosen
 // with `kernels.cuda.train.attention = "flash3"` or CT_CUDA_ATTN=flash3, and timed by auto
 // beside flash2 and cudnn (it wins where cuDNN is missing, on most hd 128 shapes). Slower than
 // cuDNN: the backward's separate dQ kernel recomputes S and dP (7 GEMMs a tile where FA3 does 5
