@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/pack16.cuh"
 #include "kernels/ops.h"
 
 namespace {
@@ -192,16 +193,9 @@ template <> __device__ __forceinline__ void cvt8<f16>(const uint4 &u, float f[8]
   }
 }
 
+using ct16::pack2; // kernels/cuda/pack16.cuh
+
 // Eight floats rounded to 16-bit values (round to nearest even), as one uint4.
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<bf16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t *>(&v);
-}
-template <> __device__ __forceinline__ uint32_t pack2<f16>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t *>(&v);
-}
 template <typename T> __device__ __forceinline__ uint4 pack8(const float f[8]) {
   return make_uint4(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]),
                     pack2<T>(f[6], f[7]));
@@ -501,7 +495,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   const int len = pos[n] + 1, k0 = sp * DEC_CHUNK;
   const bool active = sp < splits && k0 < len;
   const int ks = lane / LK, ch = lane % LK;
-  const long s = active && slot ? slot[n] : n;
+  const long s = slot ? slot[n] : n;
   const T *K = kc + ((s * KV + kv) * max_T) * (long)hd + ch * 8;
   const T *V = vc + ((s * KV + kv) * max_T) * (long)hd + ch * 8;
   uint4 kr[J], vr[J];
@@ -1304,12 +1298,17 @@ bool dl_launch(const dl_args &a) {
   void (*k)(dl_args) = ur == 4    ? decode_layers_kernel<T, LK, G, 4, 4>
                        : ur == 8 ? decode_layers_kernel<T, LK, G, 4, 8>
                                  : decode_layers_kernel<T, LK, G, 4, 12>;
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DL_WARPS * 32, 0) != cudaSuccess ||
-      per_sm < 1) {
+  // one resident block per multiprocessor (the barriers need every block resident): asked once
+  // per kernel
+  static int resident[3] = {-1, -1, -1};
+  int &fits = resident[ur / 4 - 1];
+  if (fits < 0) {
+    int per_sm = 0;
+    fits = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DL_WARPS * 32, 0) ==
+               cudaSuccess && per_sm >= 1;
     cudaGetLastError();
-    return false;
   }
+  if (!fits) return false;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)num_sms());
   cfg.blockDim = dim3(DL_WARPS * 32);

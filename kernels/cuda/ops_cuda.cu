@@ -50,6 +50,7 @@
 #include "ct_build_config.h"
 #include "kernels/cuda/flash_hopper.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "kernels/cuda/pack16.cuh"
 #include "kernels/ops.h"
 #if CT_HAVE_CUDNN
 #include "kernels/cuda/attention_cudnn.h"
@@ -336,16 +337,7 @@ template <typename T> constexpr bool is16() {
 
 inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-// Two floats as a word of two 16-bit values (round to nearest even), `lo` in the low half.
-template <typename E> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <> __device__ __forceinline__ uint32_t pack2<bf16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t *>(&v);
-}
-template <> __device__ __forceinline__ uint32_t pack2<f16>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t *>(&v);
-}
+using ct16::pack2; // kernels/cuda/pack16.cuh
 // Two 16-bit values at p (4-byte aligned) as floats.
 __device__ __forceinline__ float2 unpack2(const bf16 *p) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
