@@ -1,7 +1,8 @@
 """tools/gen_wgmma.py — writes the wgmma inline-asm wrappers that kernels/cuda/flash_hopper.cu
 holds between its "wgmma wrappers" markers (one accumulator operand per register makes them long):
   python3 tools/gen_wgmma.py > /tmp/w.inc   then paste over the old block."""
-def ss(n, ty, name):
+def ss(n, ty, name, trans_a=0):
+    """A and B from shared memory; trans_a = 1: A is MN-major (M contiguous), as K^T from K's rows."""
     nreg = n // 2
     regs = ",".join("%%%d" % i for i in range(nreg))
     a, b, sc = nreg, nreg + 1, nreg + 2
@@ -9,7 +10,7 @@ def ss(n, ty, name):
     return f'''__device__ __forceinline__ void {name}(float (&d)[{nreg}], uint64_t da, uint64_t db, int accumulate) {{
   asm volatile(
       "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{sc}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{regs}}}, %{a}, %{b}, p, 1, 1, 0, 0;\\n}}\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{regs}}}, %{a}, %{b}, p, 1, 1, {trans_a}, 0;\\n}}\\n"
       : {ops}
       : "l"(da), "l"(db), "r"(accumulate));
 }}
@@ -34,4 +35,5 @@ for ty, tn in (("bf16", "bf16"), ("f16", "f16")):
     out.append(ss(32, ty, f"wgmma_ss_n32_{tn}"))
     out.append(rs(64, ty, f"wgmma_rs_n64_{tn}"))
     out.append(rs(128, ty, f"wgmma_rs_n128_{tn}"))
+    out.append(ss(32, ty, f"wgmma_ss_n32_ta_{tn}", trans_a=1))
 print("\n".join(out))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tools/sim_flash3.py — a host simulation of kernels/cuda/flash_hopper.cu (attention variant
-flash3: the forward kernel and the backward's dK / dV and dQ kernels) for checking its indexing
-without a GPU.
+flash3: the forward kernel, the backward's dK / dV and dQ kernels, and the fused backward that
+adds dQ with atomics into an fp32 workspace) for checking its indexing without a GPU.
 
 It replays the kernel's own address arithmetic (load_tile's swizzled stores, the descriptors'
 start addresses and byte offsets, the k-step offsets) against the documented hardware rules, and
@@ -17,7 +17,12 @@ its register bookkeeping against the documented fragment layouts, in float64:
   * accumulator element i of thread (warp w, lane l) of a warpgroup is row 16 w + l // 4 +
     8 ((i % 4) // 2), column 8 (i // 4) + 2 (l % 4) + i % 2; a 16-bit A fragment register holds the
     pair (row, 2 (l % 4) + {0, 1}) with rows l // 4 (+8 for registers 1 and 3) and columns + 8
-    for registers 2 and 3 (the mma.m16n8k16 A layout per warp).
+    for registers 2 and 3 (the mma.m16n8k16 A layout per warp);
+  * stmatrix .x4 .trans: lane 8 j + c gives the address of the 16-byte row that receives column c
+    of matrix j, whose element (r, c) lane 4 r + c // 2 holds in register j (half c % 2);
+  * red.global.add.v4.f32 adds 4 floats at a 16-byte-aligned address (checked).
+The fused backward's dS tile is filled with NaN before each tile's stores, so a read of a part no
+warpgroup wrote this tile shows up in dQ.
 
 The simulated kernel runs every block of a small problem (T not a multiple of the tiles, GQA) and
 its output and log-sum-exp are compared with plain causal attention. This checks the kernel's
@@ -220,15 +225,41 @@ def kernel_block(qkv, out, lse, B_, T, H, KV, HD, bx, by):
 BK = 128
 
 
-def dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by):
+def ws_rows(T):
+    return (T + 63) // 64 * 64
+
+
+def stsm_x4_trans(sm, addrs, regs):
+    """stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 for one warp: regs[l][j] = the (lo, hi) pair
+    lane l holds of matrix j, (row l // 4, columns 2 (l % 4) + {0, 1}); matrix j's column c is
+    stored as the 8 elements (rows 0..7) of the 16-byte row at the address of lane 8 j + c."""
+    for j in range(4):
+        for c in range(8):
+            a = addrs[8 * j + c]
+            assert a % 16 == 0
+            for r in range(8):
+                sm[a // 2 + r] = regs[4 * r + c // 2][j][c % 2]
+
+
+def red_v4(ws, idx, vals):
+    """red.global.add.v4.f32 at float index idx (16-byte aligned)."""
+    assert idx % 4 == 0
+    ws[idx:idx + 4] += vals
+
+
+def dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by, ws=None):
+    """fl3_dkdv_kernel<HD, E, DQ> with DQ = ws is not None (then dQ^T goes into ws by atomics)."""
+    DQ = ws is not None
     BQ = 64 if HD == 64 else 32
     SN, OD = BQ // 2, HD // 2
     KBy, QBy = BK * 128, BQ * 128
     nblk = HD // 64
-    sm = np.zeros((2 * (2 * BK * HD + 2 * 2 * BQ * HD)) // 2)
+    sm = np.zeros((2 * (2 * BK * HD + 2 * 2 * BQ * HD) + (2 * QBy if DQ else 0)) // 2)
     Ks, Vs = 0, nblk * KBy
     Qs = Vs + nblk * KBy
     dOs = Qs + 2 * nblk * QBy
+    dSs = dOs + 2 * nblk * QBy
+    assert dSs % 1024 == 0
     Ls = np.zeros(2 * BQ)
     Ds = np.zeros(2 * BQ)
     nkb = (T + BK - 1) // BK
@@ -264,9 +295,12 @@ def dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by):
         if it + 1 < total:
             issue(it + 1, stg ^ 1)
         qbase = (i0 + it % nq) * BQ
+        if DQ:  # any dS element read before this tile's stores wrote it poisons dQ
+            sm[dSs // 2:(dSs + 2 * QBy) // 2] = np.nan
         for wg in range(NWG):
             w0 = kb0 + wg * 64
             if w0 >= T or qbase + BQ - 1 < w0:
+                assert wg == 1  # warpgroup 0's keys always see the tile
                 continue
             k0 = w0 + warp * 16 + g
             k1 = k0 + 8
@@ -304,8 +338,44 @@ def dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by):
             for kc in range(BQ // 16):
                 dvm += a_from_regs(pack_a(st, kc)) @ read_mnmajor(sm, dO + kc * 2048, HD, QBy)
                 dkm += a_from_regs(pack_a(dpt, kc)) @ read_mnmajor(sm, Q + kc * 2048, HD, QBy)
+                if DQ:  # dS^T's 8x8 blocks stored transposed, one stmatrix x4 per warp
+                    sa = pack_a(dpt, kc)
+                    for w in range(4):
+                        addrs = []
+                        for ln in range(32):
+                            kl = w * 16 + (ln & 8)
+                            q = kc * 16 + (ln >> 4) * 8 + (ln & 7)
+                            addrs.append(dSs + wg * QBy + q * 128 + (((kl >> 3) ^ (q & 7)) << 4))
+                        stsm_x4_trans(sm, addrs, sa[w * 32:(w + 1) * 32])
             acc[wg]["dv"] = to_frag(dvm, OD)
             acc[wg]["dk"] = to_frag(dkm, OD)
+        if not DQ:
+            continue
+        # dQ^T = K^T dS^T per warpgroup (after the barrier), then the lane-pair swap and v4 atomics
+        on1 = kb0 + 64 < T and qbase + BQ - 1 >= kb0 + 64
+        h = kv * grp + it // nq
+        Tp = ws_rows(T)
+        for wg in range(NWG):
+            mt, n0 = (wg, 0) if HD == 128 else (0, wg * 32)
+            dqm = np.zeros((64, 32))
+            for ks in range(8 if on1 else 4):
+                cb, kin = ks >> 2, (ks & 3) * 32
+                a = read_mnmajor(sm, Ks + mt * KBy + ks * 2048, 64, KBy).T  # A (64 x 16), MN-major
+                bm = read_kmajor(sm, dSs + cb * QBy + n0 * 128 + kin, 32)  # B^T (32 x 16), K-major
+                dqm += a @ bm.T
+            dq = to_frag(dqm, 16)
+            for th in range(128):
+                odd = tg[th] & 1
+                base = ((b * H + h) * HD + mt * 64 + warp[th] * 16 + g[th] + odd * 8) * Tp + \
+                    qbase + n0 + (tg[th] >> 1) * 4
+                for nt in range(4):
+                    c = dq[th, nt * 4:nt * 4 + 4]
+                    # __shfl_xor_sync(odd ? c[0] : c[2]), (odd ? c[1] : c[3]): the partner's parity
+                    # is the other one
+                    pc = dq[th ^ 1, nt * 4:nt * 4 + 4]
+                    x0, x1 = (pc[2], pc[3]) if odd else (pc[0], pc[1])
+                    v = [x0, x1, c[2], c[3]] if odd else [c[0], c[1], x0, x1]
+                    red_v4(ws, base + nt * 8, np.array(v))
     koff, voff = (H + kv) * HD, (H + KV + kv) * HD
     for wg in range(NWG):
         w0 = kb0 + wg * 64
@@ -408,6 +478,21 @@ def dq_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by):
                     dqkv[b, row, h * HD + c + 1] += acc[wg][th, r + 1] * scale
 
 
+def dq_out(ws, dqkv, B_, T, H, KV, HD):
+    """fl3_dq_out_kernel: dqkv's query columns += ws (B, H, HD, Tp) / sqrt(HD), t < T."""
+    Tp = ws_rows(T)
+    w = ws.reshape(B_, H, HD, Tp)
+    scale = 1 / math.sqrt(HD)
+    for bh in range(B_ * H):
+        b, h = bh // H, bh % H
+        for t0 in range(0, Tp, 64):
+            tile = w[b, h, :, t0:t0 + 64]
+            for tt in range(64):
+                if t0 + tt >= T:
+                    break
+                dqkv[b, t0 + tt, h * HD:(h + 1) * HD] += tile[:, tt] * scale
+
+
 def reference_grads(qkv, dout, B_, T, H, KV, HD):
     dk = np.zeros((B_, T, KV * HD))
     dv = np.zeros((B_, T, KV * HD))
@@ -432,7 +517,7 @@ def reference_grads(qkv, dout, B_, T, H, KV, HD):
     return dq, dk, dv
 
 
-def run_bwd(B_, T, H, KV, HD, seed):
+def run_bwd(B_, T, H, KV, HD, seed, fused=False):
     rng = np.random.default_rng(seed)
     qkv = rng.standard_normal((B_, T, (H + 2 * KV) * HD))
     dout = rng.standard_normal((B_, T, H * HD))
@@ -441,20 +526,26 @@ def run_bwd(B_, T, H, KV, HD, seed):
     for h in range(H):
         Dr[:, h, :] = (dout[:, :, h * HD:(h + 1) * HD] * out[:, :, h * HD:(h + 1) * HD]).sum(axis=2)
     dqkv = np.zeros_like(qkv)
+    ws = np.zeros(B_ * H * HD * ws_rows(T)) if fused else None
     for bx in range(B_ * KV):
         for by in range((T + BK - 1) // BK):
-            dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by)
+            dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by, ws)
     untouched = np.abs(dqkv[:, :, :H * HD]).max() == 0  # dK/dV must leave the query columns
-    for bx in range(B_ * H):
-        for by in range((T + BM - 1) // BM):
-            dq_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by)
+    if fused:
+        untouched = untouched and not np.isnan(ws).any()
+        dq_out(ws, dqkv, B_, T, H, KV, HD)
+    else:
+        for bx in range(B_ * H):
+            for by in range((T + BM - 1) // BM):
+                dq_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by)
     rq, rk, rv = reference_grads(qkv, dout, B_, T, H, KV, HD)
     eq = np.abs(dqkv[:, :, :H * HD] - rq).max()
     ek = np.abs(dqkv[:, :, H * HD:(H + KV) * HD] - rk).max()
     ev = np.abs(dqkv[:, :, (H + KV) * HD:] - rv).max()
     ok = eq < 1e-9 and ek < 1e-9 and ev < 1e-9 and untouched
-    print("%s backward B%d T%d H%d KV%d hd%d: max |dQ - ref| %.2e, |dK - ref| %.2e, |dV - ref| %.2e" %
-          ("ok  " if ok else "FAIL", B_, T, H, KV, HD, eq, ek, ev))
+    print("%s backward%s B%d T%d H%d KV%d hd%d: max |dQ - ref| %.2e, |dK - ref| %.2e, |dV - ref| %.2e" %
+          ("ok  " if ok else "FAIL", " (fused, dQ atomics)" if fused else "", B_, T, H, KV, HD, eq,
+           ek, ev))
     return ok
 
 
@@ -497,4 +588,5 @@ if __name__ == "__main__":
     cases = [(1, 200, 2, 1, 64, 1), (1, 130, 2, 2, 128, 2), (2, 64, 1, 1, 64, 3), (1, 257, 4, 2, 128, 4)]
     good = all([run(*c) for c in cases])
     good = all([run_bwd(*c) for c in cases]) and good
+    good = all([run_bwd(*c, fused=True) for c in cases]) and good
     sys.exit(0 if good else 1)

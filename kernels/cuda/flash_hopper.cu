@@ -3,8 +3,13 @@
 // backward. The forward writes flash2's state (log2-unit log-sum-exp per row, then a copy of the
 // output; ops_cuda.cu flash_state_floats), so either backward can follow either forward.
 //
-// The backward is here too: fl3_dkdv_kernel and fl3_dq_kernel (below), after ops_cuda.cu's
-// D = rowsum(dO * O) kernel.
+// The backward is here too, after ops_cuda.cu's D = rowsum(dO * O) kernel, in two forms
+// (ops_cuda.cu picks; CT_FLASH3_DQ_ATOMIC=0 there asks for the second):
+//   fused (ct_fl3_bwd, the default): fl3_dkdv_kernel<DQ = true> gives dK, dV and each tile's dQ
+//     from the dS it already holds (5 GEMMs a tile), dQ summed with fp32 atomics into a workspace
+//     that fl3_dq_out_kernel scales into dqkv; dQ's bits may differ from run to run.
+//   two kernels (ct_fl3_bwd_dkdv, ct_fl3_bwd_dq): fl3_dkdv_kernel<DQ = false>, then fl3_dq_kernel,
+//     which recomputes S and dP per query block (7 GEMMs a tile); deterministic.
 //
 // STATUS: written without a GPU at hand (2026-11-30, session 3); on its first GPU run (H200,
 // session 5) it passed tests/gpu/test_ops_cuda's checks against the CPU reference (forward and
@@ -13,10 +18,12 @@
 // 127-188, cuDNN 179-425): bench/results/attention_2026-11-30_NVIDIA_H200_fb38dc6.txt. Chosen
 // with `kernels.cuda.train.attention = "flash3"` or CT_CUDA_ATTN=flash3, and timed by auto
 // beside flash2 and cudnn (it wins where cuDNN is missing, on most hd 128 shapes). Slower than
-// cuDNN: the backward's separate dQ kernel recomputes S and dP (7 GEMMs a tile where FA3 does 5
-// with dQ accumulated by atomics), and nothing yet uses TMA or a producer warpgroup. tools/sim_flash3.py replays this kernel's
-// indexing (swizzled stores, descriptors, k-step offsets, fragment bookkeeping) on the host against
-// the PTX ISA's documented layouts and matches plain attention to 1e-15: keep the two in step.
+// cuDNN, those numbers being the two-kernel backward's (7 GEMMs a tile); the fused backward (5,
+// dQ by atomics as in FA3) was written without a GPU at hand and has not yet run on one.
+// Nothing yet uses TMA or a producer warpgroup. tools/sim_flash3.py replays this file's
+// indexing (swizzled stores, stmatrix, descriptors, k-step offsets, fragment bookkeeping, the dQ
+// atomics' addresses) on the host against the PTX ISA's documented layouts and matches plain
+// attention to 1e-15, both backwards included: keep the two in step.
 //
 // Block: two consumer warpgroups (256 threads), 64 query rows each (BM = 128), one (b, h); K and V
 // in 64-key tiles, double-buffered with cp.async (no producer warpgroup, no TMA yet). Per tile:
@@ -33,6 +40,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "kernels/cuda/flash_hopper.h"
 
@@ -84,6 +93,14 @@ __device__ __forceinline__ void wgmma_rs_n128_bf16(float (&d)[64], const uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 
+__device__ __forceinline__ void wgmma_ss_n32_ta_bf16(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
 __device__ __forceinline__ void wgmma_ss_n64_f16(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -116,6 +133,14 @@ __device__ __forceinline__ void wgmma_rs_n128_f16(float (&d)[64], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
 }
 
+__device__ __forceinline__ void wgmma_ss_n32_ta_f16(float (&d)[16], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
 // ---- end of the generated wrappers ----
 
 template <typename E> struct mma;
@@ -133,6 +158,10 @@ template <> struct mma<bf16> {
   static __device__ __forceinline__ void pv(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
                                             int acc) {
     wgmma_rs_n128_bf16(d, a, b, acc);
+  }
+  // A MN-major from shared memory (K^T read from K's rows), B K-major
+  static __device__ __forceinline__ void ta(float (&d)[16], uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n32_ta_bf16(d, a, b, acc);
   }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -156,6 +185,10 @@ template <> struct mma<f16> {
   static __device__ __forceinline__ void pv(float (&d)[64], const uint32_t (&a)[4], uint64_t b,
                                             int acc) {
     wgmma_rs_n128_f16(d, a, b, acc);
+  }
+  // A MN-major from shared memory (K^T read from K's rows), B K-major
+  static __device__ __forceinline__ void ta(float (&d)[16], uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n32_ta_f16(d, a, b, acc);
   }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
@@ -192,6 +225,22 @@ __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok) 
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_wait0() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Four 8x8 16-bit matrices from registers into shared memory, each stored transposed: register j
+// of lane l holds (row l / 4, columns 2 (l % 4) + {0, 1}) of matrix j, whose column c becomes the
+// 16-byte row that lane 8 j + c addresses (the inverse of ldmatrix .trans).
+__device__ __forceinline__ void stsm_x4_trans(void *p, const uint32_t (&r)[4]) {
+  const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+// p[0..3] += v (fp32 reduction in L2, no return value; p 16-byte aligned, global memory)
+__device__ __forceinline__ void red_add_v4(float *p, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c),
+               "f"(d)
+               : "memory");
 }
 
 // Matrix descriptor of a 128-byte-swizzled tile: start address, leading and stride byte offsets
@@ -417,7 +466,7 @@ extern "C" int ct_fl3_fwd(int fp16, void *out, float *lse, void *ocopy, const vo
 
 namespace {
 
-// ---- backward: dK and dV ----
+// ---- backward: dK and dV (and, fused, dQ) ----
 // Block: two warpgroups, 64 keys each (BK = 128 keys of one (b, kv head)); loops over the query
 // heads of the kv group and the BQ-query tiles that can see its keys (Q, dO, log-sum-exp and
 // D = rowsum(dO * O) double-buffered). Per tile, with rows = keys:
@@ -427,25 +476,42 @@ namespace {
 //                                  (shared, MN-major)
 // dK is scaled by 1/sqrt(HD) at the end; both are added into dqkv (backward accumulates). BQ = 64
 // for head dim 64 and 32 for 128 (registers: dK and dV take HD accumulators per thread).
-// dQ is flash2's kernel (ops_cuda.cu), which reads the same lse and D.
+//
+// DQ = true (ct_fl3_bwd, the default backward): the tile's dQ from the dS already in registers,
+// 5 GEMMs a tile where this kernel without DQ plus fl3_dq_kernel take 7:
+//   dS^T -> shared memory   stmatrix .trans: BQ rows (queries) of the block's 128 keys, two
+//                           64-key column blocks (block wg: warpgroup wg's keys), 128-byte swizzle
+//   dQ^T = K^T dS^T         wgmma m64n32k16, A = K^T (K's rows read MN-major), B = dS (K-major),
+//                           over the block's 128 keys (64 when warpgroup 1's keys see none of the
+//                           tile). The HD x BQ tile is split between the warpgroups: hd 128, 64 of
+//                           the HD rows each; hd 64, 32 of the BQ queries each.
+//   ws += dQ^T              red.global.add.v4.f32 into ws (B, H, HD, Tp) fp32, query-contiguous,
+//                           Tp = T rounded up to 64 (lane pairs swap halves so that each lane
+//                           adds 4 consecutive queries of one row)
+// fl3_dq_out_kernel then adds ws / sqrt(HD) into dqkv's query columns. The atomics land in an
+// order that varies from run to run, so dQ's bits can too. Without DQ, dQ is fl3_dq_kernel's
+// (below), which reads the same lse and D.
 constexpr int BK = 64 * NWG;
 
 template <int HD> __host__ __device__ constexpr int bq_of() { return HD == 64 ? 64 : 32; }
-template <int HD> constexpr size_t bwd_smem_bytes() {
-  return (size_t)2 * (2 * BK * HD + 2 * 2 * bq_of<HD>() * HD) + 2 * 2 * bq_of<HD>() * 4 + 1024;
+template <int HD, bool DQ> constexpr size_t bwd_smem_bytes() {
+  return (size_t)2 * (2 * BK * HD + 2 * 2 * bq_of<HD>() * HD) +
+         (DQ ? (size_t)2 * bq_of<HD>() * 128 : 0) + 2 * 2 * bq_of<HD>() * 4 + 1024;
 }
+// rows of the fp32 dQ workspace per (b, h, d): T rounded up to 64, a whole number of BQ tiles
+__host__ __device__ constexpr long ws_rows(int T) { return (T + 63) / 64 * 64L; }
 
-template <int HD, typename E>
+template <int HD, typename E, bool DQ>
 __global__ void __launch_bounds__(NT, 1)
-    fl3_dkdv_kernel(E *dqkv, const E *dout, const E *qkv, const float *lse, const float *D, int T,
-                    int H, int KV, float sl2, float scale) {
+    fl3_dkdv_kernel(E *dqkv, float *ws, const E *dout, const E *qkv, const float *lse,
+                    const float *D, int T, int H, int KV, float sl2, float scale) {
   constexpr int BQ = bq_of<HD>(), SN = BQ / 2, OD = HD / 2;
   constexpr int KBy = BK * 128, QBy = BQ * 128; // bytes of a 64-column block of K/V, of Q/dO
   extern __shared__ char smem_raw[];
   char *sm = (char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   char *Ks = sm, *Vs = Ks + (HD / 64) * KBy, *Qs = Vs + (HD / 64) * KBy;
-  char *dOs = Qs + 2 * (HD / 64) * QBy;
-  float *Ls = reinterpret_cast<float *>(dOs + 2 * (HD / 64) * QBy), *Ds = Ls + 2 * BQ;
+  char *dOs = Qs + 2 * (HD / 64) * QBy, *dSs = dOs + 2 * (HD / 64) * QBy; // dSs: DQ only
+  float *Ls = reinterpret_cast<float *>(dSs + (DQ ? 2 * QBy : 0)), *Ds = Ls + 2 * BQ;
   const int nkb = (T + BK - 1) / BK, kb = nkb - 1 - (int)blockIdx.y;
   const int b = (int)blockIdx.x / KV, kv = (int)blockIdx.x % KV, grp = H / KV;
   const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
@@ -472,9 +538,13 @@ __global__ void __launch_bounds__(NT, 1)
   load_tile<HD, BK>(Vs, base + (long)(H + KV + kv) * HD, W3, kb0, T);
   issue(0, 0);
   cp_commit();
-  float dk[OD], dv[OD], st[SN], dpt[SN];
+  float dk[OD], dv[OD], st[SN], dpt[SN], dq[16];
 #pragma unroll
   for (int i = 0; i < OD; i++) dk[i] = dv[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; i++) dq[i] = 0.0f;
+  // DQ: this warpgroup's part of the tile's dQ^T, rows mt * 64 .. of HD, queries n0 .. n0 + 31
+  const int mt = HD == 128 ? wg : 0, n0 = HD == 128 ? 0 : wg * 32;
   for (int it = 0; it < total; it++) {
     const int stg = it & 1;
     cp_wait0();
@@ -485,73 +555,126 @@ __global__ void __launch_bounds__(NT, 1)
       cp_commit();
     }
     const int qbase = (i0 + it % nq) * BQ;
-    if (w0 >= T || qbase + BQ - 1 < w0) continue; // warpgroup-uniform: every query before every key
+    // warpgroup-uniform: some query of the tile is at or after one of this warpgroup's keys
+    // (always true for warpgroup 0: the tiles start at the one that holds key kb0)
+    const bool on = w0 < T && qbase + BQ - 1 >= w0;
+    if (!DQ && !on) continue;
     const char *Q = Qs + stg * (HD / 64) * QBy, *dO = dOs + stg * (HD / 64) * QBy;
     const float *L = Ls + stg * BQ, *Dd = Ds + stg * BQ;
-    fence_regs(st);
-    fence_regs(dpt);
-    wg_fence();
+    if (on) {
+      fence_regs(st);
+      fence_regs(dpt);
+      wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < HD / 16; ks++) {
-      const int cb = ks >> 2, kin = (ks & 3) * 32;
-      const uint64_t dq = desc(Q + cb * QBy + kin, 16, 1024);
-      const uint64_t dd = desc(dO + cb * QBy + kin, 16, 1024);
-      mma<E>::qk(st, desc(Ks + cb * KBy + wg * 64 * 128 + kin, 16, 1024), dq, ks > 0);
-      mma<E>::qk(dpt, desc(Vs + cb * KBy + wg * 64 * 128 + kin, 16, 1024), dd, ks > 0);
-    }
-    wg_commit();
-    wg_wait0();
-    fence_regs(st);
-    fence_regs(dpt);
-    // st[nt*4 + {0,1,2,3}] = (k0, q), (k0, q+1), (k1, q), (k1, q+1), q = qbase + nt*8 + tg*2
-    const bool diag = qbase < w0 + 63;
-#pragma unroll
-    for (int nt = 0; nt < BQ / 8; nt++) {
-      const int ql = nt * 8 + tg * 2, q = qbase + ql;
-      const float l0 = L[ql], l1 = L[ql + 1], d0 = Dd[ql], d1 = Dd[ql + 1];
-      float p0 = ex2(fmaf(st[nt * 4 + 0], sl2, -l0)), p1 = ex2(fmaf(st[nt * 4 + 1], sl2, -l1));
-      float p2 = ex2(fmaf(st[nt * 4 + 2], sl2, -l0)), p3 = ex2(fmaf(st[nt * 4 + 3], sl2, -l1));
-      if (diag) {
-        if (q < k0) p0 = 0.0f;
-        if (q + 1 < k0) p1 = 0.0f;
-        if (q < k1) p2 = 0.0f;
-        if (q + 1 < k1) p3 = 0.0f;
+      for (int ks = 0; ks < HD / 16; ks++) {
+        const int cb = ks >> 2, kin = (ks & 3) * 32;
+        const uint64_t dbq = desc(Q + cb * QBy + kin, 16, 1024);
+        const uint64_t dd = desc(dO + cb * QBy + kin, 16, 1024);
+        mma<E>::qk(st, desc(Ks + cb * KBy + wg * 64 * 128 + kin, 16, 1024), dbq, ks > 0);
+        mma<E>::qk(dpt, desc(Vs + cb * KBy + wg * 64 * 128 + kin, 16, 1024), dd, ks > 0);
       }
-      st[nt * 4 + 0] = p0;
-      st[nt * 4 + 1] = p1;
-      st[nt * 4 + 2] = p2;
-      st[nt * 4 + 3] = p3;
-      dpt[nt * 4 + 0] = p0 * (dpt[nt * 4 + 0] - d0);
-      dpt[nt * 4 + 1] = p1 * (dpt[nt * 4 + 1] - d1);
-      dpt[nt * 4 + 2] = p2 * (dpt[nt * 4 + 2] - d0);
-      dpt[nt * 4 + 3] = p3 * (dpt[nt * 4 + 3] - d1);
-    }
-    uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
+      wg_commit();
+      wg_wait0();
+      fence_regs(st);
+      fence_regs(dpt);
+      // st[nt*4 + {0,1,2,3}] = (k0, q), (k0, q+1), (k1, q), (k1, q+1), q = qbase + nt*8 + tg*2
+      const bool diag = qbase < w0 + 63;
 #pragma unroll
-    for (int kc = 0; kc < BQ / 16; kc++) {
-      const float *c0 = st + 8 * kc, *c1 = st + 8 * kc + 4;
-      pa[kc][0] = mma<E>::pack(c0[0], c0[1]);
-      pa[kc][1] = mma<E>::pack(c0[2], c0[3]);
-      pa[kc][2] = mma<E>::pack(c1[0], c1[1]);
-      pa[kc][3] = mma<E>::pack(c1[2], c1[3]);
-      const float *e0 = dpt + 8 * kc, *e1 = dpt + 8 * kc + 4;
-      sa[kc][0] = mma<E>::pack(e0[0], e0[1]);
-      sa[kc][1] = mma<E>::pack(e0[2], e0[3]);
-      sa[kc][2] = mma<E>::pack(e1[0], e1[1]);
-      sa[kc][3] = mma<E>::pack(e1[2], e1[3]);
-    }
-    fence_regs(dv);
-    fence_regs(dk);
-    wg_fence();
+      for (int nt = 0; nt < BQ / 8; nt++) {
+        const int ql = nt * 8 + tg * 2, q = qbase + ql;
+        const float l0 = L[ql], l1 = L[ql + 1], d0 = Dd[ql], d1 = Dd[ql + 1];
+        float p0 = ex2(fmaf(st[nt * 4 + 0], sl2, -l0)), p1 = ex2(fmaf(st[nt * 4 + 1], sl2, -l1));
+        float p2 = ex2(fmaf(st[nt * 4 + 2], sl2, -l0)), p3 = ex2(fmaf(st[nt * 4 + 3], sl2, -l1));
+        if (diag) {
+          if (q < k0) p0 = 0.0f;
+          if (q + 1 < k0) p1 = 0.0f;
+          if (q < k1) p2 = 0.0f;
+          if (q + 1 < k1) p3 = 0.0f;
+        }
+        st[nt * 4 + 0] = p0;
+        st[nt * 4 + 1] = p1;
+        st[nt * 4 + 2] = p2;
+        st[nt * 4 + 3] = p3;
+        dpt[nt * 4 + 0] = p0 * (dpt[nt * 4 + 0] - d0);
+        dpt[nt * 4 + 1] = p1 * (dpt[nt * 4 + 1] - d1);
+        dpt[nt * 4 + 2] = p2 * (dpt[nt * 4 + 2] - d0);
+        dpt[nt * 4 + 3] = p3 * (dpt[nt * 4 + 3] - d1);
+      }
+      uint32_t pa[BQ / 16][4], sa[BQ / 16][4];
 #pragma unroll
-    for (int kc = 0; kc < BQ / 16; kc++) { // 16 queries: 16 rows of 128 bytes into each block
-      mma<E>::pv(dv, pa[kc], desc(dO + kc * 2048, QBy, 1024), 1);
-      mma<E>::pv(dk, sa[kc], desc(Q + kc * 2048, QBy, 1024), 1);
+      for (int kc = 0; kc < BQ / 16; kc++) {
+        const float *c0 = st + 8 * kc, *c1 = st + 8 * kc + 4;
+        pa[kc][0] = mma<E>::pack(c0[0], c0[1]);
+        pa[kc][1] = mma<E>::pack(c0[2], c0[3]);
+        pa[kc][2] = mma<E>::pack(c1[0], c1[1]);
+        pa[kc][3] = mma<E>::pack(c1[2], c1[3]);
+        const float *e0 = dpt + 8 * kc, *e1 = dpt + 8 * kc + 4;
+        sa[kc][0] = mma<E>::pack(e0[0], e0[1]);
+        sa[kc][1] = mma<E>::pack(e0[2], e0[3]);
+        sa[kc][2] = mma<E>::pack(e1[0], e1[1]);
+        sa[kc][3] = mma<E>::pack(e1[2], e1[3]);
+      }
+      if (DQ) {
+        // sa[kc][j] is 8x8 block j of dS^T (keys warp*16 + 8 (j % 2) + 0..7, queries kc*16 +
+        // 8 (j / 2) + 0..7); stored transposed, its query row r is the 16 bytes that lane 8 j + r
+        // addresses: 8 keys in column block wg, chunk (key % 64) / 8 swizzled with the row
+        const int kl = warp * 16 + (lane & 8); // this lane's 8 keys of the warpgroup's 64
+#pragma unroll
+        for (int kc = 0; kc < BQ / 16; kc++) {
+          const int q = kc * 16 + (lane >> 4) * 8 + (lane & 7);
+          stsm_x4_trans(dSs + wg * QBy + q * 128 + (((kl >> 3) ^ (q & 7)) << 4), sa[kc]);
+        }
+        fence_async_smem(); // for the dQ wgmma (async proxy), after the barrier below
+      }
+      fence_regs(dv);
+      fence_regs(dk);
+      wg_fence();
+#pragma unroll
+      for (int kc = 0; kc < BQ / 16; kc++) { // 16 queries: 16 rows of 128 bytes into each block
+        mma<E>::pv(dv, pa[kc], desc(dO + kc * 2048, QBy, 1024), 1);
+        mma<E>::pv(dk, sa[kc], desc(Q + kc * 2048, QBy, 1024), 1);
+      }
+      wg_commit();
     }
-    wg_commit();
+    if (DQ) {
+      __syncthreads(); // both warpgroups' dS^T are in shared memory (no warpgroup skipped here)
+      const bool on1 = kb0 + 64 < T && qbase + BQ - 1 >= kb0 + 64; // warpgroup 1's `on`
+      // 16 keys a k-step: 16 rows of K (2048 bytes), 32 bytes into dS's 128-byte rows; the two
+      // key counts as straight-line code (ptxas adds a wgmma fence inside a branchy sequence)
+      auto dq_mma = [&](auto nks) {
+        fence_regs(dq);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < decltype(nks)::value; ks++) {
+          const int cb = ks >> 2, kin = (ks & 3) * 32;
+          mma<E>::ta(dq, desc(Ks + mt * KBy + ks * 2048, KBy, 1024),
+                     desc(dSs + cb * QBy + n0 * 128 + kin, 16, 1024), ks > 0);
+        }
+        wg_commit();
+      };
+      if (on1) dq_mma(std::integral_constant<int, BK / 16>());
+      else dq_mma(std::integral_constant<int, 4>());
+    }
     wg_wait0();
     fence_regs(dv);
     fence_regs(dk);
+    if (DQ) {
+      fence_regs(dq);
+      // dq[nt*4 + {0,1,2,3}] = (d, q), (d, q+1), (d+8, q), (d+8, q+1), d = mt*64 + warp*16 + g,
+      // q = n0 + nt*8 + tg*2. Lanes tg and tg^1 swap: even tg adds (d, q .. q+3), odd tg
+      // (d+8, q-2 .. q+1).
+      const int h = kv * grp + it / nq, odd = tg & 1;
+      float *dst = ws + ((long)(b * H + h) * HD + mt * 64 + warp * 16 + g + odd * 8) * ws_rows(T) +
+                   qbase + n0 + (tg >> 1) * 4;
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) {
+        const float *c = dq + nt * 4;
+        const float x0 = __shfl_xor_sync(0xffffffffu, odd ? c[0] : c[2], 1);
+        const float x1 = __shfl_xor_sync(0xffffffffu, odd ? c[1] : c[3], 1);
+        if (odd) red_add_v4(dst + nt * 8, x0, x1, c[2], c[3]);
+        else red_add_v4(dst + nt * 8, c[0], c[1], x0, x1);
+      }
+    }
   }
   // dk[i*4 + {0,1,2,3}] = (k0, d), (k0, d+1), (k1, d), (k1, d+1), d = i*8 + tg*2
   const long koff = (long)(H + kv) * HD, voff = (long)(H + KV + kv) * HD;
@@ -572,15 +695,43 @@ __global__ void __launch_bounds__(NT, 1)
   }
 }
 
+// dqkv's query columns += ws * scale, ws (B, H, HD, Tp) being the fused kernel's fp32 dQ^T: 64
+// queries of one (b, h) a block, transposed through shared memory (coalesced on both sides).
 template <int HD, typename E>
-int launch_dkdv(E *dqkv, const E *dout, const E *qkv, const float *lse, const float *D, int B,
-                int T, int H, int KV, cudaStream_t st) {
-  constexpr size_t smem = bwd_smem_bytes<HD>();
+__global__ void __launch_bounds__(256)
+    fl3_dq_out_kernel(E *dqkv, const float *ws, int T, int H, int KV, float scale) {
+  __shared__ float tile[HD][65];
+  const int b = (int)blockIdx.x / H, h = (int)blockIdx.x % H, t0 = (int)blockIdx.y * 64;
+  const long Tp = ws_rows(T), W3 = (long)(H + 2 * KV) * HD;
+  const float *src = ws + (long)blockIdx.x * HD * Tp + t0;
+  for (int i = (int)threadIdx.x; i < HD * 16; i += 256) {
+    const int d = i >> 4, c = (i & 15) * 4;
+    const float4 v = *reinterpret_cast<const float4 *>(src + d * Tp + c);
+    tile[d][c] = v.x;
+    tile[d][c + 1] = v.y;
+    tile[d][c + 2] = v.z;
+    tile[d][c + 3] = v.w;
+  }
+  __syncthreads();
+  for (int i = (int)threadIdx.x; i < 64 * (HD / 2); i += 256) {
+    const int tt = i / (HD / 2), d = i % (HD / 2) * 2, t = t0 + tt;
+    if (t >= T) break; // i only grows
+    uint32_t *p = reinterpret_cast<uint32_t *>(dqkv + ((long)b * T + t) * W3 + (long)h * HD + d);
+    const float2 o = mma<E>::unpack(*p);
+    *p = mma<E>::pack(o.x + tile[d][tt] * scale, o.y + tile[d + 1][tt] * scale);
+  }
+}
+
+template <int HD, typename E, bool DQ>
+int launch_dkdv(E *dqkv, float *ws, const E *dout, const E *qkv, const float *lse, const float *D,
+                int B, int T, int H, int KV, cudaStream_t st) {
+  constexpr size_t smem = bwd_smem_bytes<HD, DQ>();
   static int attr;
-  if (!smem_once(fl3_dkdv_kernel<HD, E>, smem, &attr)) return -2;
+  if (!smem_once(fl3_dkdv_kernel<HD, E, DQ>, smem, &attr)) return -2;
   const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
   const dim3 grid((unsigned)(B * KV), (unsigned)((T + BK - 1) / BK));
-  fl3_dkdv_kernel<HD, E><<<grid, NT, smem, st>>>(dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
+  fl3_dkdv_kernel<HD, E, DQ><<<grid, NT, smem, st>>>(dqkv, ws, dout, qkv, lse, D, T, H, KV, sl2,
+                                                      scale);
   return cudaGetLastError() == cudaSuccess ? 0 : -2;
 }
 
@@ -589,9 +740,36 @@ int dkdv(void *dqkv, const void *dout, const void *qkv, const float *lse, const 
          int T, int H, int KV, int hd, void *stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (hd == 64)
-    return launch_dkdv<64, E>((E *)dqkv, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV, st);
+    return launch_dkdv<64, E, false>((E *)dqkv, NULL, (const E *)dout, (const E *)qkv, lse, D, B,
+                                     T, H, KV, st);
   if (hd == 128)
-    return launch_dkdv<128, E>((E *)dqkv, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV, st);
+    return launch_dkdv<128, E, false>((E *)dqkv, NULL, (const E *)dout, (const E *)qkv, lse, D, B,
+                                      T, H, KV, st);
+  return -1;
+}
+
+template <int HD, typename E>
+int launch_fused(E *dqkv, float *ws, const E *dout, const E *qkv, const float *lse, const float *D,
+                 int B, int T, int H, int KV, cudaStream_t st) {
+  if (cudaMemsetAsync(ws, 0, sizeof(float) * (size_t)B * H * HD * ws_rows(T), st) != cudaSuccess)
+    return -2;
+  const int r = launch_dkdv<HD, E, true>(dqkv, ws, dout, qkv, lse, D, B, T, H, KV, st);
+  if (r != 0) return r;
+  const dim3 grid((unsigned)(B * H), (unsigned)(ws_rows(T) / 64));
+  fl3_dq_out_kernel<HD, E><<<grid, 256, 0, st>>>(dqkv, ws, T, H, KV, 1.0f / sqrtf((float)HD));
+  return cudaGetLastError() == cudaSuccess ? 0 : -2;
+}
+
+template <typename E>
+int fused(void *dqkv, float *ws, const void *dout, const void *qkv, const float *lse,
+          const float *D, int B, int T, int H, int KV, int hd, void *stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (hd == 64)
+    return launch_fused<64, E>((E *)dqkv, ws, (const E *)dout, (const E *)qkv, lse, D, B, T, H,
+                               KV, st);
+  if (hd == 128)
+    return launch_fused<128, E>((E *)dqkv, ws, (const E *)dout, (const E *)qkv, lse, D, B, T, H,
+                                KV, st);
   return -1;
 }
 
@@ -602,6 +780,17 @@ extern "C" int ct_fl3_bwd_dkdv(int fp16, void *dqkv, const void *dout, const voi
                                int hd, void *stream) {
   return fp16 ? dkdv<f16>(dqkv, dout, qkv, lse, D, B, T, H, KV, hd, stream)
               : dkdv<bf16>(dqkv, dout, qkv, lse, D, B, T, H, KV, hd, stream);
+}
+
+extern "C" size_t ct_fl3_bwd_ws_floats(int B, int T, int H, int hd) {
+  return (size_t)B * H * hd * (size_t)ws_rows(T);
+}
+
+extern "C" int ct_fl3_bwd(int fp16, void *dqkv, float *ws, const void *dout, const void *qkv,
+                          const float *lse, const float *D, int B, int T, int H, int KV, int hd,
+                          void *stream) {
+  return fp16 ? fused<f16>(dqkv, ws, dout, qkv, lse, D, B, T, H, KV, hd, stream)
+              : fused<bf16>(dqkv, ws, dout, qkv, lse, D, B, T, H, KV, hd, stream);
 }
 
 namespace {

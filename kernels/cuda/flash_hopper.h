@@ -1,7 +1,9 @@
-/* kernels/cuda/flash_hopper.h — the Hopper (sm_90a, wgmma) attention forward ("flash3"), built
- * only when the build targets compute capability 9.0 (CT_HAVE_FLASH3). */
+/* kernels/cuda/flash_hopper.h — the Hopper (sm_90a, wgmma) attention ("flash3"), forward and
+ * backward, built only when the build targets compute capability 9.0 (CT_HAVE_FLASH3). */
 #ifndef CT_FLASH_HOPPER_H
 #define CT_FLASH_HOPPER_H
+
+#include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,6 +25,17 @@ int ct_fl3_bwd_dkdv(int fp16, void *dqkv, const void *dout, const void *qkv, con
 /* The dQ half: adds dQ into the query columns of dqkv, from the same inputs. */
 int ct_fl3_bwd_dq(int fp16, void *dqkv, const void *dout, const void *qkv, const float *lse,
                   const float *D, int B, int T, int H, int KV, int hd, void *stream);
+
+/* Floats of the fp32 workspace ct_fl3_bwd takes: B * H * hd * (T rounded up to 64). */
+size_t ct_fl3_bwd_ws_floats(int B, int T, int H, int hd);
+
+/* The whole backward in one pass over the key blocks (5 GEMMs a tile instead of the two halves'
+ * 7): adds dK, dV and dQ into dqkv from the same inputs as the halves. ws (caller-owned,
+ * ct_fl3_bwd_ws_floats floats, 16-byte aligned) is zeroed here on `stream`, collects dQ with fp32
+ * atomics, and a second kernel adds it, scaled, into the query columns: dQ's bits may differ
+ * from run to run. Returns as ct_fl3_fwd. */
+int ct_fl3_bwd(int fp16, void *dqkv, float *ws, const void *dout, const void *qkv,
+               const float *lse, const float *D, int B, int T, int H, int KV, int hd, void *stream);
 
 #ifdef __cplusplus
 }

@@ -18,10 +18,10 @@
 //     the CPU). 16-bit tables: see the two 16-bit attention sections (batched: P in the 16-bit
 //     type; flash and cudnn: log-sum-exp and a copy of the output).
 //   - Deterministic: no floating-point atomics (except the cudnn attention variant's backward,
-//     see its section). Column sums (dweight, dbias) go through fixed row chunks and a second
-//     pass that adds the chunks in order; embedding backward gives each distinct token to one
-//     block that adds its rows in row order (bit-identical to the CPU); sumsq reduces in double
-//     over a fixed grid.
+//     see its section, and flash3's fused backward, see fl3_bwd_launch). Column sums (dweight,
+//     dbias) go through fixed row chunks and a second pass that adds the chunks in order;
+//     embedding backward gives each distinct token to one block that adds its rows in row order
+//     (bit-identical to the CPU); sumsq reduces in double over a fixed grid.
 //   - Everything is queued on one stream (created by ct_cuda_init); to_host synchronizes.
 //     Errors are sticky (see ops_cuda.h): the first failing call is kept for ct_cuda_check.
 //
@@ -3748,15 +3748,38 @@ void fl2_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, in
 }
 
 #if CT_HAVE_FLASH3
-// flash3's backward: D = rowsum(dO * O) here, then the Hopper dK / dV and dQ kernels
-// (flash_hopper.cu), both reading the forward's lse and D.
+// flash3's backward form, read at every call (a test can switch it): the fused kernel (dQ by
+// atomics) unless CT_FLASH3_DQ_ATOMIC=0 asks for the two deterministic kernels; with it unset,
+// CT_CUDA_CUDNN_DETERMINISTIC=1 (which attention.deterministic sets) asks for them too.
+bool fl3_dq_atomic() {
+  const char *v = getenv("CT_FLASH3_DQ_ATOMIC");
+  if (v && v[0]) return strcmp(v, "0") != 0;
+  const char *d = getenv("CT_CUDA_CUDNN_DETERMINISTIC");
+  return !(d && d[0] && strcmp(d, "0") != 0);
+}
+
+// flash3's backward: D = rowsum(dO * O) here, then the Hopper kernels (flash_hopper.cu), reading
+// the forward's lse and D: by default one fused dK / dV / dQ kernel whose fp32 dQ workspace
+// (B * H * hd * T floats, T rounded up to 64) follows D in the scratch buffer; with
+// fl3_dq_atomic() false, the dK / dV kernel and then the dQ kernel (deterministic).
 template <int HD, typename E>
 void fl3_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, int B, int T, int H,
                     int KV) {
   const float *lse = state;
+  const int half16 = std::is_same<E, f16>::value;
+  if (fl3_dq_atomic()) {
+    // grow scratch to D + workspace first: flash_bwd_D then gets the same buffer, D at its start
+    const size_t d_bytes = (sizeof(float) * (size_t)B * H * T + 255) / 256 * 256;
+    if (!scratch(d_bytes + sizeof(float) * ct_fl3_bwd_ws_floats(B, T, H, HD))) return;
+    float *D = flash_bwd_D<E>(dout, state, B, T, H, HD);
+    if (!D) return;
+    float *ws = (float *)((char *)D + d_bytes);
+    if (ct_fl3_bwd(half16, dqkv, ws, dout, qkv, lse, D, B, T, H, KV, HD, g.stream) != 0)
+      CK_LAUNCH(fl3_bwd_kernel);
+    return;
+  }
   float *D = flash_bwd_D<E>(dout, state, B, T, H, HD);
   if (!D) return;
-  const int half16 = std::is_same<E, f16>::value;
   if (ct_fl3_bwd_dkdv(half16, dqkv, dout, qkv, lse, D, B, T, H, KV, HD, g.stream) != 0) {
     CK_LAUNCH(fl3_dkdv_kernel);
     return;

@@ -17,9 +17,11 @@
  *   test_ops_cuda --op NAME  only the ops whose name contains NAME (with any mode)
  *   test_ops_cuda --dtype D  only the fp32, bf16 or fp16 table (default all three)
  *   test_ops_cuda --attn L   the attention variants a 16-bit table runs, comma-separated (default
- *                            batched,flash,flash2,flash2b,cudnn,auto,default; perf skips
- *                            "default", which is timed as the variant it names; cudnn is skipped,
- *                            with a message, in builds without cuDNN attention)
+ *                            batched,flash,flash2,flash2b,cudnn,auto,default, and in builds with
+ *                            the Hopper kernels flash3 (fused backward, dQ by atomics) and
+ *                            flash3-2k (its two-kernel backward, CT_FLASH3_DQ_ATOMIC=0); perf
+ *                            skips "default", which is timed as the variant it names; cudnn is
+ *                            skipped, with a message, in builds without cuDNN attention)
  * Builds with cuDNN attention also compare the cudnn variant with flash2 on the same inputs
  * (forward output and backward gradients, GQA ratios 1-8, head dims 64 and 128, T off the tiles).
  *   test_ops_cuda --cpu      runs the harness with the CPU table in place of CUDA (checks the
@@ -1299,8 +1301,9 @@ static void test_nonfinite(void) {
 /* Variants compared on the same cases within one run (16-bit tables): attention batched, flash,
  * flash2 and flash2b (or those named by --attn), bias matmul through cuBLASLt vs cublasGemmEx. */
 static int is_att(const family *f) { return f == &fam_att_fwd || f == &fam_att_bwd; }
-#if CT_HAVE_FLASH3 /* the Hopper wgmma forward (kernels/cuda/flash_hopper.cu) */
-#define FLASH3_LIST ",flash3"
+#if CT_HAVE_FLASH3 /* the Hopper wgmma kernels (kernels/cuda/flash_hopper.cu): flash3 with its
+                     * fused backward (dQ by atomics), flash3-2k with the two-kernel one */
+#define FLASH3_LIST ",flash3,flash3-2k"
 #else
 #define FLASH3_LIST ""
 #endif
@@ -1441,14 +1444,23 @@ static void run_selected(size_t i, int perf) {
         if (!said++) printf("  %s\n", NO_CUDNN_MSG);
         continue;
       }
-      if (ct_cuda_set_variant("attention", v) != 0) {
+      /* flash3's backward form is an environment switch that ops_cuda.cu reads at every call:
+       * set for flash3 (fused) and flash3-2k (two kernels) alike, then put back */
+      const int two = !strcmp(v, "flash3-2k"), fl3 = two || !strcmp(v, "flash3");
+      char prev[16] = "";
+      const int had = fl3 && getenv("CT_FLASH3_DQ_ATOMIC");
+      if (had) snprintf(prev, sizeof prev, "%s", getenv("CT_FLASH3_DQ_ATOMIC"));
+      if (fl3) setenv("CT_FLASH3_DQ_ATOMIC", two ? "0" : "1", 1);
+      if (ct_cuda_set_variant("attention", fl3 ? "flash3" : v) != 0)
         CHECK_MSG(0, "--attn: unknown attention variant %s", v);
-        continue;
+      else {
+        static char name[32];
+        snprintf(name, sizeof name, "%s", v);
+        g_variant = name;
+        run_case(i, perf);
       }
-      static char name[32];
-      snprintf(name, sizeof name, "%s", v);
-      g_variant = name;
-      run_case(i, perf);
+      if (had) setenv("CT_FLASH3_DQ_ATOMIC", prev, 1);
+      else if (fl3) unsetenv("CT_FLASH3_DQ_ATOMIC");
     }
     ct_cuda_set_variant("attention", "default");
   } else if (!dev_is_cpu && g_act16 && c->fam == &fam_mm_fwd && !(c->flags & NOBIAS)) {
