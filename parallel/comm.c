@@ -221,6 +221,21 @@ ct_status ct_comm_set_overlap(ct_comm *c, bool on) {
   return after(c, c->ext->set_overlap(c->impl, on));
 }
 
+ct_status ct_comm_make_lean(ct_comm *c, int max_ctas) {
+  CT_TRY(check_comm(c, "ct_comm_make_lean"));
+  if (max_ctas < 1)
+    return ct_set_error(CT_ERR_USAGE, "ct_comm_make_lean (group '%s'): max_ctas = %d, expected >= 1",
+                        c->prefix, max_ctas);
+  if (!c->ext || !c->ext->make_lean) return CT_OK;
+  return after(c, c->ext->make_lean(c->impl, max_ctas));
+}
+
+ct_status ct_comm_use_lean(ct_comm *c, bool on) {
+  CT_TRY(check_comm(c, "ct_comm_use_lean"));
+  if (!c->ext || !c->ext->use_lean) return CT_OK;
+  return after(c, c->ext->use_lean(c->impl, on));
+}
+
 ct_status ct_comm_join(ct_comm *c) { return ct_comm_join_lagging(c, 0); }
 
 ct_status ct_comm_join_lagging(ct_comm *c, int keep) {

@@ -145,6 +145,17 @@ ct_status ct_comm_join(ct_comm *c);
  * running concurrently with later compute-stream work). keep = 0 is ct_comm_join. */
 ct_status ct_comm_join_lagging(ct_comm *c, int keep);
 
+/* Lean collectives (NCCL). ct_comm_make_lean (collective, once; later calls do nothing) makes a
+ * second communicator over the same ranks whose kernels use at most max_ctas (>= 1)
+ * multiprocessors; ct_comm_use_lean (not collective, but every rank switches at the same points
+ * of its call sequence) sends the following all_reduce / reduce_scatter / all_gather calls to it
+ * (on) or back to the full communicator (off). Both queue on the same stream, so their
+ * collectives never run at the same time. For collectives that overlap compute (DDP's buckets
+ * during backward): they take fewer multiprocessors from the GEMMs; the last bucket, which
+ * nothing overlaps, goes to the full one. Gloo: both return CT_OK and change nothing. */
+ct_status ct_comm_make_lean(ct_comm *c, int max_ctas);
+ct_status ct_comm_use_lean(ct_comm *c, bool on);
+
 /* Frees the group and closes its connections. Not collective; NULL is ignored. */
 void ct_comm_destroy(ct_comm *c);
 
@@ -182,6 +193,9 @@ typedef struct ct_comm_backend_ext {
   /* ct_comm_set_overlap / ct_comm_join (NULL: nothing to do) */
   ct_status (*set_overlap)(void *impl, bool on);
   ct_status (*join)(void *impl, int keep); /* all but the last `keep` collectives */
+  /* ct_comm_make_lean / ct_comm_use_lean (NULL: nothing to do) */
+  ct_status (*make_lean)(void *impl, int max_ctas);
+  ct_status (*use_lean)(void *impl, bool on);
 } ct_comm_backend_ext;
 
 /* Gloo (gloo_adapter.cc): creates the state of one rank of a new group. */

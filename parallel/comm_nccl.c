@@ -66,6 +66,8 @@ typedef struct ngroup {
   bool overlap;
   int32_t *one;           /* one device int: the barrier's all-reduce */
   ncclComm_t nocolor_out; /* where a CT_COMM_NO_COLOR split lets NCCL write (stays NULL) */
+  ncclComm_t lean;        /* the same ranks limited to few CTAs (ct_comm_make_lean), or NULL */
+  bool use_lean;          /* the next collectives go to `lean` (ct_comm_use_lean) */
   pending ring[RING];
   int nev;                /* events created */
   uint64_t issued, done;  /* collectives queued; the first `done` are known complete */
@@ -88,6 +90,10 @@ static ct_status fail(const ngroup *g, const char *what, ct_status st, const cha
 /* Aborts the communicator (the group is dropped either way) and returns a suffix for the
  * message saying how that went ("" when there was none yet). */
 static const char *abort_comm(ngroup *g) {
+  if (g->lean) { /* queued on the same stream as the main communicator's collectives */
+    (void)ncclCommAbort(g->lean);
+    g->lean = NULL;
+  }
   if (!g->comm) return "";
   ncclResult_t r = ncclCommAbort(g->comm);
   g->comm = NULL;
@@ -161,8 +167,17 @@ static ct_status check_async(ngroup *g, const char *what) {
   if (r != ncclSuccess) return nccl_fail(g, what, "ncclCommGetAsyncError", r);
   if (a != ncclSuccess && a != ncclInProgress)
     return nccl_fail(g, what, "asynchronous error from an earlier collective", a);
+  if (g->lean) {
+    r = ncclCommGetAsyncError(g->lean, &a);
+    if (r != ncclSuccess) return nccl_fail(g, what, "ncclCommGetAsyncError (lean)", r);
+    if (a != ncclSuccess && a != ncclInProgress)
+      return nccl_fail(g, what, "asynchronous error from an earlier lean collective", a);
+  }
   return CT_OK;
 }
+
+/* The communicator the next collective goes to. */
+static ncclComm_t cur(const ngroup *g) { return g->use_lean && g->lean ? g->lean : g->comm; }
 
 /* ---- the group ---- */
 
@@ -407,7 +422,7 @@ static ct_status nccl_set_overlap(void *impl, bool on) {
 static ct_status queued(ngroup *g, const char *what, const char *call, ncclResult_t r, double t0,
                         const char *desc) {
   if (r == ncclInProgress) {
-    CT_TRY(wait_ready(g, g->comm, what, call, t0));
+    CT_TRY(wait_ready(g, cur(g), what, call, t0));
   } else if (r != ncclSuccess) {
     return nccl_fail(g, what, call, r);
   }
@@ -429,7 +444,7 @@ static ct_status nccl_all_reduce(void *impl, void *buf, size_t count, ct_dtype d
   snprintf(desc, sizeof desc, "all_reduce (%s %s, %zu elements)", ct_dtype_name(dt),
            ct_redop_name(op), count);
   double t0 = ct_now();
-  ncclResult_t r = ncclAllReduce(buf, buf, count, nccl_type(dt), nccl_op(op), g->comm, g->stream);
+  ncclResult_t r = ncclAllReduce(buf, buf, count, nccl_type(dt), nccl_op(op), cur(g), g->stream);
   return queued(g, what, "ncclAllReduce", r, t0, desc);
 }
 
@@ -456,7 +471,7 @@ static ct_status nccl_reduce_scatter(void *impl, const void *send, void *recv, s
   snprintf(desc, sizeof desc, "reduce_scatter (%s %s, %zu elements per rank)", ct_dtype_name(dt),
            ct_redop_name(op), recv_count);
   double t0 = ct_now();
-  ncclResult_t r = ncclReduceScatter(send, recv, recv_count, nccl_type(dt), nccl_op(op), g->comm,
+  ncclResult_t r = ncclReduceScatter(send, recv, recv_count, nccl_type(dt), nccl_op(op), cur(g),
                                      g->stream);
   return queued(g, what, "ncclReduceScatter", r, t0, desc);
 }
@@ -478,7 +493,7 @@ static ct_status nccl_all_gather(void *impl, const void *send, void *recv, size_
   snprintf(desc, sizeof desc, "all_gather (%s, %zu elements per rank)", ct_dtype_name(dt),
            send_count);
   double t0 = ct_now();
-  ncclResult_t r = ncclAllGather(send, recv, send_count, nccl_type(dt), g->comm, g->stream);
+  ncclResult_t r = ncclAllGather(send, recv, send_count, nccl_type(dt), cur(g), g->stream);
   return queued(g, what, "ncclAllGather", r, t0, desc);
 }
 
@@ -520,6 +535,9 @@ static ct_status wait_all(ngroup *g, const char *what) {
                (unsigned long long)g->issued);
       return nccl_fail(g, what, msg, a);
     }
+    if (g->lean && (r = ncclCommGetAsyncError(g->lean, &a)) == ncclSuccess && a != ncclSuccess &&
+        a != ncclInProgress)
+      return nccl_fail(g, what, "asynchronous error of the lean communicator", a);
     double waited = ct_now() - t0;
     if (waited > g->timeout_s) {
       /* The first unfinished collective still in the ring names the culprit. */
@@ -633,6 +651,18 @@ bad:
 static void nccl_destroy(void *impl) {
   ngroup *g = impl;
   if (!g) return;
+  if (g->lean) { /* its collectives ran on the stream the main communicator's finalize flushes */
+    double t0 = ct_now();
+    ncclResult_t r = ncclCommFinalize(g->lean);
+    if (r == ncclSuccess || r == ncclInProgress) {
+      if (wait_ready(g, g->lean, "destroy", "ncclCommFinalize (lean)", t0) != CT_OK)
+        ct_log_warn("%s", ct_last_error()); /* aborted, both communicators */
+    }
+    if (g->lean) {
+      (void)ncclCommDestroy(g->lean);
+      g->lean = NULL;
+    }
+  }
   if (g->comm) {
     /* Finalize flushes what is queued and is polled like everything else, so a stuck peer costs
      * at most timeout_s here; then destroy frees local resources only. */
@@ -655,9 +685,39 @@ static void nccl_destroy(void *impl) {
   group_free(g);
 }
 
+/* ---- the lean communicator ---- */
+
+/* ncclCommSplit of the whole group (one color, keys = ranks) with maxCTAs limited: its kernels
+ * take at most max_ctas multiprocessors, so an all-reduce overlapped with backward slows the
+ * backward's GEMMs down less (and itself runs slower). Polled like every split. */
+static ct_status nccl_make_lean(void *impl, int max_ctas) {
+  ngroup *g = impl;
+  static const char what[] = "make_lean";
+  if (g->lean) return CT_OK;
+  CT_TRY(check_async(g, what));
+  ncclConfig_t cfg = nonblocking_config();
+  cfg.minCTAs = 1;
+  cfg.maxCTAs = max_ctas;
+  /* NCCL may write the new communicator when the split completes: into the group (heap), which
+   * outlives a timed-out wait */
+  double t0 = ct_now();
+  ncclResult_t r = ncclCommSplit(g->comm, 0, g->rank, &g->lean, &cfg);
+  if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(g, what, "ncclCommSplit (lean)", r);
+  CT_TRY(wait_ready(g, g->comm, what, "ncclCommSplit (lean)", t0));
+  ncclComm_t lean = __atomic_load_n(&g->lean, __ATOMIC_ACQUIRE);
+  if (!lean) return fail(g, what, CT_ERR_RUNTIME, "ncclCommSplit (lean) returned no communicator");
+  return wait_ready(g, lean, what, "ncclCommSplit (lean)", t0);
+}
+
+static ct_status nccl_use_lean(void *impl, bool on) {
+  ((ngroup *)impl)->use_lean = on;
+  return CT_OK;
+}
+
 const ct_comm_backend_ops ct_comm_nccl_ops = {
     "nccl",          nccl_split_unused, nccl_all_reduce, nccl_reduce_scatter,
     nccl_all_gather, nccl_broadcast,    nccl_barrier,    nccl_destroy,
 };
 
-const ct_comm_backend_ext ct_comm_nccl_ext = {nccl_sync, nccl_split_all, nccl_set_overlap, nccl_join};
+const ct_comm_backend_ext ct_comm_nccl_ext = {nccl_sync,  nccl_split_all, nccl_set_overlap,
+                                              nccl_join,  nccl_make_lean, nccl_use_lean};

@@ -35,6 +35,7 @@ struct ct_ddp {
   bool armed;
   size_t lo, hi; /* pending range of finished, not yet reduced gradients */
   int buckets;   /* issued in this backward */
+  bool lean;     /* buckets before the last go to the lean communicator */
 };
 
 /* All-reduces grads[lo, hi): in place in fp32, or rounded into the bf16 wire buffer (widened back
@@ -56,8 +57,11 @@ static ct_status reduce_range(ct_ddp *d, size_t lo, size_t n) {
   return CT_OK;
 }
 
-static ct_status flush(ct_ddp *d) {
+/* `last`: nothing is left to compute that the bucket could overlap (unit 0's, or the range a
+ * backward that stopped early left): the full communicator takes it. */
+static ct_status flush(ct_ddp *d, bool last) {
   if (d->lo == d->hi) return CT_OK;
+  if (d->lean) CT_TRY(ct_comm_use_lean(d->c, !last));
   ct_status st = reduce_range(d, d->lo, d->hi - d->lo);
   if (st != CT_OK)
     return ct_add_context(st, "overlapped ddp (elements %zu..%zu): ", d->lo, d->hi);
@@ -72,16 +76,16 @@ static ct_status post_backward(void *ctx, int u) {
   size_t off, n;
   ct_model_unit(d->m, u, &off, &n);
   if (off + n != d->lo) { /* not adjacent (never, with the model's order): reduce what is pending */
-    CT_TRY(flush(d));
+    CT_TRY(flush(d, false));
     d->hi = off + n;
   }
   d->lo = off;
-  if (d->hi - d->lo >= d->bucket || u == 0) CT_TRY(flush(d));
+  if (d->hi - d->lo >= d->bucket || u == 0) CT_TRY(flush(d, u == 0));
   return CT_OK;
 }
 
 ct_status ct_ddp_create(ct_model *model, ct_comm *c, size_t bucket_floats, ct_dtype reduce_dtype,
-                        ct_ddp **out) {
+                        int overlap_ctas, ct_ddp **out) {
   if (reduce_dtype != CT_F32 && reduce_dtype != CT_BF16)
     return ct_set_error(CT_ERR_USAGE, "ddp: gradients are reduced in fp32 or bf16, not %s",
                         ct_dtype_name(reduce_dtype));
@@ -98,6 +102,14 @@ ct_status ct_ddp_create(ct_model *model, ct_comm *c, size_t bucket_floats, ct_dt
       return ct_set_error(CT_ERR_NOMEM, "ddp: no memory for the bf16 gradient buffer (%.1f MiB)",
                           (double)bytes / 1048576.0);
     }
+  }
+  if (overlap_ctas > 0) {
+    ct_status st = ct_comm_make_lean(c, overlap_ctas);
+    if (st != CT_OK) {
+      ct_ddp_destroy(d);
+      return ct_add_context(st, "ddp (parallel.overlap_ctas = %d): ", overlap_ctas);
+    }
+    d->lean = true;
   }
   ct_model_hooks h = {.ctx = d, .post_backward = post_backward};
   ct_model_set_hooks(model, &h);
@@ -120,7 +132,7 @@ ct_status ct_ddp_arm(ct_ddp *d, bool reduce) {
 }
 
 ct_status ct_ddp_finish(ct_ddp *d) {
-  ct_status st = flush(d); /* a backward that stopped early leaves a pending range */
+  ct_status st = flush(d, true); /* a backward that stopped early leaves a pending range */
   d->armed = false;
   ct_status off = ct_comm_set_overlap(d->c, false); /* joins the side stream */
   if (st == CT_OK) st = off;

@@ -33,8 +33,12 @@ typedef struct ct_ddp ct_ddp;
  * gradients in place; CT_BF16 rounds each bucket into a bf16 buffer of the model's backend
  * (numel x 2 bytes), reduces that (half the bytes on the wire, like torch DDP's
  * bf16_compress_hook) and widens the averages back into the fp32 gradients in ct_ddp_finish. */
+/* overlap_ctas > 0 (NCCL): the buckets issued while backward still runs go to a lean
+ * communicator of at most overlap_ctas CTAs (ct_comm_make_lean, made here: collective), so
+ * they take few multiprocessors from backward's kernels; the last bucket, which nothing
+ * overlaps, goes to the full communicator. 0: every bucket to the full one. */
 ct_status ct_ddp_create(ct_model *model, ct_comm *c, size_t bucket_floats, ct_dtype reduce_dtype,
-                        ct_ddp **out);
+                        int overlap_ctas, ct_ddp **out);
 void ct_ddp_destroy(ct_ddp *d); /* clears the model's hooks; NULL is ignored */
 /* Whether the next backward reduces (the last micro-batch of a step; earlier ones only
  * accumulate, like torch's no_sync()). */

@@ -94,6 +94,9 @@ static const key_def KEYS[] = {
   {"parallel", "bucket_mb", K_FLOAT, F(parallel, bucket_mb), 0, NULL, "all-reduce bucket (MiB)"},
   {"parallel", "reduce_dtype", K_ENUM, F(parallel, reduce_dtype), S(parallel, reduce_dtype),
    "fp32|bf16", "ddp: gradient buckets all-reduced in fp32, or rounded to bf16 (half the bytes)"},
+  {"parallel", "overlap_ctas", K_INT, F(parallel, overlap_ctas), 0, NULL,
+   "ddp over NCCL: multiprocessors the bucket all-reduces overlapped with backward may take "
+   "(0 = no limit); the last bucket always gets all"},
   {"parallel", "timeout_s", K_FLOAT, F(parallel, timeout_s), 0, NULL,
    "rendezvous / collective timeout"},
   {"attention", "implementation", K_ENUM, F(kernels, attention), S(kernels, attention),
@@ -133,6 +136,7 @@ void ct_config_defaults(ct_config *c) {
   c->parallel.bucket_mb = 25;
   snprintf(c->parallel.reduce_dtype, sizeof c->parallel.reduce_dtype, "fp32");
   c->parallel.timeout_s = 600;
+  c->parallel.overlap_ctas = 2;
   c->parallel.reshard_after_forward = true;
   c->parallel.tensor = 1;
   c->kernels.use_kernels = true;
@@ -416,6 +420,8 @@ ct_status ct_config_validate(ct_config *c) {
   REQUIRE(!strcmp(c->parallel.reduce_dtype, "fp32") || !strcmp(c->parallel.data, "ddp"),
           "parallel.reduce_dtype = \"%s\" works with parallel.data = \"ddp\" (ZeRO reduces in fp32),"
           " not \"%s\"", c->parallel.reduce_dtype, c->parallel.data);
+  REQUIRE(c->parallel.overlap_ctas >= 0, "parallel.overlap_ctas = %d: must not be negative (0 = no "
+          "limit)", c->parallel.overlap_ctas);
   REQUIRE(c->parallel.timeout_s > 0, "parallel.timeout_s = %g: must be positive", c->parallel.timeout_s);
   {
     const int T = c->parallel.tensor, kv = m->n_kv_head ? m->n_kv_head : m->n_head;

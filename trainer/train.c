@@ -107,6 +107,28 @@ static ct_status step_agree(run *r, double *loss, double *sig) {
   return CT_OK;
 }
 
+/* step_agree for ddp over NCCL, in two halves: the 4 values are queued behind the last gradient
+ * bucket (the compute stream has drained already: the loss was read), so the host's wait for the
+ * gradients covers them too and the GPU does not idle through a vote of its own before the
+ * optimizer. vote_read only after ct_ddp_finish (which waited for every collective). */
+static bool vote_early(const run *r, bool sharded) {
+  return r->comm && !sharded && r->T == 1 && comm_on_device(r);
+}
+
+static ct_status vote_queue(run *r, double loss, double sig) {
+  const int s = (int)sig;
+  float v[4] = {(float)loss, s == SIGTERM, s == SIGINT, s == SIGUSR1};
+  r->be.ops->to_device(r->scratch, v, sizeof v);
+  return ct_comm_all_reduce(r->comm, r->scratch, 4, CT_F32, CT_SUM);
+}
+
+static void vote_read(run *r, double *loss, double *sig) {
+  float v[4];
+  r->be.ops->to_host(v, r->scratch, sizeof v);
+  *loss = v[0] / ct_comm_size(r->comm);
+  *sig = v[1] > 0 ? SIGTERM : v[2] > 0 ? SIGINT : v[3] > 0 ? SIGUSR1 : 0;
+}
+
 static ct_status with_host_copy(run *r, float *dev, size_t n, float **host) {
   *host = dev;
   if (!r->be.cuda || comm_on_device(r)) return CT_OK;
@@ -547,7 +569,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   if (r.comm && !sharded) /* ddp: bucket all-reduces issued during backward */
     CT_TRY_GOTO(ct_ddp_create(r.model, r.comm, ct_ddp_bucket_floats(cfg->parallel.bucket_mb),
                               strcmp(cfg->parallel.reduce_dtype, "bf16") ? CT_F32 : CT_BF16,
-                              &r.ddp), done);
+                              cfg->parallel.overlap_ctas, &r.ddp), done);
   /* fp16: the loss gradient is multiplied by the dynamic loss scale; the optimizer divides it
    * back out together with the clip factor, so no extra pass over the gradients is needed */
   ct_loss_scaler scaler = CT_LOSS_SCALER_INIT;
@@ -586,6 +608,10 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     }
     mark(&r, "backward");
     double norm = 0;
+    /* the stop signal as of the end of backward */
+    double sig = stop_signal;
+    const bool early = vote_early(&r, sharded);
+    if (early) CT_TRY_GOTO(vote_queue(&r, loss, sig), done);
     if (sharded) { /* each rank averages and keeps its own slice of the gradient */
       CT_TRY_GOTO(ct_zero_finish_grads(r.zero), done);
       CT_TRY_GOTO(ct_zero_grad_norm(r.zero, &norm), done);
@@ -603,8 +629,8 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     mark(&r, "grads reduced + norm");
     /* The loss mean and the stop vote, here where the host has just waited for the gradients
      * anyway: after the optimizer the vote would drain the GPU every step. */
-    double sig = stop_signal;
-    CT_TRY_GOTO(step_agree(&r, &loss, &sig), done);
+    if (early) vote_read(&r, &loss, &sig);
+    else CT_TRY_GOTO(step_agree(&r, &loss, &sig), done);
     if (step + 1 == poison_step) norm = INFINITY; /* testing: an overflowed gradient */
     double lr = ct_lr_at(t, step);
     const double used_scale = scaler.enabled ? scaler.scale : 1.0;
