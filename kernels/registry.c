@@ -158,8 +158,8 @@ ct_status ct_registry_resolve(const char *device, const ct_kernels_cfg *cfg, ct_
         for (int j = 0; defs[i].variants[j]; j++)
           if (!strcmp(defs[i].variants[j], e->variant)) t->variant[mode][i] = defs[i].variants[j];
   }
-  /* attention.deterministic: the timed choice may land on cuDNN or flash3, whose default
-   * backwards add with atomics (bits differ run to run); flash's backward is deterministic */
+  /* attention.deterministic: the timed choice may land on cuDNN, whose default backward adds
+   * with atomics (bits differ run to run); flash's backward is deterministic */
   if (cfg->deterministic)
     for (int i = 0; i < n; i++)
       for (int m = 0; m < 2; m++)

@@ -4,12 +4,12 @@
 // output; ops_cuda.cu flash_state_floats), so either backward can follow either forward.
 //
 // The backward is here too, after ops_cuda.cu's D = rowsum(dO * O) kernel, in two forms
-// (ops_cuda.cu picks; CT_FLASH3_DQ_ATOMIC=0 there asks for the second):
-//   fused (ct_fl3_bwd, the default): fl3_dkdv_kernel<DQ = true> gives dK, dV and each tile's dQ
+// (ops_cuda.cu picks; CT_FLASH3_DQ_ATOMIC=1 there asks for the first):
+//   fused (ct_fl3_bwd, opt-in: slower at head dim 128 on an H200): fl3_dkdv_kernel<DQ = true> gives dK, dV and each tile's dQ
 //     from the dS it already holds (5 GEMMs a tile), dQ summed with fp32 atomics into a workspace
 //     that fl3_dq_out_kernel scales into dqkv; dQ's bits may differ from run to run.
 //   two kernels (ct_fl3_bwd_dkdv, ct_fl3_bwd_dq): fl3_dkdv_kernel<DQ = false>, then fl3_dq_kernel,
-//     which recomputes S and dP per query block (7 GEMMs a tile); deterministic.
+//     which recomputes S and dP per query block (7 GEMMs a tile); deterministic; the default.
 //
 // STATUS: written without a GPU at hand (2026-11-30, session 3); on its first GPU run (H200,
 // session 5) it passed tests/gpu/test_ops_cuda's checks against the CPU reference (forward and

@@ -18,7 +18,7 @@
 //     the CPU). 16-bit tables: see the two 16-bit attention sections (batched: P in the 16-bit
 //     type; flash and cudnn: log-sum-exp and a copy of the output).
 //   - Deterministic: no floating-point atomics (except the cudnn attention variant's backward,
-//     see its section, and flash3's fused backward, see fl3_bwd_launch). Column sums (dweight,
+//     see its section, and flash3's opt-in fused backward, see fl3_bwd_launch). Column sums (dweight,
 //     dbias) go through fixed row chunks and a second pass that adds the chunks in order;
 //     embedding backward gives each distinct token to one block that adds its rows in row order
 //     (bit-identical to the CPU); sumsq reduces in double over a fixed grid.
@@ -3748,20 +3748,22 @@ void fl2_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, in
 }
 
 #if CT_HAVE_FLASH3
-// flash3's backward form, read at every call (a test can switch it): the fused kernel (dQ by
-// atomics) unless CT_FLASH3_DQ_ATOMIC=0 asks for the two deterministic kernels; with it unset,
-// CT_CUDA_CUDNN_DETERMINISTIC=1 (which attention.deterministic sets) asks for them too.
+// flash3's backward form, read at every call (a test can switch it): the two deterministic
+// kernels unless CT_FLASH3_DQ_ATOMIC=1 asks for the fused one (dQ by atomics). Measured on an
+// H200 (bench/results/attention_flash3_fused_dq_2026-11-30_H200_f1ba0a9.txt): the fused kernel is
+// 15-20% slower at head dim 128 (the fp32 atomics) and within 5% either way at 64, so it is opt-in;
+// attention.deterministic (CT_CUDA_CUDNN_DETERMINISTIC=1) keeps the two kernels even then.
 bool fl3_dq_atomic() {
   const char *v = getenv("CT_FLASH3_DQ_ATOMIC");
-  if (v && v[0]) return strcmp(v, "0") != 0;
+  if (!(v && v[0] && strcmp(v, "0") != 0)) return false;
   const char *d = getenv("CT_CUDA_CUDNN_DETERMINISTIC");
   return !(d && d[0] && strcmp(d, "0") != 0);
 }
 
 // flash3's backward: D = rowsum(dO * O) here, then the Hopper kernels (flash_hopper.cu), reading
-// the forward's lse and D: by default one fused dK / dV / dQ kernel whose fp32 dQ workspace
-// (B * H * hd * T floats, T rounded up to 64) follows D in the scratch buffer; with
-// fl3_dq_atomic() false, the dK / dV kernel and then the dQ kernel (deterministic).
+// the forward's lse and D: with fl3_dq_atomic(), one fused dK / dV / dQ kernel whose fp32 dQ
+// workspace (B * H * hd * T floats, T rounded up to 64) follows D in the scratch buffer; by
+// default the dK / dV kernel and then the dQ kernel (deterministic).
 template <int HD, typename E>
 void fl3_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, int B, int T, int H,
                     int KV) {

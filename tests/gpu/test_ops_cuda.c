@@ -18,8 +18,8 @@
  *   test_ops_cuda --dtype D  only the fp32, bf16 or fp16 table (default all three)
  *   test_ops_cuda --attn L   the attention variants a 16-bit table runs, comma-separated (default
  *                            batched,flash,flash2,flash2b,cudnn,auto,default, and in builds with
- *                            the Hopper kernels flash3 (fused backward, dQ by atomics) and
- *                            flash3-2k (its two-kernel backward, CT_FLASH3_DQ_ATOMIC=0); perf
+ *                            the Hopper kernels flash3 (its default two-kernel backward) and
+ *                            flash3-fused (fused backward, dQ by atomics: CT_FLASH3_DQ_ATOMIC=1); perf
  *                            skips "default", which is timed as the variant it names; cudnn is
  *                            skipped, with a message, in builds without cuDNN attention)
  * Builds with cuDNN attention also compare the cudnn variant with flash2 on the same inputs
@@ -1302,8 +1302,8 @@ static void test_nonfinite(void) {
  * flash2 and flash2b (or those named by --attn), bias matmul through cuBLASLt vs cublasGemmEx. */
 static int is_att(const family *f) { return f == &fam_att_fwd || f == &fam_att_bwd; }
 #if CT_HAVE_FLASH3 /* the Hopper wgmma kernels (kernels/cuda/flash_hopper.cu): flash3 with its
-                     * fused backward (dQ by atomics), flash3-2k with the two-kernel one */
-#define FLASH3_LIST ",flash3,flash3-2k"
+                     * two-kernel backward, flash3-fused with the fused one (dQ by atomics) */
+#define FLASH3_LIST ",flash3,flash3-fused"
 #else
 #define FLASH3_LIST ""
 #endif
@@ -1445,12 +1445,12 @@ static void run_selected(size_t i, int perf) {
         continue;
       }
       /* flash3's backward form is an environment switch that ops_cuda.cu reads at every call:
-       * set for flash3 (fused) and flash3-2k (two kernels) alike, then put back */
-      const int two = !strcmp(v, "flash3-2k"), fl3 = two || !strcmp(v, "flash3");
+       * set for flash3 (two kernels) and flash3-fused alike, then put back */
+      const int fused = !strcmp(v, "flash3-fused"), fl3 = fused || !strcmp(v, "flash3");
       char prev[16] = "";
       const int had = fl3 && getenv("CT_FLASH3_DQ_ATOMIC");
       if (had) snprintf(prev, sizeof prev, "%s", getenv("CT_FLASH3_DQ_ATOMIC"));
-      if (fl3) setenv("CT_FLASH3_DQ_ATOMIC", two ? "0" : "1", 1);
+      if (fl3) setenv("CT_FLASH3_DQ_ATOMIC", fused ? "1" : "0", 1);
       if (ct_cuda_set_variant("attention", fl3 ? "flash3" : v) != 0)
         CHECK_MSG(0, "--attn: unknown attention variant %s", v);
       else {
