@@ -136,7 +136,7 @@ void ct_config_defaults(ct_config *c) {
   c->parallel.bucket_mb = 25;
   snprintf(c->parallel.reduce_dtype, sizeof c->parallel.reduce_dtype, "fp32");
   c->parallel.timeout_s = 600;
-  c->parallel.overlap_ctas = 2;
+  c->parallel.overlap_ctas = 0;
   c->parallel.reshard_after_forward = true;
   c->parallel.tensor = 1;
   c->kernels.use_kernels = true;

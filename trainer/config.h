@@ -90,7 +90,7 @@ typedef struct ct_parallel_cfg {
   double bucket_mb;     /* gradient all-reduce bucket size */
   char reduce_dtype[8]; /* fp32 | bf16: what ddp's gradient buckets travel as */
   double timeout_s;     /* rendezvous and collective timeout */
-  int overlap_ctas;     /* ddp (NCCL): CTAs of the overlapped bucket all-reduces, 0 = no limit */
+  int overlap_ctas;     /* ddp (NCCL): CTAs of the overlapped bucket all-reduces, 0 (default) = no limit */
 } ct_parallel_cfg;
 
 typedef struct ct_config {
