@@ -27,7 +27,7 @@ mkdir -p data "$OUT"
   "$CT" prepare --out-dir data/fortunes /usr/lib/python3*/*.py >/dev/null 2>&1
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 PARTS=${*:-equiv fault ckpt bench torch comm}
 
 # small shapes for the correctness parts (seconds per run)
