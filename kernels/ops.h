@@ -226,6 +226,13 @@ typedef struct ct_ops {
   void (*qkv_rope_append)(void *qkv, const void *raw, const void *qnw, const void *knw, void *kc,
                           void *vc, const int32_t *slot, const int32_t *pos, int N, int H, int KV,
                           int hd, int max_T, float theta, float eps);
+  /* qkv_rope_append (from raw) then attention_decode (-> out) with the same values, as one
+   * kernel where it applies (CUDA, 16-bit, opt-in: CT_DECODE_FUSED_ATT=1); qkv is not written.
+   * Returns 0 when it ran, 1 when it does not apply (the caller runs the two ops), -1 on a
+   * device error. NULL in tables without it. */
+  int (*attention_decode_rope)(void *out, const void *raw, const void *qnw, const void *knw,
+                               void *kc, void *vc, const int32_t *slot, const int32_t *pos, int N,
+                               int H, int KV, int hd, int max_T, float theta, float eps);
   /* The whole fused decode step of layers[0 .. nl-1] for ONE row (batch 1): for each layer
    * norm_matmul_fwd (x -> raw), qkv_rope_append (raw -> qkv, cache), attention_decode (-> atty),
    * matmul_add_fwd (-> res2), norm_matmul_swiglu_fwd (-> act), matmul_add_fwd (-> x), with the

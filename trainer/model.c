@@ -1294,10 +1294,17 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
   const int32_t *pos = DAI(d, pos), *slot = DAI(d, slot);
   o->norm_matmul_fwd(raw, ln, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C,
                      W, eps);
-  o->qkv_rope_append(qkv, raw, m->cfg.qk_norm ? DW(d, l, P_QNORM) : NULL,
-                     m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL, e->kc[l], e->vc[l], slot, pos, N,
-                     H, KV, hd, e->max_T, (float)m->cfg.rope_theta, eps);
-  o->attention_decode(atty, qkv, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd, e->max_T);
+  const void *qn = m->cfg.qk_norm ? DW(d, l, P_QNORM) : NULL;
+  const void *kn = m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL;
+  const float theta = (float)m->cfg.rope_theta;
+  /* one kernel where the table has it (< 0: a device error, reported by the backend's check) */
+  if (!o->attention_decode_rope ||
+      o->attention_decode_rope(atty, raw, qn, kn, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd,
+                               e->max_T, theta, eps) > 0) {
+    o->qkv_rope_append(qkv, raw, qn, kn, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd, e->max_T,
+                       theta, eps);
+    o->attention_decode(atty, qkv, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd, e->max_T);
+  }
   o->matmul_add_fwd(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), x, N, H * hd, C);
   o->norm_matmul_swiglu_fwd(DA(d, act), DA(d, fch), ln, res2, DW(d, l, P_LN2_W), DW(d, l, P_FC_W),
                             N, C, F, eps);

@@ -835,6 +835,100 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
                          cs_, sn_, lane);
 }
 
+// qkv_rope_append_kernel and attention_decode_vec_kernel in one kernel (attention_decode_rope):
+// grid (ceil(splits / DEC_WARPS), KV, N) as the vec kernel. Each active split warp makes its G
+// query heads' q norm + rope from raw itself (into its shared memory, rounded to T as
+// qkv_rope_append stores them); the warp whose keys include the newest also that key's k norm +
+// rope and v, appends them to the cache and uses them from shared memory; then the vec kernel's
+// split math and merge by the last block of (row, kv head). The same values as the two kernels
+// bit for bit (decode_layers_kernel's attention phase does the same), one launch fewer a layer;
+// qkv itself is not written. Old keys' loads and the row's cos / sin table go out before
+// griddepcontrol.wait.
+template <typename T, int LK, int G>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    attention_decode_rope_kernel(T *out, float *part, unsigned *count, const T *raw,
+                                 const T *qnw, const T *knw, T *kc, T *vc, const int32_t *slot,
+                                 const int32_t *pos, int H, int KV, int max_T, int splits,
+                                 float scale, float theta, float eps) {
+  constexpr int hd = 8 * LK, J = hd / 32, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  const int sp = blockIdx.x * DEC_WARPS + w, kv = blockIdx.y, n = blockIdx.z;
+  __shared__ float cs_[hd / 2], sn_[hd / 2];
+  __shared__ __align__(16) T qs[DEC_WARPS][G + 2][hd]; // a warp's q heads, the newest k, v
+  __shared__ int last;
+  pdl_trigger();
+  const int p = pos[n], len = p + 1, k0 = sp * DEC_CHUNK;
+  const bool active = sp < splits && k0 < len;
+  const int ks = lane / LK, ch = lane % LK;
+  const long s = slot ? slot[n] : n;
+  T *Kc = kc + ((s * KV + kv) * max_T) * (long)hd, *Vc = vc + ((s * KV + kv) * max_T) * (long)hd;
+  uint4 kr[JK], vr[JK];
+#pragma unroll
+  for (int j = 0; j < JK; j++) { // keys cached by earlier steps
+    const int key = k0 + j * KPL + ks;
+    const bool old_key = active && key < len - 1;
+    kr[j] = old_key ? *(const uint4 *)(Kc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
+    vr[j] = old_key ? *(const uint4 *)(Vc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
+  }
+  for (int i = threadIdx.x; i < hd / 2; i += blockDim.x) { // qkv_rope_append_kernel's table
+    float e = (float)(2 * i) / (float)hd;
+    float inv = 1.0f / (float)pow((double)theta, (double)e);
+    float ang = (float)p * inv;
+    double sd, cd;
+    sincos((double)ang, &sd, &cd);
+    cs_[i] = (float)cd;
+    sn_[i] = (float)sd;
+  }
+  pdl_wait();
+  __syncthreads();
+  if (active) {
+    const T *rr = raw + (long)n * (H + 2 * KV) * hd;
+    T(*q)[hd] = qs[w];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      float o[J];
+      rope_head_vals<T, J>(o, rr + (long)(kv * G + g) * hd, qnw, p, theta, eps, 1, cs_, sn_, lane);
+#pragma unroll
+      for (int j = 0; j < J; j++) stf(&q[g][lane + 32 * j], o[j]);
+    }
+    if (k0 <= len - 1 && len - 1 < k0 + DEC_CHUNK) { // the newest key is this split's
+      float o[J];
+      rope_head_vals<T, J>(o, rr + (long)(H + kv) * hd, knw, p, theta, eps, 1, cs_, sn_, lane);
+      T *kd = Kc + (long)p * hd, *vd = Vc + (long)p * hd;
+      const T *vsrc = rr + (long)(H + KV + kv) * hd;
+#pragma unroll
+      for (int j = 0; j < J; j++) {
+        stf(&q[G][lane + 32 * j], o[j]);
+        stf(kd + lane + 32 * j, o[j]);
+        const float v = ldcgf(vsrc + lane + 32 * j);
+        stf(&q[G + 1][lane + 32 * j], v);
+        stf(vd + lane + 32 * j, v);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < JK; j++) {
+        if (k0 + j * KPL + ks == len - 1) {
+          kr[j] = *(const uint4 *)(&q[G][ch * 8]);
+          vr[j] = *(const uint4 *)(&q[G + 1][ch * 8]);
+        }
+      }
+    }
+    __syncwarp();
+    att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
+                                   lane);
+  }
+  // the last block of (n, kv) merges (attention_decode_vec_kernel's)
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(count + (long)n * KV + kv, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
+  for (int g = w; g < G; g += DEC_WARPS) att_merge_head<T, hd>(out, part, n, kv * G + g, H, splits, used, lane);
+  if (threadIdx.x == 0) count[(long)n * KV + kv] = 0;
+}
+
 // argmax over many blocks: grid (B, N); block b scans a slice of row n, writes its (value,
 // index), and the last block of the row (a counter, reset by it) takes the best of the B in
 // block order. Ties go to the lowest index, as argmax_rows_kernel.
@@ -1669,6 +1763,62 @@ void cu_to_host_async(void *dst, const void *src, size_t bytes) {
 
 void cu_sync() { CKD("sync", cudaStreamSynchronize(stream())); }
 
+// CT_DECODE_FUSED_ATT=1 (opt-in until it has run on a GPU): attention_decode_rope runs its one
+// kernel. Read at every call, so a test can compare both paths in one process.
+bool fused_att_on() {
+  const char *v = getenv("CT_DECODE_FUSED_ATT");
+  return v && !strcmp(v, "1");
+}
+long fa_launches; // attention_decode_rope kernels launched (or recorded into a graph)
+
+// qkv_rope_append then attention_decode (ops.h) as attention_decode_rope_kernel: 16-bit tables,
+// head dims 64 / 128, 1, 2 or 4 query heads per kv head; 1 (the caller runs the two ops) where it
+// does not apply.
+template <typename T>
+int cu_attention_decode_rope(void *out, const void *raw, const void *qnw, const void *knw,
+                             void *kc, void *vc, const int32_t *slot, const int32_t *pos, int N,
+                             int H, int KV, int hd, int max_T, float theta, float eps) {
+  if constexpr (sizeof(T) != 2) {
+    return 1;
+  } else {
+    if (N <= 0 || !fused_att_on() || !gemv_on() || !v2_on() || (hd != 64 && hd != 128) ||
+        KV <= 0 || H % KV)
+      return 1;
+    const int G = H / KV;
+    if ((G != 1 && G != 2 && G != 4) || !aligned16(kc) || !aligned16(vc) ||
+        (size_t)(N * KV + ARGMAX_MAX_ROWS) * sizeof(unsigned) > SPLIT_COUNT_BYTES)
+      return 1;
+    const int splits = (max_T + DEC_CHUNK - 1) / DEC_CHUNK;
+    char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + sizeof(float) * (size_t)N * H * splits *
+                                                              (hd + 4));
+    if (!buf) return -1;
+    float *part = (float *)(buf + SPLIT_COUNT_BYTES);
+    unsigned *cnt = (unsigned *)buf;
+    const dim3 g((splits + DEC_WARPS - 1) / DEC_WARPS, KV, N);
+    const float sc = 1.0f / sqrtf((float)hd);
+    T *o = (T *)out, *K = (T *)kc, *V = (T *)vc;
+    const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
+    bool ok = false;
+#define ATT_ROPE(LK, G_)                                                                          \
+  ok = launch("attention_decode_rope", "attention_decode_rope_kernel",                             \
+              attention_decode_rope_kernel<T, LK, G_>, g, DEC_WARPS * 32, 0, o, part, cnt, r, gq,  \
+              gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps)
+    if (hd == 64) {
+      if (G == 1) ATT_ROPE(8, 1);
+      else if (G == 2) ATT_ROPE(8, 2);
+      else ATT_ROPE(8, 4);
+    } else {
+      if (G == 1) ATT_ROPE(16, 1);
+      else if (G == 2) ATT_ROPE(16, 2);
+      else ATT_ROPE(16, 4);
+    }
+#undef ATT_ROPE
+    if (!ok) return -1;
+    fa_launches++;
+    return 0;
+  }
+}
+
 template <typename T> void fill(ct_ops *t) {
   t->embed_pos_fwd = cu_embed_pos_fwd<T>;
   t->rope_pos_fwd = cu_rope_pos_fwd<T>;
@@ -1680,6 +1830,7 @@ template <typename T> void fill(ct_ops *t) {
   t->matmul_add_fwd = cu_matmul_add_fwd<T>;
   t->qkv_rope_append = cu_qkv_rope_append<T>;
   t->decode_layers = cu_decode_layers<T>;
+  t->attention_decode_rope = cu_attention_decode_rope<T>;
 }
 
 } // namespace
@@ -1700,3 +1851,4 @@ extern "C" void ct_cuda_decode_table(ct_ops *t) {
 
 
 extern "C" long ct_cuda_decode_layers_launches(void) { return dl_launches; }
+extern "C" long ct_cuda_attention_decode_rope_launches(void) { return fa_launches; }

@@ -120,6 +120,8 @@ void *ct_cuda_prof_begin(void);
 void ct_cuda_prof_end(void *begin, const char *key);
 /* How many decode_layers kernels were launched or recorded into graphs (tests). */
 long ct_cuda_decode_layers_launches(void);
+/* How many attention_decode_rope kernels were launched or recorded into graphs (tests). */
+long ct_cuda_attention_decode_rope_launches(void);
 
 #ifdef __cplusplus
 }

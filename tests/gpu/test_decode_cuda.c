@@ -546,6 +546,45 @@ static void test_decode_layers(void) {
   }
 }
 
+/* attention_decode_rope (qkv_rope_append + attention_decode as one kernel, CT_DECODE_FUSED_ATT=1)
+ * gives the two kernels' logits bit for bit: one row (prefill, then decode steps that open a new
+ * 16-key split) and three rows of different lengths in other slots, GQA ratios 1, 2 and 4, head
+ * dims 64 / 128, with and without qk norm */
+static void test_attention_decode_rope(void) {
+  static const int S[][4] = {{256, 2, 1, 0}, {256, 4, 4, 0}, {512, 8, 2, 0}, {256, 4, 1, 1}};
+  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+    ct_model *m = tiny_llama(2, S[si][0], S[si][1], S[si][2], !S[si][3], 11 + (uint64_t)si);
+    if (!m) return;
+    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m));
+    for (int batch = 0; batch < 2; batch++) {
+      const size_t rows = batch ? 15 : 9;
+      float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
+      char what[160];
+      snprintf(what, sizeof what, "attention_decode_rope C%d H%d KV%d hd%d%s, %s", S[si][0],
+               S[si][1], S[si][2], S[si][0] / S[si][1], S[si][3] ? " no qk norm" : "",
+               batch ? "3 rows" : "1 row");
+      unsetenv("CT_DECODE_FUSED_ATT");
+      if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, a);
+      else engine_logits_1row(m, ct_ops_cuda_bf16(), a);
+      const long before = ct_cuda_attention_decode_rope_launches();
+      setenv("CT_DECODE_FUSED_ATT", "1", 1);
+      if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, b);
+      else engine_logits_1row(m, ct_ops_cuda_bf16(), b);
+      unsetenv("CT_DECODE_FUSED_ATT");
+      const long ran = ct_cuda_attention_decode_rope_launches() - before;
+      CHECK_MSG(ran > 0, "%s: the fused kernel did not run", what);
+      size_t diff = 0;
+      for (size_t i = 0; i < rows * Vp; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+      CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ from the two kernels'", what, diff,
+                rows * Vp);
+      printf("%s: %ld launches, logits %s\n", what, ran, diff ? "DIFFER" : "bit-identical");
+      free(a);
+      free(b);
+    }
+    ct_model_destroy(m);
+  }
+}
+
 int main(void) {
   char err[512];
   const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -565,6 +604,7 @@ int main(void) {
   test_fused(ct_ops_cuda_bf16(), 2e-2);
   test_engine();
   test_decode_layers();
+  test_attention_decode_rope();
   const char *perf = getenv("CT_TEST_PERF");
   if (perf && perf[0] == '1') perf_fused(ct_ops_cuda_bf16());
   ct_cuda_shutdown();
