@@ -54,12 +54,16 @@ make_data() {
 field() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1/metrics.jsonl" 2>/dev/null | grep -v '^$'; }
 
 # close DIR_A DIR_B FIELD TOL [MIN_VALUES]: the two runs' FIELD values agree to a relative
-# tolerance and there are at least MIN_VALUES of them (default $CLOSE_MIN, else 10).
+# tolerance and there are at least MIN_VALUES of them (default $CLOSE_MIN, else 10). Both runs
+# must have the same number of values: a line with one side missing (paste pads it with nothing,
+# which awk's string compare turned into a relative difference of -inf) fails.
 close() {
   paste -d' ' <(field "$1" "$3") <(field "$2" "$3") | awk -v tol="$4" -v min="${5:-${CLOSE_MIN:-10}}" '
-    { n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r }
-    END { printf "  %s: %d values, worst relative difference %.2e (tolerance %s)\n", "'"$3"'", n, worst, tol;
-          exit !(n >= min && worst <= tol) }'
+    { n++; if (NF != 2) { missing++; next }
+      d = $1 - $2; if (d < 0) d = -d; r = d / ($2 + 0 < 0 ? -$2 : $2 + 0); if (r > worst) worst = r }
+    END { printf "  %s: %d values, worst relative difference %.2e (tolerance %s)%s\n", "'"$3"'", n, worst, tol,
+                 missing ? ", " missing " without a counterpart" : "";
+          exit !(n >= min && !missing && worst <= tol) }'
 }
 
 # The step lines of a run without timings: step, loss, lr, grad_norm (exact floats).

@@ -167,8 +167,11 @@ two parallel.data=zero3 train.stop_after=5 "train.out_dir=$TMP/crash"
 CT_CKPT_ABORT_AFTER=3 two parallel.data=zero3 train.resume=auto "train.out_dir=$TMP/crash"
 check "crash during a sharded save: latest is still step 5" \
   test "$(readlink "$TMP/crash/ckpt/latest")" = step_00000005
+# metrics.jsonl is appended to: drop the crashed attempt's steps 6-10 so that the resumed run's
+# steps 6-10 are the ones compared
+awk -F'[:,]' '$2 + 0 <= 5' "$TMP/crash/metrics.jsonl" >"$TMP/crash.jsonl" && mv "$TMP/crash.jsonl" "$TMP/crash/metrics.jsonl"
 two parallel.data=zero3 train.resume=auto "train.out_dir=$TMP/crash"
 check "crash during a sharded save: resuming finishes with the uninterrupted losses" \
-  close "$TMP/gpt2-one" "$TMP/crash" loss 1e-5 5
+  close "$TMP/gpt2-one" "$TMP/crash" loss 1e-5
 check "the checkpoint records its layout" bash -c "h5dump -a /parallel_data '$TMP/r-zero3@2 -> ddp@2/ckpt/step_00000005/state.h5' | grep -q zero3"
 finish
