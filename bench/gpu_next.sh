@@ -13,6 +13,7 @@
 #   perf     bench/gpt2_124m.sh, bench/attention.sh with flash3
 #   llama    bench/qwen3_0p6b.sh (use_kernels on/off vs torch.compile)
 #   dist     bench/gpu_dist.sh equiv ckpt fault
+# On a 4- or 8-GPU machine (nvidia-h200-x4 / -x8, issues #10 and #11): bench/gpu_scale.sh, one part per call.
 # usage: bench/gpu_next.sh PART...     results under $OUT (default bench/results)
 set -uo pipefail
 cd "$(dirname "$0")/.."
