@@ -15,7 +15,7 @@
 #          GPU and MFU next to torchtitan's 5,762 / 6,667 tokens/s/GPU (8 x H100). Stopped with
 #          SIGKILL after BIG_STEPS logged steps so that no ~96 GB checkpoint is written. Under
 #          tensor parallelism every rank builds the whole fp32 model in host memory (train.c
-#          full_host_model: weights + gradients + init buffer, 12 B/param = ~90 GiB per rank for
+#          full_host_model: its weights only, drawn in place, 4 B/param = ~30 GiB per rank for
 #          8B): the tp run is skipped, saying so, when NPROC x that exceeds MemAvailable
 #          (HOST_B_PER_PARAM to change the rate after a fix, BIG_FORCE=1 to try anyway).
 #   equiv  bf16 10-step losses of every mode and mesh at NPROC against 1 GPU with the same
@@ -449,12 +449,12 @@ part_big() {
     done
     [ -z "$b" ] && { echo "$label: no micro-batch in '${BIG_B:-8 4 2 1}' fits under 60% of $mem MiB"; continue; }
     # tensor parallelism builds the whole fp32 model in host memory on every rank (train.c
-    # full_host_model: weights + gradients, plus ct_model_init_weights' buffer = 12 B/param)
+    # full_host_model: its weights only, drawn in place by ct_model_init_weights = 4 B/param)
     if [ "$tp" != 1 ]; then
-      need=$(python3 -c "print(int($NPROC * ${HOST_B_PER_PARAM:-12} * $n / 2**20))")
+      need=$(python3 -c "print(int($NPROC * ${HOST_B_PER_PARAM:-4} * $n / 2**20))")
       if [ "$need" -gt "$host" ] && [ "${BIG_FORCE:-0}" != 1 ]; then
-        echo "$label: skipped: every rank builds the whole fp32 model in host memory for tp (~${HOST_B_PER_PARAM:-12} B/param):"
-        echo "    $NPROC x ${HOST_B_PER_PARAM:-12} x $n params = $need MiB > MemAvailable $host MiB (BIG_FORCE=1 runs it anyway)"
+        echo "$label: skipped: every rank builds the whole fp32 model in host memory for tp (~${HOST_B_PER_PARAM:-4} B/param):"
+        echo "    $NPROC x ${HOST_B_PER_PARAM:-4} x $n params = $need MiB > MemAvailable $host MiB (BIG_FORCE=1 runs it anyway)"
         continue
       fi
     fi

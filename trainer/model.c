@@ -362,7 +362,10 @@ void ct_model_destroy(ct_model *m) {
 
 void ct_model_init_weights(ct_model *m, uint64_t seed) {
   const double std = m->cfg.init_std, resid = std / sqrt(2.0 * m->cfg.n_layer);
-  float *host = malloc(m->numel * sizeof(float));
+  /* the CPU table's weights are host memory: drawn in place (no second copy of the model,
+   * which tensor parallelism's full host model on every rank of an 8B run cannot afford) */
+  const bool direct = m->ops == ct_ops_cpu();
+  float *host = direct ? m->w : malloc(m->numel * sizeof(float));
   if (!host) return;
   memset(host, 0, m->numel * sizeof(float));
   for (int i = 0; i < m->n_params; i++) {
@@ -392,9 +395,11 @@ void ct_model_init_weights(ct_model *m, uint64_t seed) {
       }
     }
   }
-  m->ops->to_device(m->w, host, m->numel * sizeof(float));
+  if (!direct) {
+    m->ops->to_device(m->w, host, m->numel * sizeof(float));
+    free(host);
+  }
   m->wk_stale = true;
-  free(host);
 }
 
 int ct_model_n_params(const ct_model *m) { return m->n_params; }

@@ -165,6 +165,7 @@ static int zero_stage(const run *r) {
 
 static ct_status full_host_model(run *r, ct_model **fm) {
   ct_model_cfg c = r->cfg->model; /* tp_size 0, no padding: the layout checkpoints use */
+  c.no_grads = true; /* only weights pass through it: 4 bytes a parameter on every rank's host */
   return ct_model_create(&c, ct_ops_cpu(), 1, 1, fm);
 }
 
