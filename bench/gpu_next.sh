@@ -5,8 +5,8 @@
 #            attention_decode_rope, CT_DECODE_FUSED_ATT=1, against qkv_rope_append +
 #            attention_decode, bit for bit) + generation, default and CT_DECODE_FUSED_ATT=1
 #   decode   bench/gpu_decode.sh on the default path, then attention_decode_rope
-#            (CT_DECODE_FUSED_ATT=1: its tokens/s, graphs = no graphs, = the two kernels); if it
-#            is faster and bit-identical, make it the default (decode.cu fused_att_on)
+#            (CT_DECODE_FUSED_ATT=1: its tokens/s, graphs = no graphs, = the two kernels) and the
+#            L2 hints (CT_DECODE_PREFETCH=1), alone and together; make the faster default
 #   ddp      bench/ddp_probe.sh with the step phases of the default and of NCCL limited to 2 and
 #            4 CTAs: does the backward's +2.5 ms shrink while the tail grows? (then: a lean
 #            communicator for the overlapped buckets, the full one for the last bucket)
@@ -34,13 +34,15 @@ for part in "$@"; do
       CT_TEST_BACKEND=cuda timeout 100 build-gpu/tests/test_golden 2>&1 | tail -1
       timeout 300 build-gpu/tests/test_ops_cuda 2>&1 | grep -E "FAIL|MISMATCH|^test:"
       timeout 300 bash tests/gpu/smoke_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
-      timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | grep -E "decode_layers|attention_decode_rope|FAIL|^test:"
+      timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | grep -E "decode_layers|attention_decode_rope|l2 hints|FAIL|^test:"
       timeout 300 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
       CT_DECODE_FUSED_ATT=1 timeout 300 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok" | sed 's/^/fused attention: /' ;;
     decode)
       CTRAIN=$CT COMPILE_BATCHES=1 timeout 300 bash bench/gpu_decode.sh
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16"
-      CT_DECODE_FUSED_ATT=1 timeout 90 $G --batch 1,1,8,64 --cuda_graphs auto 2>&1 >/dev/null | grep '^stats' | sed 's/^/fused attention /'
+      for e in CT_DECODE_FUSED_ATT=1 CT_DECODE_PREFETCH=1 "CT_DECODE_FUSED_ATT=1 CT_DECODE_PREFETCH=1"; do
+        env $e timeout 90 $G --batch 1,1,8,64 --cuda_graphs auto 2>&1 >/dev/null | grep '^stats' | sed "s/^/$e /"
+      done
       a=$(CT_DECODE_FUSED_ATT=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs on 2>/dev/null | md5sum)
       b=$(CT_DECODE_FUSED_ATT=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs off 2>/dev/null | md5sum)
       c=$(timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum)

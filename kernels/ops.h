@@ -226,6 +226,11 @@ typedef struct ct_ops {
   void (*qkv_rope_append)(void *qkv, const void *raw, const void *qnw, const void *knw, void *kc,
                           void *vc, const int32_t *slot, const int32_t *pos, int N, int H, int KV,
                           int hd, int max_T, float theta, float eps);
+  /* A hint for the decode step: the next decode kernel launched on the current device also asks
+   * `bytes` at p (device memory of that device: a later op's weights) into L2 while it runs. No
+   * effect on values; a NULL p clears it. CUDA, opt-in: CT_DECODE_PREFETCH=1. NULL in tables
+   * without it. */
+  void (*l2_hint)(const void *p, size_t bytes);
   /* qkv_rope_append (from raw) then attention_decode (-> out) with the same values, as one
    * kernel where it applies (CUDA, 16-bit, opt-in: CT_DECODE_FUSED_ATT=1); qkv is not written.
    * Returns 0 when it ran, 1 when it does not apply (the caller runs the two ops), -1 on a

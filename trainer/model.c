@@ -1294,11 +1294,18 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
   const ct_ops *o = e->ops;
   const int C = m->C, H = m->H, KV = m->KV, hd = m->hd, W = m->W, F = m->F;
   const float eps = (float)m->cfg.norm_eps;
+  const size_t ab = (size_t)o->act_bytes;
+  /* L2 hints (ops.h): each op's first kernel asks the weights of the GEMV two kernels later
+   * into L2; cleared after the op, so a hint never outlives the op it was meant for */
+#define HINT(p, bytes) \
+  do { if (o->l2_hint) o->l2_hint(p, bytes); } while (0)
   char *x = DA(d, x), *ln = DA(d, ln), *qkv = DA(d, qkv), *res2 = DA(d, res2);
   char *raw = m->cfg.qk_norm ? DA(d, raw) : qkv, *atty = DA(d, atty);
   const int32_t *pos = DAI(d, pos), *slot = DAI(d, slot);
+  HINT(DW(d, l, P_ATTO_W), (size_t)C * H * hd * ab);
   o->norm_matmul_fwd(raw, ln, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C,
                      W, eps);
+  HINT(DW(d, l, P_FC_W), (size_t)2 * F * C * ab);
   const void *qn = m->cfg.qk_norm ? DW(d, l, P_QNORM) : NULL;
   const void *kn = m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL;
   const float theta = (float)m->cfg.rope_theta;
@@ -1310,10 +1317,15 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
                        theta, eps);
     o->attention_decode(atty, qkv, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd, e->max_T);
   }
+  HINT(DW(d, l, P_PROJ_W), (size_t)F * C * ab);
   o->matmul_add_fwd(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), x, N, H * hd, C);
+  /* the next layer's qkv weights, when that layer is on this device */
+  if (l + 1 < d->l1) HINT(DW(d, l + 1, P_QKV_W), (size_t)W * C * ab);
   o->norm_matmul_swiglu_fwd(DA(d, act), DA(d, fch), ln, res2, DW(d, l, P_LN2_W), DW(d, l, P_FC_W),
                             N, C, F, eps);
+  HINT(NULL, 0);
   o->matmul_add_fwd(x, DA(d, act), DW(d, l, P_PROJ_W), DWO(d, l, P_PROJ_B), res2, N, F, C);
+#undef HINT
 }
 
 /* One layer over N rows whose positions and slots are in d's pos / slot buffers. Attention:

@@ -93,6 +93,41 @@ bool v2_on() {
   return on;
 }
 
+// L2 hints (ops.h l2_hint): the next GEMV, attention or qkv_rope_append kernel launched on the
+// device asks a later kernel's weights into L2 while it runs (cp.async.bulk.prefetch.L2, a slice
+// per block), so DRAM keeps streaming through the gaps between the step's small kernels. No
+// effect on any value. CT_DECODE_PREFETCH=1 (opt-in until measured on a GPU); read at every
+// hint, so a test can compare both in one process.
+struct l2_hint_t {
+  const void *p;
+  size_t bytes;
+};
+l2_hint_t hints[16];
+long hints_used; // hints handed to a kernel (tests)
+
+int hint_dev() {
+  int dev = 0;
+  return cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 16 ? dev : -1;
+}
+
+void cu_l2_hint(const void *p, size_t bytes) {
+  const int dev = hint_dev();
+  if (dev < 0) return;
+  const char *v = getenv("CT_DECODE_PREFETCH");
+  const bool on = v && !strcmp(v, "1") && p && bytes;
+  hints[dev] = on ? l2_hint_t{p, bytes} : l2_hint_t{NULL, 0};
+}
+
+// The pending hint of the current device, cleared: for the kernel about to launch.
+l2_hint_t take_hint() {
+  const int dev = hint_dev();
+  if (dev < 0) return l2_hint_t{NULL, 0};
+  const l2_hint_t h = hints[dev];
+  hints[dev] = l2_hint_t{NULL, 0};
+  if (h.p) hints_used++;
+  return h;
+}
+
 // CT_CUDA_PROFILE=1 also times every decode kernel launched outside a graph capture, in the op
 // profile of ops_cuda.cu (keyed by kernel and grid; the events around a kernel cost it its early
 // launch: run with --cuda_graphs off and compare totals, not the step time).
@@ -170,6 +205,30 @@ __device__ __forceinline__ uint4 ld_stream(const void *p) {
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
   return r;
+}
+
+// This block's slice of `bytes` bytes at p into L2 (sm_90 bulk prefetch; nothing elsewhere, and
+// nothing for p NULL): the grid's blocks (all three dimensions) split the range.
+__device__ __forceinline__ void l2_prefetch_slice(const void *p, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x != 0 || !p) return;
+  const size_t nb = (size_t)gridDim.x * gridDim.y * gridDim.z;
+  const size_t id = blockIdx.x + (size_t)gridDim.x * (blockIdx.y + (size_t)gridDim.y * blockIdx.z);
+  const size_t per = ((bytes + nb - 1) / nb + 15) & ~(size_t)15;
+  const size_t lo = per * id;
+  if (lo >= bytes) return;
+  size_t n = bytes - lo < per ? bytes - lo : per;
+  n &= ~(size_t)15;
+  const char *a = (const char *)p + lo;
+  while (n) {
+    const unsigned k = n > (1u << 20) ? (1u << 20) : (unsigned)n;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(k) : "memory");
+    a += k;
+    n -= k;
+  }
+#else
+  (void)p, (void)bytes;
+#endif
 }
 
 // Eight 16-bit values (one uint4) as floats.
@@ -482,12 +541,14 @@ template <typename T, int LK, int G>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     attention_decode_vec_kernel(T *out, float *part, unsigned *count, const T *qkv, const T *kc,
                                 const T *vc, const int32_t *slot, const int32_t *pos, int H,
-                                int KV, int max_T, int splits, float scale) {
+                                int KV, int max_T, int splits, float scale, const void *pf,
+                                size_t pfb) {
   // part: a split's hd + 4 floats (acc (hd), max, sum; 16-byte rows)
   constexpr int hd = 8 * LK, KPL = 32 / LK, J = DEC_CHUNK / KPL;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int sp = blockIdx.x * DEC_WARPS + w, kv = blockIdx.y, n = blockIdx.z;
   __shared__ int last;
+  l2_prefetch_slice(pf, pfb);
   pdl_trigger();
   // pos and slot were copied in before the step's first kernel, and every key but the row's
   // newest (len - 1, appended by the kernel before) was cached by an earlier step: their loads
@@ -585,7 +646,7 @@ enum { GV_PLAIN = 0, GV_RESID = 1, GV_SWIGLU = 2 };
 template <typename T, int N, int R, int U, bool NORM, int MODE>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gemv_kernel(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
-                int nr, int IC, int OC, float eps, int vnorm) {
+                int nr, int IC, int OC, float eps, int vnorm, const void *pf, size_t pfb) {
   constexpr int RR = MODE == GV_SWIGLU ? 2 * R : R;
   extern __shared__ uint4 gv_smem[];
   T *xs = (T *)gv_smem;
@@ -616,6 +677,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   };
   // the first weights do not depend on the kernel before: load them while it finishes
   if (t < tasks) load_round(t, 0);
+  l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
   pdl_trigger();
   pdl_wait();
   // x rows into shared memory (rows nr .. N-1 zero)
@@ -809,7 +871,8 @@ template <typename T, int J>
 __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const T *knw, T *kc,
                                        T *vc, const int32_t *slot, const int32_t *pos, int H,
                                        int KV, int max_T, float theta, float eps,
-                                       int table) {
+                                       int table, const void *pf, size_t pfb) {
+  l2_prefetch_slice(pf, pfb);
   pdl_trigger();
   constexpr int hd = 32 * J;
   const int lane = threadIdx.x & 31, n = blockIdx.x, nh = H + 2 * KV;
@@ -849,13 +912,15 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     attention_decode_rope_kernel(T *out, float *part, unsigned *count, const T *raw,
                                  const T *qnw, const T *knw, T *kc, T *vc, const int32_t *slot,
                                  const int32_t *pos, int H, int KV, int max_T, int splits,
-                                 float scale, float theta, float eps) {
+                                 float scale, float theta, float eps, const void *pf,
+                                 size_t pfb) {
   constexpr int hd = 8 * LK, J = hd / 32, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int sp = blockIdx.x * DEC_WARPS + w, kv = blockIdx.y, n = blockIdx.z;
   __shared__ float cs_[hd / 2], sn_[hd / 2];
   __shared__ __align__(16) T qs[DEC_WARPS][G + 2][hd]; // a warp's q heads, the newest k, v
   __shared__ int last;
+  l2_prefetch_slice(pf, pfb);
   pdl_trigger();
   const int p = pos[n], len = p + 1, k0 = sp * DEC_CHUNK;
   const bool active = sp < splits && k0 < len;
@@ -1109,26 +1174,6 @@ __device__ __forceinline__ void grid_barrier(unsigned *bar, unsigned *gen) {
   __syncthreads();
 }
 
-// This block's slice of `bytes` bytes at p into L2 (sm_90 bulk prefetch; nothing elsewhere).
-__device__ __forceinline__ void l2_prefetch_slice(const void *p, size_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x != 0 || !p) return;
-  const size_t per = ((bytes + gridDim.x - 1) / gridDim.x + 15) & ~(size_t)15;
-  const size_t lo = per * blockIdx.x;
-  if (lo >= bytes) return;
-  size_t n = bytes - lo < per ? bytes - lo : per;
-  n &= ~(size_t)15;
-  const char *a = (const char *)p + lo;
-  while (n) {
-    const unsigned k = n > (1u << 20) ? (1u << 20) : (unsigned)n;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(k) : "memory");
-    a += k;
-    n -= k;
-  }
-#else
-  (void)p, (void)bytes;
-#endif
-}
 
 // One GEMV phase for one row (gemv_kernel's arithmetic with N = 1): a warp takes R output rows
 // at a time (R gate/up pairs for GV_SWIGLU), rows o, o + nw, ... with nw the grid's warps; its
@@ -1492,9 +1537,11 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
       T *o = (T *)out;
       const T *q = (const T *)qkv, *K = (const T *)kc, *V = (const T *)vc;
       unsigned *cnt = (unsigned *)buf;
+      const l2_hint_t h = take_hint();
 #define ATT_VEC(LK, G_)                                                                           \
   launch("attention_decode", "attention_decode_vec_kernel", attention_decode_vec_kernel<T, LK, G_>, \
-         g, DEC_WARPS * 32, 0, o, part, cnt, q, K, V, slot, pos, H, KV, max_T, splits, sc)
+         g, DEC_WARPS * 32, 0, o, part, cnt, q, K, V, slot, pos, H, KV, max_T, splits, sc, h.p,  \
+         h.bytes)
       if (hd == 64) {
         if (G == 1) ATT_VEC(8, 1);
         else if (G == 2) ATT_VEC(8, 2);
@@ -1554,8 +1601,10 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const
   unsigned blocks = (unsigned)((tasks + GV_WARPS - 1) / GV_WARPS);
   const unsigned cap = 4u * (unsigned)num_sms(); // warps loop over further tasks
   if (blocks > cap) blocks = cap;
+  const l2_hint_t h = take_hint();
   launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
-         (size_t)N * IC * sizeof(T), out, inp, nw, w, bias, res, nr, IC, OC, eps, (int)v2_on());
+         (size_t)N * IC * sizeof(T), out, inp, nw, w, bias, res, nr, IC, OC, eps, (int)v2_on(),
+         h.p, h.bytes);
 }
 
 // Rows per warp task (R) and 16-byte chunks per lane and round (U): one round covers a row of
@@ -1649,18 +1698,19 @@ void cu_qkv_rope_append(void *qkv, const void *raw, const void *qnw, const void 
       const int nh = H + 2 * KV, threads = 32 * (nh < 32 ? nh : 32);
       T *q = (T *)qkv, *K = (T *)kc, *V = (T *)vc;
       const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
+      const l2_hint_t h = take_hint();
       if (hd == 64)
         launch("qkv_rope_append", "qkv_rope_append_kernel", qkv_rope_append_kernel<T, 2>, N,
                threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps,
-               (int)v2_on());
+               (int)v2_on(), h.p, h.bytes);
       else if (hd == 128)
         launch("qkv_rope_append", "qkv_rope_append_kernel", qkv_rope_append_kernel<T, 4>, N,
                threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps,
-               (int)v2_on());
+               (int)v2_on(), h.p, h.bytes);
       else
         launch("qkv_rope_append", "qkv_rope_append_kernel", qkv_rope_append_kernel<T, 8>, N,
                threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps,
-               (int)v2_on());
+               (int)v2_on(), h.p, h.bytes);
       return;
     }
   }
@@ -1796,13 +1846,14 @@ int cu_attention_decode_rope(void *out, const void *raw, const void *qnw, const 
     unsigned *cnt = (unsigned *)buf;
     const dim3 g((splits + DEC_WARPS - 1) / DEC_WARPS, KV, N);
     const float sc = 1.0f / sqrtf((float)hd);
+    const l2_hint_t h = take_hint();
     T *o = (T *)out, *K = (T *)kc, *V = (T *)vc;
     const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
     bool ok = false;
 #define ATT_ROPE(LK, G_)                                                                          \
   ok = launch("attention_decode_rope", "attention_decode_rope_kernel",                             \
               attention_decode_rope_kernel<T, LK, G_>, g, DEC_WARPS * 32, 0, o, part, cnt, r, gq,  \
-              gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps)
+              gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, h.p, h.bytes)
     if (hd == 64) {
       if (G == 1) ATT_ROPE(8, 1);
       else if (G == 2) ATT_ROPE(8, 2);
@@ -1831,6 +1882,7 @@ template <typename T> void fill(ct_ops *t) {
   t->qkv_rope_append = cu_qkv_rope_append<T>;
   t->decode_layers = cu_decode_layers<T>;
   t->attention_decode_rope = cu_attention_decode_rope<T>;
+  t->l2_hint = cu_l2_hint;
 }
 
 } // namespace
@@ -1852,3 +1904,4 @@ extern "C" void ct_cuda_decode_table(ct_ops *t) {
 
 extern "C" long ct_cuda_decode_layers_launches(void) { return dl_launches; }
 extern "C" long ct_cuda_attention_decode_rope_launches(void) { return fa_launches; }
+extern "C" long ct_cuda_l2_hints_used(void) { return hints_used; }

@@ -122,6 +122,8 @@ void ct_cuda_prof_end(void *begin, const char *key);
 long ct_cuda_decode_layers_launches(void);
 /* How many attention_decode_rope kernels were launched or recorded into graphs (tests). */
 long ct_cuda_attention_decode_rope_launches(void);
+/* How many l2_hint prefetches were handed to a decode kernel (tests). */
+long ct_cuda_l2_hints_used(void);
 
 #ifdef __cplusplus
 }

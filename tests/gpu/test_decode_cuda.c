@@ -585,6 +585,41 @@ static void test_attention_decode_rope(void) {
   }
 }
 
+/* L2 hints (CT_DECODE_PREFETCH=1: decode kernels prefetch later kernels' weights) change no value:
+ * logits bit for bit equal without them, with the two attention kernels and with the fused one */
+static void test_l2_hints(void) {
+  ct_model *m = tiny_llama(3, 512, 8, 2, true, 21);
+  if (!m) return;
+  const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m));
+  for (int v = 0; v < 4; v++) {
+    const int batch = v & 1, fused = v >> 1;
+    const size_t rows = batch ? 15 : 9;
+    float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
+    char what[128];
+    snprintf(what, sizeof what, "l2 hints, %s, %s", batch ? "3 rows" : "1 row",
+             fused ? "fused attention" : "two attention kernels");
+    if (fused) setenv("CT_DECODE_FUSED_ATT", "1", 1);
+    unsetenv("CT_DECODE_PREFETCH");
+    if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, a);
+    else engine_logits_1row(m, ct_ops_cuda_bf16(), a);
+    const long before = ct_cuda_l2_hints_used();
+    setenv("CT_DECODE_PREFETCH", "1", 1);
+    if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, b);
+    else engine_logits_1row(m, ct_ops_cuda_bf16(), b);
+    unsetenv("CT_DECODE_PREFETCH");
+    unsetenv("CT_DECODE_FUSED_ATT");
+    const long used = ct_cuda_l2_hints_used() - before;
+    CHECK_MSG(used > 0, "%s: no kernel took a hint", what);
+    size_t diff = 0;
+    for (size_t i = 0; i < rows * Vp; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+    CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ", what, diff, rows * Vp);
+    printf("%s: %ld hints taken, logits %s\n", what, used, diff ? "DIFFER" : "bit-identical");
+    free(a);
+    free(b);
+  }
+  ct_model_destroy(m);
+}
+
 int main(void) {
   char err[512];
   const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -605,6 +640,7 @@ int main(void) {
   test_engine();
   test_decode_layers();
   test_attention_decode_rope();
+  test_l2_hints();
   const char *perf = getenv("CT_TEST_PERF");
   if (perf && perf[0] == '1') perf_fused(ct_ops_cuda_bf16());
   ct_cuda_shutdown();
