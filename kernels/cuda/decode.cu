@@ -898,6 +898,54 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
                          cs_, sn_, lane);
 }
 
+// A split warp's part of qkv_rope_append for kv head kv of one row (rr: its raw qkv row, p its
+// position): its G query heads rms-normalized (qn) and rotated into q[0 .. G-1] (shared memory,
+// rounded to T as qkv_rope_append stores them); the warp whose keys k0 .. k0 + DEC_CHUNK - 1
+// include the newest (p) also makes that key's k (kn) and v, appends them to the cache rows Kc,
+// Vc (the kv head's, position 0) and puts them into its key registers kr / vr from q[G], q[G + 1].
+// cs_ / sn_: the row's cos / sin table. Warp-level; attention_decode_rope_kernel and
+// decode_layers_kernel's attention phase.
+template <typename T, int LK, int G>
+__device__ __forceinline__ void att_rope_split(T (*q)[8 * LK], uint4 (&kr)[DEC_CHUNK / (32 / LK)],
+                                               uint4 (&vr)[DEC_CHUNK / (32 / LK)], const T *rr,
+                                               const T *qn, const T *kn, T *Kc, T *Vc, int H,
+                                               int KV, int kv, int k0, int p, float theta,
+                                               float eps, const float *cs_, const float *sn_,
+                                               int lane) {
+  constexpr int hd = 8 * LK, J = hd / 32, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
+  const int ks = lane / LK, ch = lane % LK;
+#pragma unroll
+  for (int g = 0; g < G; g++) {
+    float o[J];
+    rope_head_vals<T, J>(o, rr + (long)(kv * G + g) * hd, qn, p, theta, eps, 1, cs_, sn_, lane);
+#pragma unroll
+    for (int j = 0; j < J; j++) stf(&q[g][lane + 32 * j], o[j]);
+  }
+  if (k0 <= p && p < k0 + DEC_CHUNK) { // the newest key is this split's
+    float o[J];
+    rope_head_vals<T, J>(o, rr + (long)(H + kv) * hd, kn, p, theta, eps, 1, cs_, sn_, lane);
+    T *kd = Kc + (long)p * hd, *vd = Vc + (long)p * hd;
+    const T *vsrc = rr + (long)(H + KV + kv) * hd;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      stf(&q[G][lane + 32 * j], o[j]);
+      stf(kd + lane + 32 * j, o[j]);
+      const float v = ldcgf(vsrc + lane + 32 * j);
+      stf(&q[G + 1][lane + 32 * j], v);
+      stf(vd + lane + 32 * j, v);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < JK; j++) {
+      if (k0 + j * KPL + ks == p) {
+        kr[j] = *(const uint4 *)(&q[G][ch * 8]);
+        vr[j] = *(const uint4 *)(&q[G + 1][ch * 8]);
+      }
+    }
+  }
+  __syncwarp();
+}
+
 // qkv_rope_append_kernel and attention_decode_vec_kernel in one kernel (attention_decode_rope):
 // grid (ceil(splits / DEC_WARPS), KV, N) as the vec kernel. Each active split warp makes its G
 // query heads' q norm + rope from raw itself (into its shared memory, rounded to T as
@@ -914,7 +962,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                                  const int32_t *pos, int H, int KV, int max_T, int splits,
                                  float scale, float theta, float eps, const void *pf,
                                  size_t pfb) {
-  constexpr int hd = 8 * LK, J = hd / 32, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
+  constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int sp = blockIdx.x * DEC_WARPS + w, kv = blockIdx.y, n = blockIdx.z;
   __shared__ float cs_[hd / 2], sn_[hd / 2];
@@ -947,38 +995,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   pdl_wait();
   __syncthreads();
   if (active) {
-    const T *rr = raw + (long)n * (H + 2 * KV) * hd;
     T(*q)[hd] = qs[w];
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      float o[J];
-      rope_head_vals<T, J>(o, rr + (long)(kv * G + g) * hd, qnw, p, theta, eps, 1, cs_, sn_, lane);
-#pragma unroll
-      for (int j = 0; j < J; j++) stf(&q[g][lane + 32 * j], o[j]);
-    }
-    if (k0 <= len - 1 && len - 1 < k0 + DEC_CHUNK) { // the newest key is this split's
-      float o[J];
-      rope_head_vals<T, J>(o, rr + (long)(H + kv) * hd, knw, p, theta, eps, 1, cs_, sn_, lane);
-      T *kd = Kc + (long)p * hd, *vd = Vc + (long)p * hd;
-      const T *vsrc = rr + (long)(H + KV + kv) * hd;
-#pragma unroll
-      for (int j = 0; j < J; j++) {
-        stf(&q[G][lane + 32 * j], o[j]);
-        stf(kd + lane + 32 * j, o[j]);
-        const float v = ldcgf(vsrc + lane + 32 * j);
-        stf(&q[G + 1][lane + 32 * j], v);
-        stf(vd + lane + 32 * j, v);
-      }
-      __syncwarp();
-#pragma unroll
-      for (int j = 0; j < JK; j++) {
-        if (k0 + j * KPL + ks == len - 1) {
-          kr[j] = *(const uint4 *)(&q[G][ch * 8]);
-          vr[j] = *(const uint4 *)(&q[G + 1][ch * 8]);
-        }
-      }
-    }
-    __syncwarp();
+    att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H, KV,
+                             kv, k0, p, theta, eps, cs_, sn_, lane);
     att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
                                    lane);
   }
@@ -1285,7 +1304,7 @@ __device__ __forceinline__ void dl_gemv(T *out, const T *inp, const T *nw, const
 template <typename T, int LK, int G, int UQ, int UR>
 __global__ void __launch_bounds__(DL_WARPS * 32, 1)
     decode_layers_kernel(const __grid_constant__ dl_args a) {
-  constexpr int hd = 8 * LK, J = hd / 32, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
+  constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
   __shared__ uint4 xs4[(UR > UQ ? UR : UQ) * 32];
   __shared__ float cs_[hd / 2], sn_[hd / 2];
   __shared__ __align__(16) T qs[DL_WARPS][G + 2][hd]; // a warp's q heads, then the newest k, v
@@ -1347,39 +1366,9 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
         vr[j] = key < len - 1 ? __ldcg((const uint4 *)(V + (long)key * hd)) : make_uint4(0, 0, 0, 0);
       }
       T(*q)[hd] = qs[warp];
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        float o[J];
-        rope_head_vals<T, J>(o, raw + (long)(kv * G + g) * hd, qn, p, a.theta, a.eps, 1, cs_, sn_,
-                             lane);
-#pragma unroll
-        for (int j = 0; j < J; j++) stf(&q[g][lane + 32 * j], o[j]);
-      }
-      if (k0 <= len - 1 && len - 1 < k0 + DEC_CHUNK) { // the newest key is this split's
-        float o[J];
-        rope_head_vals<T, J>(o, raw + (long)(H + kv) * hd, kn, p, a.theta, a.eps, 1, cs_, sn_,
-                             lane);
-        T *kd = kc + ((s * KV + kv) * a.max_T + p) * (long)hd;
-        T *vd = vc + ((s * KV + kv) * a.max_T + p) * (long)hd;
-        const T *vsrc = raw + (long)(H + KV + kv) * hd;
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-          stf(&q[G][lane + 32 * j], o[j]);
-          stf(kd + lane + 32 * j, o[j]);
-          const float v = ldcgf(vsrc + lane + 32 * j);
-          stf(&q[G + 1][lane + 32 * j], v);
-          stf(vd + lane + 32 * j, v);
-        }
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < JK; j++) {
-          if (k0 + j * KPL + ks == len - 1) {
-            kr[j] = *(const uint4 *)(&q[G][ch * 8]);
-            vr[j] = *(const uint4 *)(&q[G + 1][ch * 8]);
-          }
-        }
-      }
-      __syncwarp();
+      att_rope_split<T, LK, G>(q, kr, vr, raw, qn, kn, kc + ((s * KV + kv) * a.max_T) * (long)hd,
+                               vc + ((s * KV + kv) * a.max_T) * (long)hd, H, KV, kv, k0, p,
+                               a.theta, a.eps, cs_, sn_, lane);
       att_split_math<T, LK, G, true>(a.part, &q[0][0], kr, vr, 0, kv, sp, k0, len, H, a.splits,
                                      a.scale, lane);
       // the last split of this kv head to finish merges its query heads, in split order
