@@ -430,13 +430,16 @@ static void test_all_gather(ct_comm *c) {
 
 /* Overlap mode (a split copy of the group): a collective on the side stream sees what the
  * compute stream wrote before the call; after ct_comm_join (or join_lagging past it) the compute
- * stream sees its result; the last `keep` collectives may still run. */
+ * stream sees its result; the last `keep` collectives may still run. The first two go to the
+ * lean communicator (2 CTAs, as DDP's overlapped buckets with parallel.overlap_ctas = 2), the
+ * third to the full one, on the same side stream. */
 static void test_overlap(ct_comm *c) {
   int me = ct_comm_rank(c), n = ct_comm_size(c);
   ct_comm *g = NULL;
   CHECK_MSG(ct_comm_split(c, 0, me, &g) == CT_OK && g, "split: %s", ct_last_error());
   if (!g) return;
   CHECK_MSG(ct_comm_set_overlap(g, true) == CT_OK, "set_overlap: %s", ct_last_error());
+  CHECK_MSG(ct_comm_make_lean(g, 2) == CT_OK, "make_lean: %s", ct_last_error());
   const size_t cnt = (size_t)1 << 22;
   float *d[3], *h = malloc(cnt * 4);
   for (int k = 0; k < 3; k++) d[k] = dmalloc(cnt * 4);
@@ -445,6 +448,7 @@ static void test_overlap(ct_comm *c) {
   for (int k = 0; k < 3; k++) { /* compute-stream writes, not waited for by the host */
     cudaError_t e = cudaMemcpyAsync(d[k], h, cnt * 4, cudaMemcpyHostToDevice, stream);
     if (e != cudaSuccess) die_cuda("upload", e);
+    CHECK(ct_comm_use_lean(g, k < 2) == CT_OK);
     CHECK(ct_comm_all_reduce(g, d[k], cnt, CT_F32, CT_SUM) == CT_OK);
   }
   CHECK_MSG(ct_comm_join_lagging(g, 1) == CT_OK, "join_lagging: %s", ct_last_error());

@@ -384,6 +384,12 @@ static void test_args(ct_comm *c) {
   CHECK(ct_comm_all_reduce(c, x, 4, CT_F32, (ct_redop)99) == CT_ERR_USAGE);
   CHECK(ct_comm_all_reduce(NULL, x, 4, CT_F32, CT_SUM) == CT_ERR_USAGE);
   CHECK(ct_dtype_size(CT_BF16) == 2 && ct_dtype_size(CT_I64) == 8 && ct_dtype_size(CT_U8) == 1);
+  /* lean collectives: max_ctas must be positive; Gloo has nothing to limit (no-ops) */
+  CHECK(ct_comm_make_lean(c, 0) == CT_ERR_USAGE);
+  CHECK(strstr(ct_last_error(), "ct_comm_make_lean") && strstr(ct_last_error(), "max_ctas = 0"));
+  CHECK(ct_comm_make_lean(c, 2) == CT_OK);
+  CHECK(ct_comm_use_lean(c, true) == CT_OK && ct_comm_use_lean(c, false) == CT_OK);
+  CHECK(ct_comm_make_lean(NULL, 2) == CT_ERR_USAGE);
   /* usage errors do not poison the group: it still works (checked by the next collective) */
 }
 

@@ -187,6 +187,7 @@ int main(void) {
   expect_error("[train]\nseq_len = 4096\n", NULL, CT_ERR_CONFIG, "train.seq_len = 4096 exceeds model.max_seq_len");
   expect_error("", "train.beta2=1.0", CT_ERR_CONFIG, "train.beta2 = 1: must be in [0, 1)");
   expect_error("", "train.grad_accum=0", CT_ERR_CONFIG, "train.grad_accum = 0: must be positive");
+  expect_error("", "parallel.overlap_ctas=-1", CT_ERR_CONFIG, "parallel.overlap_ctas = -1: must not be negative");
   expect_error("", "data.train=", CT_ERR_CONFIG, "data.train: must name a token file");
   expect_error("", "model.vocab_size=1", CT_ERR_CONFIG, "model.vocab_size = 1: must be at least 2");
   /* a missing config file is an input error naming the path */
