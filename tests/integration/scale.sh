@@ -22,30 +22,10 @@ args=("$SRC/configs/smoke.toml" "data.train=$TMP/data/train.h5" "data.val=$TMP/d
       train.warmup_steps=2 train.max_steps=10 train.threads=1)
 gqa=(model.arch=llama model.n_kv_head=4 model.qk_norm=true model.tie_embeddings=false)
 mha=(model.arch=llama model.n_kv_head=8 model.qk_norm=true model.tie_embeddings=false)
-# whole RUN_DIR / same_weights A B TOL: as in tp.sh (sharded checkpoints are consolidated first;
-# every tensor within TOL absolute). AdamW turns last-bit differences of tiny gradients into up
-# to lr-sized steps on a few elements: here one embedding element of llama tp 4 ends 4.3e-5 off
+# same_weights (lib.sh) at 1e-4: AdamW turns last-bit differences of tiny gradients into up to
+# lr-sized steps on a few elements: here one embedding element of llama tp 4 ends 4.3e-5 off
 # (the next worst 9e-7), close to tp.sh's 5e-5, and -march=native builds round differently, so
 # 1e-4; a wrong cut or batch moves weights by 1e-2 and more (2.7e-2 against the wrong reference).
-whole() {
-  local f=$1/ckpt/latest/model.h5
-  if [ -f "$f" ] && h5dump -a /weight_shards "$f" >/dev/null 2>&1; then
-    rm -rf "$1.whole"
-    "$CTRAIN" consolidate "$1/ckpt/latest" "$1.whole" >/dev/null 2>&1 || return 1
-    f=$1.whole/model.h5
-  fi
-  echo "$f"
-}
-same_weights() {
-  local a b
-  a=$(whole "$1") && b=$(whole "$2") || { echo "  consolidate failed"; return 1; }
-  [ -f "$a" ] && [ -f "$b" ] || { echo "  missing checkpoint"; return 1; }
-  h5diff -r -d 0 "$a" "$b" | awk -v tol="$3" '
-    /^dataset:/ { ds = 1; sets++; next } /^attribute:/ { ds = 0; next }
-    ds && /^\[/ { sub(/^\[[^]]*\]/, ""); d = $3; if (d < 0) d = -d; if (d > worst) worst = d }
-    END { printf "  weights: %d tensors, worst absolute difference %.2e (tolerance %s)\n", sets, worst, tol;
-          exit !(sets > 0 && worst <= tol) }'
-}
 one() { "$CTRAIN" train "${args[@]}" "$@" >"$TMP/last.log" 2>&1; }
 run() { local n=$1; shift; "$LAUNCH" --nproc_per_node "$n" --standalone "${args[@]}" "$@" >"$TMP/last.log" 2>&1; }
 

@@ -21,27 +21,7 @@ llama=(model.arch=llama model.n_kv_head=2 model.qk_norm=true model.tie_embedding
 # Final weights, every tensor within TOL absolute. AdamW turns last-bit differences of tiny
 # gradients (split matmul sums) into up to ~lr-sized steps on a few elements, so the TP
 # tolerance is 5e-5 with lr 3e-3; a wrong cut moves weights by 1e-2 and more.
-# whole RUN_DIR: the path of a model.h5 with whole tensors for the run's latest checkpoint
-# (a sharded one, model.h5 with weight_shards, goes through `ctrain consolidate` first)
-whole() {
-  local f=$1/ckpt/latest/model.h5
-  if [ -f "$f" ] && h5dump -a /weight_shards "$f" >/dev/null 2>&1; then
-    rm -rf "$1.whole"
-    "$CTRAIN" consolidate "$1/ckpt/latest" "$1.whole" >/dev/null 2>&1 || return 1
-    f=$1.whole/model.h5
-  fi
-  echo "$f"
-}
-same_weights() {
-  local a b
-  a=$(whole "$1") && b=$(whole "$2") || { echo "  consolidate failed"; return 1; }
-  [ -f "$a" ] && [ -f "$b" ] || { echo "  missing checkpoint"; return 1; }
-  h5diff -r -d 0 "$a" "$b" | awk -v tol="$3" '
-    /^dataset:/ { ds = 1; sets++; next } /^attribute:/ { ds = 0; next }
-    ds && /^\[/ { sub(/^\[[^]]*\]/, ""); d = $3; if (d < 0) d = -d; if (d > worst) worst = d }
-    END { printf "  weights: %d tensors, worst absolute difference %.2e (tolerance %s)\n", sets, worst, tol;
-          exit !(sets > 0 && worst <= tol) }'
-}
+# (whole and same_weights: lib.sh)
 one() { "$CTRAIN" train "${args[@]}" "$@" >"$TMP/last.log" 2>&1; }
 run() { local n=$1; shift; "$LAUNCH" --nproc_per_node "$n" --standalone "${args[@]}" "$@" >"$TMP/last.log" 2>&1; }
 
