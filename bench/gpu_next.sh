@@ -35,6 +35,7 @@ for part in "$@"; do
       timeout 300 build-gpu/tests/test_ops_cuda 2>&1 | grep -E "FAIL|MISMATCH|^test:"
       timeout 300 bash tests/gpu/smoke_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
       timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | grep -E "decode_layers|attention_decode_rope|l2 hints|FAIL|^test:"
+      timeout 120 build-gpu/tests/test_comm_nccl 2>&1 | tail -3 # overlap mode now with a lean communicator
       timeout 300 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
       CT_DECODE_FUSED_ATT=1 timeout 300 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok" | sed 's/^/fused attention: /' ;;
     decode)
