@@ -17,7 +17,7 @@
 #          tensor parallelism every rank builds the whole fp32 model in host memory (train.c
 #          full_host_model: its weights only, drawn in place, 4 B/param = ~30 GiB per rank for
 #          8B): the tp run is skipped, saying so, when NPROC x that exceeds MemAvailable
-#          (HOST_B_PER_PARAM to change the rate after a fix, BIG_FORCE=1 to try anyway).
+#          (HOST_B_PER_PARAM overrides the rate, BIG_FORCE=1 tries anyway).
 #   equiv  bf16 10-step losses of every mode and mesh at NPROC against 1 GPU with the same
 #          global batch (grad_accum = data-parallel degree), <= 1e-2 relative; gpt2 and llama
 #          (GQA, qk_norm) shapes; plus the NCCL collective test at all GPUs
