@@ -1149,9 +1149,10 @@ float *split_scratch(size_t bytes) {
 // GEMV loads after the prologue; a barrier that read the generation, fenced, then added) ran
 // bit-identical to the per-layer kernels but slower: 804 against 1181 tokens/s at batch 1 on the
 // Qwen3-0.6B shape (bench/results/gpu_decode_persist_2026-11-30_H200_19a67d2.txt). This version
-// (five phases, loads first, an acquire/release barrier) was written after the session's last
-// GPU run and has not run yet: opt-in (CT_DECODE_PERSIST=1); test_decode_cuda checks it
-// against the per-layer kernels bit for bit.
+// (five phases, loads first, an acquire/release barrier) is bit-identical too (test_decode_cuda
+// on an H200) and still slower: 858 against 1,171 tokens/s in the same run
+// (bench/results/gpu_next_decode_2026-11-30_2xH200_cc33bec.txt), about 8 us a phase where a
+// per-layer kernel takes about 5: opt-in (CT_DECODE_PERSIST=1).
 #define DL_WARPS 8
 #define DL_MAX_LAYERS 96
 #define DL_MAX_KV 32 // the per-kv-head merge counters sit in the barrier buffer
@@ -1409,8 +1410,8 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
 unsigned *bar_bufs[16];
 long dl_launches; // decode_layers kernels launched (or recorded into a graph)
 
-// CT_DECODE_PERSIST=1 (opt-in until it has run on a GPU): decode_layers runs. Read at every
-// call, so a test can compare both paths in one process.
+// CT_DECODE_PERSIST=1 (opt-in: slower than the per-layer kernels, see above): decode_layers runs.
+// Read at every call, so a test can compare both paths in one process.
 bool persist_on() {
   const char *v = getenv("CT_DECODE_PERSIST");
   return v && !strcmp(v, "1");
