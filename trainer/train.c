@@ -90,6 +90,20 @@ static ct_status dp_mean(run *r, double *v) {
  * vote over all ranks (every rank must stop at the same step). Without tensor parallelism both are
  * the same ranks, so one 4-float sum carries the loss and which signals arrived anywhere: one
  * host wait less per step. */
+/* The 4 floats of that sum: the loss, then one flag per signal. */
+static void vote_pack(float v[4], double loss, double sig) {
+  const int s = (int)sig;
+  v[0] = (float)loss;
+  v[1] = s == SIGTERM;
+  v[2] = s == SIGINT;
+  v[3] = s == SIGUSR1;
+}
+
+static void vote_unpack(const float v[4], int ranks, double *loss, double *sig) {
+  *loss = v[0] / ranks;
+  *sig = v[1] > 0 ? SIGTERM : v[2] > 0 ? SIGINT : v[3] > 0 ? SIGUSR1 : 0;
+}
+
 static ct_status step_agree(run *r, double *loss, double *sig) {
   if (!r->comm) return CT_OK;
   if (r->T > 1) {
@@ -99,11 +113,10 @@ static ct_status step_agree(run *r, double *loss, double *sig) {
     *sig = f;
     return CT_OK;
   }
-  const int s = (int)*sig;
-  float v[4] = {(float)*loss, s == SIGTERM, s == SIGINT, s == SIGUSR1};
+  float v[4];
+  vote_pack(v, *loss, *sig);
   CT_TRY(host_all_reduce(r, r->comm, v, 4, CT_SUM));
-  *loss = v[0] / ct_comm_size(r->comm);
-  *sig = v[1] > 0 ? SIGTERM : v[2] > 0 ? SIGINT : v[3] > 0 ? SIGUSR1 : 0;
+  vote_unpack(v, ct_comm_size(r->comm), loss, sig);
   return CT_OK;
 }
 
@@ -116,8 +129,8 @@ static bool vote_early(const run *r, bool sharded) {
 }
 
 static ct_status vote_queue(run *r, double loss, double sig) {
-  const int s = (int)sig;
-  float v[4] = {(float)loss, s == SIGTERM, s == SIGINT, s == SIGUSR1};
+  float v[4];
+  vote_pack(v, loss, sig);
   r->be.ops->to_device(r->scratch, v, sizeof v);
   return ct_comm_all_reduce(r->comm, r->scratch, 4, CT_F32, CT_SUM);
 }
@@ -125,8 +138,7 @@ static ct_status vote_queue(run *r, double loss, double sig) {
 static void vote_read(run *r, double *loss, double *sig) {
   float v[4];
   r->be.ops->to_host(v, r->scratch, sizeof v);
-  *loss = v[0] / ct_comm_size(r->comm);
-  *sig = v[1] > 0 ? SIGTERM : v[2] > 0 ? SIGINT : v[3] > 0 ? SIGUSR1 : 0;
+  vote_unpack(v, ct_comm_size(r->comm), loss, sig);
 }
 
 static ct_status with_host_copy(run *r, float *dev, size_t n, float **host) {

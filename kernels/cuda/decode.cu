@@ -73,6 +73,12 @@ bool env_off(const char *name) {
   const char *v = getenv(name);
   return v && !strcmp(v, "0");
 }
+// An opt-in switch: the variable is "1". Read at every call, so a test can compare both paths in
+// one process.
+bool env_on(const char *name) {
+  const char *v = getenv(name);
+  return v && !strcmp(v, "1");
+}
 bool pdl_on() {
   static int on = -1;
   if (on < 0) on = !env_off("CT_CUDA_PDL");
@@ -113,8 +119,7 @@ int hint_dev() {
 void cu_l2_hint(const void *p, size_t bytes) {
   const int dev = hint_dev();
   if (dev < 0) return;
-  const char *v = getenv("CT_DECODE_PREFETCH");
-  const bool on = v && !strcmp(v, "1") && p && bytes;
+  const bool on = env_on("CT_DECODE_PREFETCH") && p && bytes;
   hints[dev] = on ? l2_hint_t{p, bytes} : l2_hint_t{NULL, 0};
 }
 
@@ -286,6 +291,23 @@ __global__ void embed_pos_kernel(T *out, const int32_t *tok, const int32_t *pos,
   }
 }
 
+// cos and sin of rotary pair i (of hd / 2) at position p: the one formula every rope here uses,
+// so a table made once per row and a value computed in place agree bit for bit.
+__device__ __forceinline__ void rope_cs(int i, int hd, int p, float theta, float *c, float *s) {
+  float e = (float)(2 * i) / (float)hd;
+  float inv = 1.0f / (float)pow((double)theta, (double)e);
+  float ang = (float)p * inv;
+  double sd, cd;
+  sincos((double)ang, &sd, &cd);
+  *c = (float)cd;
+  *s = (float)sd;
+}
+
+// A row's table cs_[i], sn_[i], i < hd / 2, made by the block's threads (the caller syncs).
+__device__ __forceinline__ void rope_table(float *cs_, float *sn_, int hd, int p, float theta) {
+  for (int i = threadIdx.x; i < hd / 2; i += blockDim.x) rope_cs(i, hd, p, theta, cs_ + i, sn_ + i);
+}
+
 // The same angle and cos/sin as ops_cuda.cu's rope_kernel at position pos[n].
 template <typename T>
 __global__ void rope_pos_kernel(T *qkv, const int32_t *pos, long N, int H, int KV, int hd,
@@ -298,12 +320,8 @@ __global__ void rope_pos_kernel(T *qkv, const int32_t *pos, long N, int H, int K
     const long rest = idx / half;
     const int h = (int)(rest % nh);
     const long n = rest / nh;
-    float e = (float)(2 * i) / (float)hd;
-    float inv = 1.0f / (float)pow((double)theta, (double)e);
-    float ang = (float)pos[n] * inv;
-    double sd, cd;
-    sincos((double)ang, &sd, &cd);
-    const float c = (float)cd, s = (float)sd;
+    float c, s;
+    rope_cs(i, hd, pos[n], theta, &c, &s);
     T *x = qkv + n * W3 + (long)h * hd;
     const float x1 = ldf(x + i), x2 = ldf(x + i + half);
     stf(x + i, x1 * c - x2 * s);
@@ -815,13 +833,7 @@ __device__ __forceinline__ void rope_head_vals(float (&o)[J], const T *x, const 
       c = cs_[i];
       sn = sn_[i];
     } else {
-      float e = (float)(2 * i) / (float)hd;
-      float inv = 1.0f / (float)pow((double)theta, (double)e);
-      float ang = (float)p * inv;
-      double sd, cd;
-      sincos((double)ang, &sd, &cd);
-      c = (float)cd;
-      sn = (float)sd;
+      rope_cs(i, hd, p, theta, &c, &sn);
     }
     const float x1 = v[j], x2 = v[j + J / 2];
     o[j] = x1 * c - x2 * sn;
@@ -882,15 +894,7 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
   const int p = pos[n];
   // cos / sin of the row's angles, once for all heads (rope_pos_kernel's formulas)
   __shared__ float cs_[hd / 2], sn_[hd / 2];
-  for (int i = threadIdx.x; table && i < hd / 2; i += blockDim.x) {
-    float e = (float)(2 * i) / (float)hd;
-    float inv = 1.0f / (float)pow((double)theta, (double)e);
-    float ang = (float)p * inv;
-    double sd, cd;
-    sincos((double)ang, &sd, &cd);
-    cs_[i] = (float)cd;
-    sn_[i] = (float)sd;
-  }
+  if (table) rope_table(cs_, sn_, hd, p, theta);
   pdl_wait();
   __syncthreads();
   for (int h = threadIdx.x >> 5; h < nh; h += blockDim.x >> 5)
@@ -983,15 +987,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     kr[j] = old_key ? *(const uint4 *)(Kc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
     vr[j] = old_key ? *(const uint4 *)(Vc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
   }
-  for (int i = threadIdx.x; i < hd / 2; i += blockDim.x) { // qkv_rope_append_kernel's table
-    float e = (float)(2 * i) / (float)hd;
-    float inv = 1.0f / (float)pow((double)theta, (double)e);
-    float ang = (float)p * inv;
-    double sd, cd;
-    sincos((double)ang, &sd, &cd);
-    cs_[i] = (float)cd;
-    sn_[i] = (float)sd;
-  }
+  rope_table(cs_, sn_, hd, p, theta); // qkv_rope_append_kernel's table
   pdl_wait();
   __syncthreads();
   if (active) {
@@ -1334,16 +1330,7 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
   };
   prefetch(0);
   prefetch(1);
-  // the row's cos / sin table (qkv_rope_append_kernel's formulas)
-  for (int i = threadIdx.x; i < hd / 2; i += blockDim.x) {
-    float ex = (float)(2 * i) / (float)hd;
-    float inv = 1.0f / (float)pow((double)a.theta, (double)ex);
-    float ang = (float)p * inv;
-    double sd, cd;
-    sincos((double)ang, &sd, &cd);
-    cs_[i] = (float)cd;
-    sn_[i] = (float)sd;
-  }
+  rope_table(cs_, sn_, hd, p, a.theta); // the row's cos / sin table
   for (int l = 0; l < a.nl; l++) {
     const ct_decode_layer &Ly = a.L[l];
     T *kc = (T *)Ly.kc, *vc = (T *)Ly.vc;
@@ -1413,8 +1400,7 @@ long dl_launches; // decode_layers kernels launched (or recorded into a graph)
 // CT_DECODE_PERSIST=1 (opt-in: slower than the per-layer kernels, see above): decode_layers runs.
 // Read at every call, so a test can compare both paths in one process.
 bool persist_on() {
-  const char *v = getenv("CT_DECODE_PERSIST");
-  return v && !strcmp(v, "1");
+  return env_on("CT_DECODE_PERSIST");
 }
 
 template <typename T, int LK, int G>
@@ -1806,8 +1792,7 @@ void cu_sync() { CKD("sync", cudaStreamSynchronize(stream())); }
 // CT_DECODE_FUSED_ATT=1 (opt-in until it has run on a GPU): attention_decode_rope runs its one
 // kernel. Read at every call, so a test can compare both paths in one process.
 bool fused_att_on() {
-  const char *v = getenv("CT_DECODE_FUSED_ATT");
-  return v && !strcmp(v, "1");
+  return env_on("CT_DECODE_FUSED_ATT");
 }
 long fa_launches; // attention_decode_rope kernels launched (or recorded into a graph)
 
