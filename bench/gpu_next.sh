@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # What the next GPU session should run first, in priority order (each PART well under the
 # 10-minute call limit on 2 x H200; CUDA build in build-gpu with cuDNN attention; pass COMMIT):
-#   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests (with
-#            attention_decode_rope, CT_DECODE_FUSED_ATT=1, against qkv_rope_append +
-#            attention_decode, bit for bit) + generation, default and CT_DECODE_FUSED_ATT=1
-#   decode   bench/gpu_decode.sh on the default path, then attention_decode_rope
-#            (CT_DECODE_FUSED_ATT=1: its tokens/s, graphs = no graphs, = the two kernels) and the
-#            L2 hints (CT_DECODE_PREFETCH=1), alone and together; make the faster default
+#   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests (the staged GEMV,
+#            CT_DECODE_STAGE=1, against gemv_kernel bit for bit; attention_decode_rope, now the
+#            default up to 8 rows, against the two kernels) + generation, default and staged
+#   decode   bench/gpu_decode.sh on the default path, then the staged GEMV (CT_DECODE_STAGE=1:
+#            tokens/s, graphs = no graphs, = default), the two attention kernels
+#            (CT_DECODE_FUSED_ATT=0) and the L2 hints (CT_DECODE_PREFETCH=1); make the faster default
 #   ddp      bench/ddp_probe.sh with the step phases of the default and of NCCL limited to 2 and
 #            4 CTAs: does the backward's +2.5 ms shrink while the tail grows? (then: a lean
 #            communicator for the overlapped buckets, the full one for the last bucket)
@@ -34,21 +34,21 @@ for part in "$@"; do
       CT_TEST_BACKEND=cuda timeout 100 build-gpu/tests/test_golden 2>&1 | tail -1
       timeout 300 build-gpu/tests/test_ops_cuda 2>&1 | grep -E "FAIL|MISMATCH|^test:"
       timeout 300 bash tests/gpu/smoke_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
-      timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | grep -E "decode_layers|attention_decode_rope|l2 hints|FAIL|^test:"
-      timeout 120 build-gpu/tests/test_comm_nccl 2>&1 | tail -3 # overlap mode now with a lean communicator
+      timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | grep -E "decode_layers|attention_decode_rope|l2 hints|staged|FAIL|^test:"
+      timeout 120 build-gpu/tests/test_comm_nccl 2>&1 | tail -3
       timeout 300 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
-      CT_DECODE_FUSED_ATT=1 timeout 300 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok" | sed 's/^/fused attention: /' ;;
+      CT_DECODE_STAGE=1 timeout 300 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok" | sed 's/^/staged gemv: /' ;;
     decode)
       CTRAIN=$CT COMPILE_BATCHES=1 timeout 300 bash bench/gpu_decode.sh
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16"
-      for e in CT_DECODE_FUSED_ATT=1 CT_DECODE_PREFETCH=1 "CT_DECODE_FUSED_ATT=1 CT_DECODE_PREFETCH=1"; do
+      for e in CT_DECODE_STAGE=1 CT_DECODE_FUSED_ATT=0 CT_DECODE_PREFETCH=1 "CT_DECODE_STAGE=1 CT_DECODE_FUSED_ATT=0"; do
         env $e timeout 90 $G --batch 1,1,8,64 --cuda_graphs auto 2>&1 >/dev/null | grep '^stats' | sed "s/^/$e /"
       done
-      a=$(CT_DECODE_FUSED_ATT=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs on 2>/dev/null | md5sum)
-      b=$(CT_DECODE_FUSED_ATT=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs off 2>/dev/null | md5sum)
+      a=$(CT_DECODE_STAGE=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs on 2>/dev/null | md5sum)
+      b=$(CT_DECODE_STAGE=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs off 2>/dev/null | md5sum)
       c=$(timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum)
-      echo "fused attention qwen3-0.6b: graphs = no graphs: $([ "$a" = "$b" ] && echo ok || echo DIFF);" \
-           "= two kernels: $([ "$a" = "$c" ] && echo ok || echo DIFF)" ;;
+      echo "staged gemv qwen3-0.6b: graphs = no graphs: $([ "$a" = "$b" ] && echo ok || echo DIFF);" \
+           "= default: $([ "$a" = "$c" ] && echo ok || echo DIFF)" ;;
     ddp)
       MARKS=1 ENVS="NCCL_MAX_CTAS=2 NCCL_MAX_CTAS=4" timeout 400 bench/ddp_probe.sh build-gpu
       for n in 2 4; do

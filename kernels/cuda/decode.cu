@@ -137,11 +137,31 @@ l2_hint_t take_hint() {
 // profile of ops_cuda.cu (keyed by kernel and grid; the events around a kernel cost it its early
 // launch: run with --cuda_graphs off and compare totals, not the step time).
 
+bool stage_on();
+
+// With the staged GEMV (gemv_staged_kernel) every decode kernel asks for the largest shared-memory
+// carveout: a multiprocessor runs blocks of one carveout at a time, so a kernel with a smaller one
+// could not start beside a staged GEMV (programmatic dependent launch) until it drained. Once per
+// kernel and device.
+void max_carveout(const void *k) {
+  static const void *done[16][64];
+  static int n[16];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return;
+  for (int i = 0; i < n[dev]; i++)
+    if (done[dev][i] == k) return;
+  if (cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           cudaSharedmemCarveoutMaxShared) != cudaSuccess)
+    cudaGetLastError(); // a preference: the launch goes on without it
+  if (n[dev] < 64) done[dev][n[dev]++] = k;
+}
+
 // A kernel launch on the current stream, with programmatic dependent launch allowed (see the
 // file comment) unless CT_CUDA_PDL=0.
 template <typename... P, typename... A>
 bool launch(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
             A... args) {
+  if (stage_on()) max_carveout((const void *)k);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -661,44 +681,12 @@ __global__ void argmax_rows_kernel(int32_t *out, const T *logits, int V, int Vp)
 #define GV_MAXN 8
 enum { GV_PLAIN = 0, GV_RESID = 1, GV_SWIGLU = 2 };
 
-template <typename T, int N, int R, int U, bool NORM, int MODE>
-__global__ void __launch_bounds__(GV_WARPS * 32)
-    gemv_kernel(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
-                int nr, int IC, int OC, float eps, int vnorm, const void *pf, size_t pfb) {
-  constexpr int RR = MODE == GV_SWIGLU ? 2 * R : R;
-  extern __shared__ uint4 gv_smem[];
-  T *xs = (T *)gv_smem;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int F = OC; // GV_SWIGLU: OC is F (outputs per row); w has 2F rows
-  const int nchunk = IC / 8;
-  const int tasks = (OC + R - 1) / R, stride = gridDim.x * GV_WARPS;
-  int t = blockIdx.x * GV_WARPS + warp;
-  auto row_of = [&](int task, int rr) -> int {
-    if constexpr (MODE == GV_SWIGLU) return rr < R ? task * R + rr : F + task * R + (rr - R);
-    return task * R + rr;
-  };
-  auto row_ok = [&](int task, int rr) -> bool {
-    return (MODE == GV_SWIGLU ? task * R + (rr < R ? rr : rr - R) : task * R + rr) < OC;
-  };
-  uint4 wv[RR][U];
-  auto load_round = [&](int task, int c0) {
-#pragma unroll
-    for (int rr = 0; rr < RR; rr++) {
-      const bool ok = row_ok(task, rr);
-      const T *wr = w + (long)row_of(task, rr) * IC;
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int c = c0 + u * 32 + lane;
-        wv[rr][u] = ok && c < nchunk ? ld_stream(wr + (long)c * 8) : make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
-  // the first weights do not depend on the kernel before: load them while it finishes
-  if (t < tasks) load_round(t, 0);
-  l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
-  pdl_trigger();
-  pdl_wait();
-  // x rows into shared memory (rows nr .. N-1 zero)
+// The GEMV's input: rows n < nr of inp (rmsnorm'd by nw when NORM) into shared memory xs (N, IC)
+// as T; rows nr .. N-1 zero. The block's warps share the rows.
+template <typename T, int N, bool NORM>
+__device__ __forceinline__ void gv_x_rows(T *xs, const T *inp, const T *nw, int nr, int IC,
+                                          float eps, int vnorm) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nchunk = IC / 8;
   if constexpr (NORM) {
     for (int n = warp; n < N; n += GV_WARPS) {
       T *xo = xs + (long)n * IC;
@@ -742,6 +730,46 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
     for (int i = threadIdx.x; i < N * nchunk; i += blockDim.x)
       dst[i] = i < nr * nchunk ? src[i] : make_uint4(0, 0, 0, 0);
   }
+}
+
+template <typename T, int N, int R, int U, bool NORM, int MODE>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gemv_kernel(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
+                int nr, int IC, int OC, float eps, int vnorm, const void *pf, size_t pfb) {
+  constexpr int RR = MODE == GV_SWIGLU ? 2 * R : R;
+  extern __shared__ uint4 gv_smem[];
+  T *xs = (T *)gv_smem;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int F = OC; // GV_SWIGLU: OC is F (outputs per row); w has 2F rows
+  const int nchunk = IC / 8;
+  const int tasks = (OC + R - 1) / R, stride = gridDim.x * GV_WARPS;
+  int t = blockIdx.x * GV_WARPS + warp;
+  auto row_of = [&](int task, int rr) -> int {
+    if constexpr (MODE == GV_SWIGLU) return rr < R ? task * R + rr : F + task * R + (rr - R);
+    return task * R + rr;
+  };
+  auto row_ok = [&](int task, int rr) -> bool {
+    return (MODE == GV_SWIGLU ? task * R + (rr < R ? rr : rr - R) : task * R + rr) < OC;
+  };
+  uint4 wv[RR][U];
+  auto load_round = [&](int task, int c0) {
+#pragma unroll
+    for (int rr = 0; rr < RR; rr++) {
+      const bool ok = row_ok(task, rr);
+      const T *wr = w + (long)row_of(task, rr) * IC;
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int c = c0 + u * 32 + lane;
+        wv[rr][u] = ok && c < nchunk ? ld_stream(wr + (long)c * 8) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  // the first weights do not depend on the kernel before: load them while it finishes
+  if (t < tasks) load_round(t, 0);
+  l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
+  pdl_trigger();
+  pdl_wait();
+  gv_x_rows<T, N, NORM>(xs, inp, nw, nr, IC, eps, vnorm);
   __syncthreads();
   for (; t < tasks; t += stride) {
     float acc[RR][N];
@@ -792,6 +820,113 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
           if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
           stf(out + (long)n * OC + o, v);
         }
+      }
+    }
+  }
+}
+
+// ---- staged GEMV: a block's whole weight slice in shared memory before the kernel waits ----
+// gemv_kernel loads its first weights into registers before pdl_wait; the registers cannot hold
+// a whole layer's, so the rest streams after the wait, on the step's critical path. Here each
+// block owns `rpb` consecutive outputs (their weight rows are one contiguous span; two for
+// GV_SWIGLU: the gate rows and the up rows) and its first thread hands the span to the bulk copy
+// engine (cp.async.bulk, completing on an mbarrier) at the kernel's start. The next kernel's
+// blocks start as soon as this one triggers, so DRAM streams the following kernels' weights
+// while this kernel and the kernel before are still running, and after the wait a block only
+// reads its input rows and multiplies from shared memory. The arithmetic is gemv_kernel's
+// (a warp per output; lane l sums the 16-byte chunks l, l + 32, ... in k order; the same
+// butterfly and epilogue), so the outputs equal its bit for bit.
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Copies `bytes` (a multiple of 16, 16-byte aligned both sides) from global src to shared dst;
+// the completed bytes count against bar's expected transaction bytes.
+__device__ __forceinline__ void bulk_to_smem(void *dst, const void *src, unsigned bytes,
+                                             uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .pred p;\n"
+               "W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra W;\n}" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+#endif
+}
+
+template <typename T, int N, bool NORM, int MODE>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gemv_staged_kernel(T *out, const T *inp, const T *nw, const T *w, const T *bias,
+                       const T *res, int nr, int IC, int OC, float eps, int vnorm, int rpb) {
+  constexpr int S = MODE == GV_SWIGLU ? 2 : 1; // weight spans: the gate and up rows, or the rows
+  extern __shared__ uint4 gv_smem[];
+  __shared__ uint64_t bar;
+  T *ws = (T *)gv_smem;                   // S spans of rpb rows of IC
+  T *xs = ws + (size_t)S * rpb * IC;      // the N input rows
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nchunk = IC / 8;
+  const int o0 = blockIdx.x * rpb, rows = min(OC - o0, rpb);
+  if (threadIdx.x == 0) {
+    const unsigned span = (unsigned)((size_t)rows * IC * sizeof(T));
+    mbar_init(&bar, 1);
+    mbar_expect(&bar, S * span);
+    bulk_to_smem(ws, w + (size_t)o0 * IC, span, &bar);
+    if (S == 2) bulk_to_smem(ws + (size_t)rpb * IC, w + (size_t)(OC + o0) * IC, span, &bar);
+  }
+  pdl_trigger();
+  pdl_wait();
+  gv_x_rows<T, N, NORM>(xs, inp, nw, nr, IC, eps, vnorm);
+  __syncthreads(); // xs, and the barrier's initialization, seen by every thread
+  mbar_wait(&bar, 0);
+  for (int r = warp; r < rows; r += GV_WARPS) {
+    float acc[S][N];
+#pragma unroll
+    for (int sp = 0; sp < S; sp++)
+#pragma unroll
+      for (int n = 0; n < N; n++) acc[sp][n] = 0.0f;
+    for (int c = lane; c < nchunk; c += 32) {
+      float wf[S][8];
+#pragma unroll
+      for (int sp = 0; sp < S; sp++)
+        cvt8<T>(*(const uint4 *)(ws + ((size_t)sp * rpb + r) * IC + (size_t)c * 8), wf[sp]);
+#pragma unroll
+      for (int n = 0; n < N; n++) {
+        float xf[8];
+        cvt8<T>(*(const uint4 *)(xs + (long)n * IC + (long)c * 8), xf);
+#pragma unroll
+        for (int sp = 0; sp < S; sp++)
+#pragma unroll
+          for (int e = 0; e < 8; e++) acc[sp][n] = fmaf(wf[sp][e], xf[e], acc[sp][n]);
+      }
+    }
+#pragma unroll
+    for (int sp = 0; sp < S; sp++)
+#pragma unroll
+      for (int n = 0; n < N; n++) acc[sp][n] = warp_sum(acc[sp][n]);
+    const int o = o0 + r;
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+      if (lane != n || n >= nr) continue;
+      if constexpr (MODE == GV_SWIGLU) {
+        const float gt = rounded<T>(acc[0][n]), up = rounded<T>(acc[1][n]);
+        stf(out + (long)n * OC + o, gt / (1.0f + expf(-gt)) * up);
+      } else {
+        float v = acc[0][n] + (bias ? ldf(bias + o) : 0.0f);
+        if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
+        stf(out + (long)n * OC + o, v);
       }
     }
   }
@@ -1570,9 +1705,43 @@ bool gemv_fits(int N, int IC, const void *inp, const void *w, const void *nw = N
          (size_t)gv_rows(N) * IC * sizeof(T) <= 48 * 1024;
 }
 
+// CT_DECODE_STAGE=1: the staged GEMV where its slices fit (opt-in until measured). Read at every
+// call, so a test can compare both paths in one process.
+bool stage_on() { return env_on("CT_DECODE_STAGE"); }
+long staged_launches; // gemv_staged_kernel launches (tests)
+#define GV_STAGE_MAX (112 * 1024) // a block's shared memory: two such blocks share a multiprocessor
+
+// The staged GEMV, when its per-block slice (an SM's share of the outputs) fits GV_STAGE_MAX;
+// false: not launched (the caller runs gemv_kernel).
+template <typename T, int N, bool NORM, int MODE>
+bool gemv_staged(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
+                 int nr, int IC, int OC, float eps) {
+  const int S = MODE == GV_SWIGLU ? 2 : 1, sms = num_sms();
+  const int rpb = (OC + sms - 1) / sms;
+  const size_t smem = ((size_t)S * rpb + N) * IC * sizeof(T);
+  if (!stage_on() || smem > GV_STAGE_MAX) return false;
+  auto k = gemv_staged_kernel<T, N, NORM, MODE>;
+  static bool raised[16]; // the kernel's dynamic shared-memory limit, raised once per device
+  int dev = 0;
+  if (!CKD("decode gemv", cudaGetDevice(&dev)) || dev < 0 || dev >= 16) return false;
+  if (smem > 48 * 1024 && !raised[dev]) {
+    if (!CKD("decode gemv", cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 GV_STAGE_MAX)))
+      return false;
+    raised[dev] = true;
+  }
+  take_hint(); // its weights are already on their way: an L2 hint adds nothing
+  if (!launch("decode gemv", "gemv_staged_kernel", k, (OC + rpb - 1) / rpb, GV_WARPS * 32, smem,
+              out, inp, nw, w, bias, res, nr, IC, OC, eps, (int)v2_on(), rpb))
+    return true; // reported; the step fails at its check
+  staged_launches++;
+  return true;
+}
+
 template <typename T, int N, bool NORM, int MODE, int R, int U>
 void gemv_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res, int nr,
              int IC, int OC, float eps) {
+  if (gemv_staged<T, N, NORM, MODE>(out, inp, nw, w, bias, res, nr, IC, OC, eps)) return;
   const int tasks = (OC + R - 1) / R;
   unsigned blocks = (unsigned)((tasks + GV_WARPS - 1) / GV_WARPS);
   const unsigned cap = 4u * (unsigned)num_sms(); // warps loop over further tasks
@@ -1789,10 +1958,17 @@ void cu_to_host_async(void *dst, const void *src, size_t bytes) {
 
 void cu_sync() { CKD("sync", cudaStreamSynchronize(stream())); }
 
-// CT_DECODE_FUSED_ATT=1 (opt-in until it has run on a GPU): attention_decode_rope runs its one
-// kernel. Read at every call, so a test can compare both paths in one process.
-bool fused_att_on() {
-  return env_on("CT_DECODE_FUSED_ATT");
+// attention_decode_rope runs its one kernel for up to FA_MAX_ROWS rows: bit-identical to the two
+// kernels and faster at batch 1 (1,218 against 1,176 tokens/s on the Qwen3-0.6B shape, H200,
+// bench/results/gpu_next_decode_2026-11-30_2xH200_0bb99f2.txt), as fast at 8 and slower at 64
+// (20,971 against 23,969: its grid has a block per (split group, kv head, row)).
+// CT_DECODE_FUSED_ATT=1 / =0 force it on / off at any row count. Read at every call, so a test
+// can compare both paths in one process.
+#define FA_MAX_ROWS 8
+bool fused_att_on(int N) {
+  const char *v = getenv("CT_DECODE_FUSED_ATT");
+  if (v && !strcmp(v, "0")) return false;
+  return N <= FA_MAX_ROWS || (v && !strcmp(v, "1"));
 }
 long fa_launches; // attention_decode_rope kernels launched (or recorded into a graph)
 
@@ -1806,7 +1982,7 @@ int cu_attention_decode_rope(void *out, const void *raw, const void *qnw, const 
   if constexpr (sizeof(T) != 2) {
     return 1;
   } else {
-    if (N <= 0 || !fused_att_on() || !gemv_on() || !v2_on() || (hd != 64 && hd != 128) ||
+    if (N <= 0 || !fused_att_on(N) || !gemv_on() || !v2_on() || (hd != 64 && hd != 128) ||
         KV <= 0 || H % KV)
       return 1;
     const int G = H / KV;
@@ -1880,3 +2056,4 @@ extern "C" void ct_cuda_decode_table(ct_ops *t) {
 extern "C" long ct_cuda_decode_layers_launches(void) { return dl_launches; }
 extern "C" long ct_cuda_attention_decode_rope_launches(void) { return fa_launches; }
 extern "C" long ct_cuda_l2_hints_used(void) { return hints_used; }
+extern "C" long ct_cuda_gemv_staged_launches(void) { return staged_launches; }

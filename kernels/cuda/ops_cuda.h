@@ -124,6 +124,8 @@ long ct_cuda_decode_layers_launches(void);
 long ct_cuda_attention_decode_rope_launches(void);
 /* How many l2_hint prefetches were handed to a decode kernel (tests). */
 long ct_cuda_l2_hints_used(void);
+/* How many staged decode GEMVs (CT_DECODE_STAGE=1) were launched or recorded into graphs (tests). */
+long ct_cuda_gemv_staged_launches(void);
 
 #ifdef __cplusplus
 }

@@ -546,9 +546,9 @@ static void test_decode_layers(void) {
   }
 }
 
-/* attention_decode_rope (qkv_rope_append + attention_decode as one kernel, CT_DECODE_FUSED_ATT=1)
- * gives the two kernels' logits bit for bit: one row (prefill, then decode steps that open a new
- * 16-key split) and three rows of different lengths in other slots, GQA ratios 1, 2 and 4, head
+/* attention_decode_rope (qkv_rope_append + attention_decode as one kernel: the default up to 8
+ * rows, CT_DECODE_FUSED_ATT=0 turns it off) gives the two kernels' logits bit for bit: one row
+ * (prefill, then decode steps that open a new 16-key split) and three rows of different lengths in other slots, GQA ratios 1, 2 and 4, head
  * dims 64 / 128, with and without qk norm */
 static void test_attention_decode_rope(void) {
   static const int S[][4] = {{256, 2, 1, 0}, {256, 4, 4, 0}, {512, 8, 2, 0}, {256, 4, 1, 1}};
@@ -563,7 +563,7 @@ static void test_attention_decode_rope(void) {
       snprintf(what, sizeof what, "attention_decode_rope C%d H%d KV%d hd%d%s, %s", S[si][0],
                S[si][1], S[si][2], S[si][0] / S[si][1], S[si][3] ? " no qk norm" : "",
                batch ? "3 rows" : "1 row");
-      unsetenv("CT_DECODE_FUSED_ATT");
+      setenv("CT_DECODE_FUSED_ATT", "0", 1);
       if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, a);
       else engine_logits_1row(m, ct_ops_cuda_bf16(), a);
       const long before = ct_cuda_attention_decode_rope_launches();
@@ -598,7 +598,7 @@ static void test_l2_hints(void) {
     char what[128];
     snprintf(what, sizeof what, "l2 hints, %s, %s", batch ? "3 rows" : "1 row",
              fused ? "fused attention" : "two attention kernels");
-    if (fused) setenv("CT_DECODE_FUSED_ATT", "1", 1);
+    setenv("CT_DECODE_FUSED_ATT", fused ? "1" : "0", 1);
     unsetenv("CT_DECODE_PREFETCH");
     if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, a);
     else engine_logits_1row(m, ct_ops_cuda_bf16(), a);
@@ -618,6 +618,42 @@ static void test_l2_hints(void) {
     free(b);
   }
   ct_model_destroy(m);
+}
+
+/* the staged GEMV (CT_DECODE_STAGE=1: each block's weight slice copied to shared memory by the
+ * bulk copy engine before the kernel waits) changes no value: logits bit for bit equal without it,
+ * for 1 row and 3 rows, at C 512 (its slices fit) and with GQA, qk norm and the fused attention */
+static void test_staged_gemv(void) {
+  static const int S[][3] = {{512, 8, 2}, {256, 4, 4}};
+  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+    ct_model *m = tiny_llama(3, S[si][0], S[si][1], S[si][2], true, 31 + (uint64_t)si);
+    if (!m) return;
+    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m));
+    for (int batch = 0; batch < 2; batch++) {
+      const size_t rows = batch ? 15 : 9;
+      float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
+      char what[128];
+      snprintf(what, sizeof what, "staged gemv C%d H%d KV%d, %s", S[si][0], S[si][1], S[si][2],
+               batch ? "3 rows" : "1 row");
+      unsetenv("CT_DECODE_STAGE");
+      if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, a);
+      else engine_logits_1row(m, ct_ops_cuda_bf16(), a);
+      const long before = ct_cuda_gemv_staged_launches();
+      setenv("CT_DECODE_STAGE", "1", 1);
+      if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, b);
+      else engine_logits_1row(m, ct_ops_cuda_bf16(), b);
+      unsetenv("CT_DECODE_STAGE");
+      const long ran = ct_cuda_gemv_staged_launches() - before;
+      CHECK_MSG(ran > 0, "%s: the staged kernel did not run", what);
+      size_t diff = 0;
+      for (size_t i = 0; i < rows * Vp; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+      CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ", what, diff, rows * Vp);
+      printf("%s: %ld launches, logits %s\n", what, ran, diff ? "DIFFER" : "bit-identical");
+      free(a);
+      free(b);
+    }
+    ct_model_destroy(m);
+  }
 }
 
 int main(void) {
@@ -641,6 +677,7 @@ int main(void) {
   test_decode_layers();
   test_attention_decode_rope();
   test_l2_hints();
+  test_staged_gemv();
   const char *perf = getenv("CT_TEST_PERF");
   if (perf && perf[0] == '1') perf_fused(ct_ops_cuda_bf16());
   ct_cuda_shutdown();
