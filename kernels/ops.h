@@ -69,6 +69,18 @@ typedef struct ct_ops {
   void (*embed_bwd)(float *dwte, float *dwpe, const void *dout, const int32_t *tok,
                     int B, int T, int C);
 
+  /* ---- rows of an fp32 table (DDP's sparse embedding gradient, parallel/ddp.c) ----
+   * rows and flags are int32 in backend memory; the rows given to take_rows and
+   * scatter_add_rows are distinct.
+   * flagged_rows: rows[0 .. k) = the indices i < n with flags[i] != 0, ascending (k, their count,
+   * is the caller's to know); rows[k ..] is not written. */
+  void (*flagged_rows)(int32_t *rows, const int32_t *flags, int n);
+  /* dst (n, C) row i = src row rows[i], then that row of src is set to zero: the rows move out,
+   * so a table that was zero elsewhere is all zero again for its next use. */
+  void (*take_rows)(float *dst, float *src, const int32_t *rows, int n, int C);
+  /* dst row rows[i] += src (n, C) row i */
+  void (*scatter_add_rows)(float *dst, const float *src, const int32_t *rows, int n, int C);
+
   /* ---- normalization (statistics in fp32) ----
    * layernorm: out = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps) (biased variance).
    * mean, rstd (N) are saved for backward. */

@@ -166,6 +166,33 @@ static void embed_bwd(float *dwte, float *dwpe, const void *dout_, const int32_t
   }
 }
 
+/* ---- rows of a table (parallel/ddp.c's sparse embedding gradient) ---- */
+
+static void flagged_rows(int32_t *rows, const int32_t *flags, int n) {
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (flags[i]) rows[k++] = i;
+}
+
+/* rows are distinct, so each row is one thread's alone */
+static void take_rows(float *dst, float *src, const int32_t *rows, int n, int C) {
+#pragma omp parallel for if ((long)n * C > CT_PAR_MIN)
+  for (int i = 0; i < n; i++) {
+    float *s = src + (long)rows[i] * C;
+    memcpy(dst + (long)i * C, s, sizeof(float) * (size_t)C);
+    memset(s, 0, sizeof(float) * (size_t)C);
+  }
+}
+
+static void scatter_add_rows(float *dst, const float *src, const int32_t *rows, int n, int C) {
+#pragma omp parallel for if ((long)n * C > CT_PAR_MIN)
+  for (int i = 0; i < n; i++) {
+    float *d = dst + (long)rows[i] * C;
+    const float *s = src + (long)i * C;
+    for (int c = 0; c < C; c++) d[c] += s[c];
+  }
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* normalization                                                                            */
 
@@ -925,6 +952,9 @@ static const ct_ops cpu_ops = {
     .copy2d = cpu_copy2d,
     .embed_fwd = embed_fwd,
     .embed_bwd = embed_bwd,
+    .flagged_rows = flagged_rows,
+    .take_rows = take_rows,
+    .scatter_add_rows = scatter_add_rows,
     .layernorm_fwd = layernorm_fwd,
     .layernorm_bwd = layernorm_bwd,
     .rmsnorm_fwd = rmsnorm_fwd,

@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <map>
@@ -480,6 +481,48 @@ __global__ void embed_bwd_wpe_kernel(float *dwpe, const T *dout, int B, int T_, 
     float acc = dwpe[i];
     for (int b = 0; b < B; b++) acc += ld(dout + (long)b * total + i); // row (b*T + t)
     dwpe[i] = acc;
+  }
+}
+
+// Rows of an fp32 table (ops.h: flagged_rows, take_rows, scatter_add_rows), for DDP's sparse
+// embedding gradient. flagged_rows is ONE block: each thread counts the flags of its own
+// contiguous slice, a block scan gives each slice its first output slot, and each slice writes its
+// indices in order, so rows come out ascending, as on the CPU. One pass over n ints (a 50k
+// vocabulary: 200 KB), a few microseconds: more blocks would not pay at that size.
+#define FR_THREADS 1024
+__global__ void __launch_bounds__(FR_THREADS)
+    flagged_rows_kernel(int32_t *rows, const int32_t *flags, int n) {
+  typedef cub::BlockScan<int, FR_THREADS> Scan;
+  __shared__ typename Scan::TempStorage tmp;
+  const long per = (n + FR_THREADS - 1) / FR_THREADS, lo0 = threadIdx.x * per;
+  const int lo = (int)min((long)n, lo0), hi = (int)min((long)n, lo0 + per);
+  int k = 0;
+  for (int i = lo; i < hi; i++) k += flags[i] != 0;
+  int at;
+  Scan(tmp).ExclusiveSum(k, at);
+  for (int i = lo; i < hi; i++)
+    if (flags[i]) rows[at++] = i;
+}
+
+// Element i of the packed (n, C) rows; rows are distinct, so no two threads touch one element.
+__global__ void take_rows_kernel(float *dst, float *src, const int32_t *rows, int n, int C) {
+  const long total = (long)n * C;
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total;
+       i += (long)gridDim.x * blockDim.x) {
+    const long r = i / C;
+    float *s = src + (long)rows[r] * C + (i - r * C);
+    dst[i] = *s;
+    *s = 0.0f;
+  }
+}
+
+__global__ void scatter_add_rows_kernel(float *dst, const float *src, const int32_t *rows, int n,
+                                        int C) {
+  const long total = (long)n * C;
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < total;
+       i += (long)gridDim.x * blockDim.x) {
+    const long r = i / C;
+    dst[(long)rows[r] * C + (i - r * C)] += src[i];
   }
 }
 
@@ -1804,6 +1847,27 @@ void cu_embed_bwd(float *dwte, float *dwpe, const void *dout, const int32_t *tok
         dwpe, (const act_t *)dout, B, T, C);
     CK_LAUNCH(embed_bwd_wpe_kernel);
   }
+}
+
+void cu_flagged_rows(int32_t *rows, const int32_t *flags, int n) {
+  OP("flagged_rows");
+  if (n <= 0) return;
+  flagged_rows_kernel<<<1, FR_THREADS, 0, g.stream>>>(rows, flags, n);
+  CK_LAUNCH(flagged_rows_kernel);
+}
+
+void cu_take_rows(float *dst, float *src, const int32_t *rows, int n, int C) {
+  OP("take_rows");
+  if (n <= 0 || C <= 0) return;
+  take_rows_kernel<<<grid_for((size_t)n * C, 256), 256, 0, g.stream>>>(dst, src, rows, n, C);
+  CK_LAUNCH(take_rows_kernel);
+}
+
+void cu_scatter_add_rows(float *dst, const float *src, const int32_t *rows, int n, int C) {
+  OP("scatter_add_rows");
+  if (n <= 0 || C <= 0) return;
+  scatter_add_rows_kernel<<<grid_for((size_t)n * C, 256), 256, 0, g.stream>>>(dst, src, rows, n, C);
+  CK_LAUNCH(scatter_add_rows_kernel);
 }
 
 // The fused norm backward (see norm_bwd_fused_kernel) when the width allows it and the rows are
@@ -4312,6 +4376,9 @@ template <typename A> ct_ops make_table() {
   t.copy2d = cu_copy2d;
   t.embed_fwd = cu_embed_fwd<A>;
   t.embed_bwd = cu_embed_bwd<A>;
+  t.flagged_rows = cu_flagged_rows;
+  t.take_rows = cu_take_rows;
+  t.scatter_add_rows = cu_scatter_add_rows;
   t.layernorm_fwd = cu_layernorm_fwd<A>;
   t.layernorm_bwd = cu_layernorm_bwd<A>;
   t.rmsnorm_fwd = cu_rmsnorm_fwd<A>;

@@ -139,6 +139,52 @@ static void ca_embed_bwd(const ct_ops *o, void **p, const tcase *c) {
   o->embed_bwd(F(0), F(1), p[2], p[3], c->B, c->T, c->C);
 }
 
+/* rows of a table (DDP's sparse embedding gradient): flags mark an irregular ~third of the rows
+ * (values 1 or 3: any nonzero counts), and the same rows, ascending, are what take_rows and
+ * scatter_add_rows get. The rows buffer is int32: its cases have rtol 0, which compares the bits. */
+static int fr_flag(size_t i) { return (i * 7919 + 11) % 13 < 4 ? 1 + 2 * (int)(i & 1) : 0; }
+static size_t fr_count(size_t n) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) k += fr_flag(i) != 0;
+  return k;
+}
+static void fr_rows(int32_t *rows, size_t n) {
+  for (size_t i = 0, k = 0; i < n; i++)
+    if (fr_flag(i)) rows[k++] = (int32_t)i;
+}
+static int su_flagged_rows(const tcase *c, bspec *b) {
+  b[0] = OUT("rows", fr_count(c->n));
+  b[1] = BUF("flags", c->n, R_IN, I_TOK, 0, 0, 1); /* prep */
+  return 2;
+}
+static void pr_flagged_rows(const tcase *c, void **h) {
+  for (size_t i = 0; i < c->n; i++) ((int32_t *)h[1])[i] = fr_flag(i);
+}
+static void ca_flagged_rows(const ct_ops *o, void **p, const tcase *c) {
+  o->flagged_rows(p[0], p[1], (int)c->n);
+}
+static int su_take_rows(const tcase *c, bspec *b) {
+  const size_t k = fr_count((size_t)c->V);
+  b[0] = OUT("dst", k * c->C);
+  b[1] = ACC("src", (size_t)c->V * c->C); /* the taken rows must come back zero */
+  b[2] = BUF("rows", k, R_IN, I_TOK, 0, 0, 1); /* prep */
+  return 3;
+}
+static int su_scatter_rows(const tcase *c, bspec *b) {
+  const size_t k = fr_count((size_t)c->V);
+  b[0] = ACC("dst", (size_t)c->V * c->C);
+  b[1] = IN("src", k * c->C);
+  b[2] = BUF("rows", k, R_IN, I_TOK, 0, 0, 1); /* prep */
+  return 3;
+}
+static void pr_rows(const tcase *c, void **h) { fr_rows(h[2], (size_t)c->V); }
+static void ca_take_rows(const ct_ops *o, void **p, const tcase *c) {
+  o->take_rows(F(0), F(1), p[2], (int)fr_count((size_t)c->V), c->C);
+}
+static void ca_scatter_rows(const ct_ops *o, void **p, const tcase *c) {
+  o->scatter_add_rows(F(0), F(1), p[2], (int)fr_count((size_t)c->V), c->C);
+}
+
 /* layernorm */
 static int su_ln_fwd(const tcase *c, bspec *b) {
   size_t nc = (size_t)c->N * c->C, ns = c->flags & NOSTATS ? 0 : (size_t)c->N;
@@ -504,6 +550,9 @@ static void ca_mm_dgelu(const ct_ops *o, void **p, const tcase *c) {
 static const family
     fam_embed_fwd = {"embed_fwd", su_embed_fwd, NULL, ca_embed_fwd, NULL, 0, NULL},
     fam_embed_bwd = {"embed_bwd", su_embed_bwd, NULL, ca_embed_bwd, NULL, 0, NULL},
+    fam_flagged_rows = {"flagged_rows", su_flagged_rows, pr_flagged_rows, ca_flagged_rows, NULL, 0, NULL},
+    fam_take_rows = {"take_rows", su_take_rows, pr_rows, ca_take_rows, NULL, 0, NULL},
+    fam_scatter_rows = {"scatter_add_rows", su_scatter_rows, pr_rows, ca_scatter_rows, NULL, 0, NULL},
     fam_ln_fwd = {"layernorm_fwd", su_ln_fwd, NULL, ca_ln_fwd, NULL, 0, NULL},
     fam_ln_bwd = {"layernorm_bwd", su_ln_bwd, pr_ln_bwd, ca_ln_bwd, NULL, 0, NULL},
     fam_rms_fwd = {"rmsnorm_fwd", su_rms_fwd, NULL, ca_rms_fwd, NULL, 0, NULL},
@@ -545,6 +594,13 @@ static const tcase cases[] = {
     {&fam_embed_bwd, "B4 T256 C768 V50257", .B = 4, .T = 256, .C = 768, .V = 50257, .Vp = 50304, .rtol = RT_ELEM, .perf = 1},
     {&fam_embed_bwd, "B64 T1024 C768 V50257", .B = 64, .T = 1024, .C = 768, .V = 50257, .Vp = 50304, .rtol = RT_ELEM, .perf = 2},
     {&fam_embed_bwd, "B64 T1024 C768 V257 (bytes)", .B = 64, .T = 1024, .C = 768, .V = 257, .Vp = 50304, .rtol = RT_ELEM, .perf = 2},
+    /* flagged_rows runs one block of 1024 threads: fewer flags than threads, and many per thread */
+    {&fam_flagged_rows, "n1000", .n = 1000, .rtol = 0},
+    {&fam_flagged_rows, "n50304 (GPT-2 vocabulary)", .n = 50304, .rtol = 0, .perf = 1},
+    {&fam_take_rows, "V53 C37", .V = 53, .C = 37, .rtol = 0},
+    {&fam_take_rows, "V50304 C768 (GPT-2 wte)", .V = 50304, .C = 768, .rtol = 0, .perf = 1},
+    {&fam_scatter_rows, "V53 C37", .V = 53, .C = 37, .rtol = 0},
+    {&fam_scatter_rows, "V50304 C768 (GPT-2 wte)", .V = 50304, .C = 768, .rtol = 0, .perf = 1},
     {&fam_ln_fwd, "N37 C45", .N = 37, .C = 45, .rtol = RT_RED},
     {&fam_ln_fwd, "N5 C1000 no bias/stats", .N = 5, .C = 1000, .flags = NOBIAS | NOSTATS, .rtol = RT_RED},
     {&fam_ln_fwd, "N1024 C768", .N = 1024, .C = 768, .rtol = RT_RED, .perf = 1},

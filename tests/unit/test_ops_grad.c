@@ -834,6 +834,43 @@ static void test_adamw(void) {
   free(P); free(G); free(M); free(Vv); free(pd); free(pf);
 }
 
+/* flagged_rows, take_rows, scatter_add_rows (DDP's sparse embedding gradient) against plain loops:
+ * any nonzero flag counts, rows come out ascending and nothing past them is written; taken rows
+ * are left zero and the others untouched. R x C crosses the parallel threshold. */
+static void test_rows(void) {
+  const int R = 3001, C = 37;
+  int32_t *flags = malloc(R * sizeof(int32_t)), *rows = malloc((R + 1) * sizeof(int32_t));
+  int k = 0;
+  for (int i = 0; i < R; i++) {
+    flags[i] = i % 7 == 3 ? 1 : i % 11 == 0 ? -2 : i % 13 == 5 ? 5 : 0;
+    k += flags[i] != 0;
+  }
+  for (int i = 0; i <= R; i++) rows[i] = -7;
+  ops->flagged_rows(rows, flags, R);
+  int bad = rows[k] != -7;
+  for (int i = 0, j = 0; i < R; i++)
+    if (flags[i]) bad += rows[j++] != i;
+  CHECK_MSG(bad == 0, "flagged_rows: %d of %d rows wrong (or written past)", bad, k);
+
+  const size_t RC = (size_t)R * C, KC = (size_t)k * C;
+  float *src = frand(RC, 1), *ref = fdup(src, RC), *dst = fnew(KC), *want = fnew(KC);
+  for (int i = 0; i < k; i++) {
+    memcpy(want + (size_t)i * C, ref + (size_t)rows[i] * C, C * sizeof(float));
+    memset(ref + (size_t)rows[i] * C, 0, C * sizeof(float));
+  }
+  ops->take_rows(dst, src, rows, k, C);
+  ct_check_close("take_rows: the rows", dst, want, KC, 0, 0);
+  ct_check_close("take_rows: the table left", src, ref, RC, 0, 0);
+
+  float *add = frand(KC, 1);
+  memcpy(ref, src, RC * sizeof(float));
+  for (int i = 0; i < k; i++)
+    for (int c = 0; c < C; c++) ref[(size_t)rows[i] * C + c] += add[(size_t)i * C + c];
+  ops->scatter_add_rows(src, add, rows, k, C);
+  ct_check_close("scatter_add_rows", src, ref, RC, 0, 0);
+  free(flags); free(rows); free(src); free(ref); free(dst); free(want); free(add);
+}
+
 static void test_misc(void) {
   size_t n = 70001;
   float *a = frand(n, 1), *b = frand(n, 1), *o = fnew(n), *r = fnew(n);
@@ -887,6 +924,7 @@ int main(void) {
   test_swiglu();
   test_xent();
   test_adamw();
+  test_rows();
   test_misc();
   return ct_test_finish();
 }
