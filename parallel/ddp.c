@@ -3,6 +3,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/util.h"
 
@@ -36,37 +37,103 @@ struct ct_ddp {
   size_t lo, hi; /* pending range of finished, not yet reduced gradients */
   int buckets;   /* issued in this backward */
   bool lean;     /* buckets before the last go to the lean communicator */
+
+  /* the sparse embedding gradient (ddp.h); emb NULL: off */
+  float *emb;          /* (V, C) the armed backward's lookup gradient; zero outside its rows */
+  int V, C;            /* the embedding's rows (padded vocabulary) and width */
+  size_t e_lo, e_hi;   /* the embedding's gradient in the flat buffer (it opens unit 0) */
+  int32_t *flags;      /* (V) backend memory: 1 where a token of the armed batch uses the row,
+                        * then the max over the ranks */
+  int32_t *hflags;     /* (V) host: this rank's flags, then the reduced ones */
+  bool hpinned;        /* hflags is page-locked (ops->host_alloc), so its copy is asynchronous */
+  int32_t *rows;       /* (cap) backend memory: the flagged rows, ascending */
+  float *packed;       /* (cap, C) their lookup gradient, averaged in place */
+  uint16_t *pwire;     /* (cap, C) packed rounded to bf16 (reduce_dtype bf16), or NULL */
+  int cap;             /* rows packed can hold */
+  int nrows;           /* rows the last armed backward reduced; -1 before the first */
+  bool rows_queued;    /* this backward queued the rows' all-reduce: ct_ddp_finish adds them */
 };
 
-/* All-reduces grads[lo, hi): in place in fp32, or rounded into the bf16 wire buffer (widened back
- * in ct_ddp_finish, after the join). */
-static ct_status reduce_range(ct_ddp *d, size_t lo, size_t n) {
-  float *g = ct_model_grads(d->m) + lo;
-  if (!d->wire) return ct_ddp_reduce_grads(d->c, g, n, d->bucket);
-  const ct_ops *o = ct_model_ops(d->m);
-  uint16_t *w = (uint16_t *)d->wire + lo;
-  o->f32_to_bf16(w, g, n);
+/* All-reduces g[0, n) to the mean over the ranks: in place in fp32, or rounded into the bf16 wire
+ * w (widened back in ct_ddp_finish, after the join). */
+static ct_status reduce_floats(ct_ddp *d, float *g, uint16_t *w, size_t n) {
+  if (!w) return ct_ddp_reduce_grads(d->c, g, n, d->bucket);
+  ct_model_ops(d->m)->f32_to_bf16(w, g, n);
   const size_t per = d->bucket * 2; /* a bucket holds as many bytes as in fp32 */
   for (size_t off = 0; off < n; off += per) {
     const size_t k = n - off < per ? n - off : per;
     ct_status st = ct_comm_all_reduce(d->c, w + off, k, CT_BF16, CT_AVG);
     if (st != CT_OK)
-      return ct_add_context(st, "ddp gradient bucket in bf16 (elements %zu..%zu): ", lo + off,
-                            lo + off + k);
+      return ct_add_context(st, "ddp gradient bucket in bf16 (elements %zu..%zu of %zu): ", off,
+                            off + k, n);
   }
   return CT_OK;
 }
 
-/* `last`: nothing is left to compute that the bucket could overlap (unit 0's, or the range a
- * backward that stopped early left): the full communicator takes it. */
+/* Issues grads[lo, lo + n) as one bucket. `last`: nothing is left to compute that it could
+ * overlap (the end of backward, or the range a backward that stopped early left): the full
+ * communicator takes it. */
+static ct_status issue(ct_ddp *d, size_t lo, size_t n, bool last) {
+  if (d->lean) CT_TRY(ct_comm_use_lean(d->c, !last));
+  float *g = ct_model_grads(d->m) + lo;
+  ct_status st = reduce_floats(d, g, d->wire ? (uint16_t *)d->wire + lo : NULL, n);
+  if (st != CT_OK) return ct_add_context(st, "overlapped ddp (elements %zu..%zu): ", lo, lo + n);
+  d->buckets++;
+  return CT_OK;
+}
+
 static ct_status flush(ct_ddp *d, bool last) {
   if (d->lo == d->hi) return CT_OK;
-  if (d->lean) CT_TRY(ct_comm_use_lean(d->c, !last));
-  ct_status st = reduce_range(d, d->lo, d->hi - d->lo);
-  if (st != CT_OK)
-    return ct_add_context(st, "overlapped ddp (elements %zu..%zu): ", d->lo, d->hi);
+  CT_TRY(issue(d, d->lo, d->hi - d->lo, last));
   d->hi = d->lo;
+  return CT_OK;
+}
+
+/* This rank's flags for the armed batch's tokens, and their max over the group: queued before the
+ * forward, so it runs during the forward (NCCL: on the side stream; pre_forward joins it). */
+static ct_status flag_tokens(ct_ddp *d, const int32_t *tok, int n) {
+  const size_t bytes = (size_t)d->V * sizeof(int32_t);
+  memset(d->hflags, 0, bytes);
+  for (int i = 0; i < n; i++)
+    if (tok[i] >= 0 && tok[i] < d->V) d->hflags[tok[i]] = 1; /* the forward refuses other ids */
+  ct_model_ops(d->m)->to_device(d->flags, d->hflags, bytes);
+  if (d->lean) CT_TRY(ct_comm_use_lean(d->c, true));
+  ct_status st = ct_comm_all_reduce(d->c, d->flags, (size_t)d->V, CT_I32, CT_MAX);
+  if (st != CT_OK) return ct_add_context(st, "ddp: flagging the embedding rows of the batch: ");
+  return CT_OK;
+}
+
+/* Before the forward of the last unit (final norm and head), while the host still queues the
+ * forward: the compute stream waits for the flags' all-reduce (done by now), compacts them into
+ * the row list and copies them to the host behind the rest of the forward, whose loss the host
+ * waits for anyway: no wait of its own. */
+static ct_status pre_forward(void *ctx, int u) {
+  ct_ddp *d = ctx;
+  if (!d->armed || u != ct_model_n_units(d->m) - 1) return CT_OK;
+  const ct_ops *o = ct_model_ops(d->m);
+  CT_TRY(ct_comm_join(d->c));
+  o->flagged_rows(d->rows, d->flags, d->V);
+  const size_t bytes = (size_t)d->V * sizeof(int32_t);
+  if (d->hpinned && o->to_host_async) o->to_host_async(d->hflags, d->flags, bytes);
+  else o->to_host(d->hflags, d->flags, bytes);
+  return CT_OK;
+}
+
+/* The lookup's share, at the end of backward: the flagged rows move out of emb (leaving it zero)
+ * into packed, whose average is backward's last collective; ct_ddp_finish adds it in. hflags
+ * holds the reduced flags: its copy was queued before the forward's loss, which the host has
+ * read since (reading waits for the stream). Every rank reduced the same flags, so every rank
+ * counts the same rows; at most cap (each rank's batch flags at most its max_B x max_T tokens). */
+static ct_status reduce_rows(ct_ddp *d) {
+  int k = 0;
+  for (int i = 0; i < d->V; i++) k += d->hflags[i] != 0;
+  ct_model_ops(d->m)->take_rows(d->packed, d->emb, d->rows, k, d->C);
+  if (d->lean) CT_TRY(ct_comm_use_lean(d->c, false));
+  ct_status st = reduce_floats(d, d->packed, d->pwire, (size_t)k * d->C);
+  if (st != CT_OK) return ct_add_context(st, "ddp: the embedding lookup's %d rows: ", k);
+  d->nrows = k;
   d->buckets++;
+  d->rows_queued = true;
   return CT_OK;
 }
 
@@ -75,71 +142,138 @@ static ct_status post_backward(void *ctx, int u) {
   if (!d->armed) return CT_OK;
   size_t off, n;
   ct_model_unit(d->m, u, &off, &n);
+  const bool sparse = d->emb != NULL;
+  /* the head is done, so the embedding's own gradient is final: reduce it while the layers run */
+  if (sparse && u == ct_model_n_units(d->m) - 1)
+    CT_TRY(issue(d, d->e_lo, d->e_hi - d->e_lo, false));
+  if (sparse && u == 0) { /* the rest of the unit (wpe); the embedding is reduced already */
+    n = off + n - d->e_hi;
+    off = d->e_hi;
+  }
   if (off + n != d->lo) { /* not adjacent (never, with the model's order): reduce what is pending */
     CT_TRY(flush(d, false));
     d->hi = off + n;
   }
   d->lo = off;
-  if (d->hi - d->lo >= d->bucket || u == 0) CT_TRY(flush(d, u == 0));
+  if (d->hi - d->lo >= d->bucket || u == 0) CT_TRY(flush(d, u == 0 && !sparse));
+  if (sparse && u == 0) CT_TRY(reduce_rows(d));
   return CT_OK;
 }
 
-ct_status ct_ddp_create(ct_model *model, ct_comm *c, size_t bucket_floats, ct_dtype reduce_dtype,
-                        int overlap_ctas, ct_ddp **out) {
-  if (reduce_dtype != CT_F32 && reduce_dtype != CT_BF16)
+/* The buffers of the sparse embedding gradient (ddp.h). */
+static ct_status sparse_init(ct_ddp *d, bool bf16) {
+  const ct_ops *o = ct_model_ops(d->m);
+  const ct_param *e = ct_model_embedding(d->m);
+  d->V = e->shape[0];
+  d->C = e->shape[1];
+  d->e_lo = e->offset;
+  d->e_hi = e->offset + e->numel;
+  const size_t tokens = (size_t)ct_comm_size(d->c) * (size_t)ct_model_max_B(d->m) *
+                        (size_t)ct_model_max_T(d->m);
+  d->cap = tokens < (size_t)d->V ? (int)tokens : d->V;
+  const size_t vbytes = (size_t)d->V * sizeof(int32_t), pn = (size_t)d->cap * d->C;
+  d->hpinned = o->host_alloc && o->host_free;
+  d->hflags = d->hpinned ? o->host_alloc(vbytes) : malloc(vbytes);
+  d->emb = o->alloc((size_t)d->V * d->C * sizeof(float));
+  d->flags = o->alloc(vbytes);
+  d->rows = o->alloc((size_t)d->cap * sizeof(int32_t));
+  d->packed = o->alloc(pn * sizeof(float));
+  if (bf16) d->pwire = o->alloc(pn * sizeof(uint16_t));
+  if (!d->hflags || !d->emb || !d->flags || !d->rows || !d->packed || (bf16 && !d->pwire)) {
+    const double mib =
+        ((double)d->V * d->C * 4 + (double)pn * (bf16 ? 6 : 4) + 2.0 * vbytes) / 1048576.0;
+    return ct_set_error(CT_ERR_NOMEM, "ddp: no memory for the sparse embedding gradient (%.1f MiB;"
+                        " parallel.sparse_embedding_grad = false does without)", mib);
+  }
+  return CT_OK;
+}
+
+ct_status ct_ddp_create(ct_model *model, ct_comm *c, const ct_ddp_cfg *cfg, ct_ddp **out) {
+  if (cfg->reduce_dtype != CT_F32 && cfg->reduce_dtype != CT_BF16)
     return ct_set_error(CT_ERR_USAGE, "ddp: gradients are reduced in fp32 or bf16, not %s",
-                        ct_dtype_name(reduce_dtype));
+                        ct_dtype_name(cfg->reduce_dtype));
   ct_ddp *d = ct_calloc(1, sizeof *d, "ddp");
   if (!d) return CT_ERR_NOMEM;
   d->m = model;
   d->c = c;
-  d->bucket = bucket_floats ? bucket_floats : ct_ddp_bucket_floats(0);
-  if (reduce_dtype == CT_BF16) {
+  d->bucket = cfg->bucket_floats ? cfg->bucket_floats : ct_ddp_bucket_floats(0);
+  d->nrows = -1;
+  ct_status st = CT_OK;
+  if (cfg->reduce_dtype == CT_BF16) {
     const size_t bytes = ct_model_numel(model) * sizeof(uint16_t);
     d->wire = ct_model_ops(model)->alloc(bytes);
     if (!d->wire) {
-      free(d);
-      return ct_set_error(CT_ERR_NOMEM, "ddp: no memory for the bf16 gradient buffer (%.1f MiB)",
-                          (double)bytes / 1048576.0);
+      st = ct_set_error(CT_ERR_NOMEM, "ddp: no memory for the bf16 gradient buffer (%.1f MiB)",
+                        (double)bytes / 1048576.0);
+      goto fail;
     }
   }
-  if (overlap_ctas > 0) {
-    ct_status st = ct_comm_make_lean(c, overlap_ctas);
+  if (cfg->overlap_ctas > 0) {
+    st = ct_comm_make_lean(c, cfg->overlap_ctas);
     if (st != CT_OK) {
-      ct_ddp_destroy(d);
-      return ct_add_context(st, "ddp (parallel.overlap_ctas = %d): ", overlap_ctas);
+      ct_add_context(st, "ddp (parallel.overlap_ctas = %d): ", cfg->overlap_ctas);
+      goto fail;
     }
     d->lean = true;
   }
-  ct_model_hooks h = {.ctx = d, .post_backward = post_backward};
+  /* tensor parallelism: the tokens are not this rank's embedding rows (a vocabulary slice) */
+  if (cfg->sparse_embedding && ct_model_tp_size(model) == 1)
+    CT_TRY_GOTO(sparse_init(d, cfg->reduce_dtype == CT_BF16), fail);
+  ct_model_hooks h = {.ctx = d, .pre_forward = d->emb ? pre_forward : NULL,
+                      .post_backward = post_backward};
   ct_model_set_hooks(model, &h);
   *out = d;
   return CT_OK;
+fail:
+  ct_ddp_destroy(d);
+  return st;
 }
 
 void ct_ddp_destroy(ct_ddp *d) {
   if (!d) return;
+  const ct_ops *o = ct_model_ops(d->m);
   ct_model_set_hooks(d->m, NULL);
-  if (d->wire) ct_model_ops(d->m)->free(d->wire);
+  ct_model_set_embed_grad(d->m, NULL);
+  if (d->wire) o->free(d->wire);
+  if (d->hpinned) o->host_free(d->hflags);
+  else free(d->hflags);
+  if (d->emb) o->free(d->emb);
+  if (d->flags) o->free(d->flags);
+  if (d->rows) o->free(d->rows);
+  if (d->packed) o->free(d->packed);
+  if (d->pwire) o->free(d->pwire);
   free(d);
 }
 
-ct_status ct_ddp_arm(ct_ddp *d, bool reduce) {
+ct_status ct_ddp_arm(ct_ddp *d, bool reduce, const int32_t *tokens, int n) {
   d->armed = reduce;
   d->lo = d->hi = ct_model_numel(d->m);
   d->buckets = 0;
-  return reduce ? ct_comm_set_overlap(d->c, true) : CT_OK;
+  d->rows_queued = false;
+  if (d->emb) ct_model_set_embed_grad(d->m, reduce ? d->emb : NULL);
+  if (!reduce) return CT_OK;
+  CT_TRY(ct_comm_set_overlap(d->c, true));
+  return d->emb ? flag_tokens(d, tokens, n) : CT_OK;
 }
 
 ct_status ct_ddp_finish(ct_ddp *d) {
   ct_status st = flush(d, true); /* a backward that stopped early leaves a pending range */
   d->armed = false;
+  if (d->emb) ct_model_set_embed_grad(d->m, NULL);
   ct_status off = ct_comm_set_overlap(d->c, false); /* joins the side stream */
   if (st == CT_OK) st = off;
-  if (st == CT_OK && d->wire && d->buckets) /* queued after the join: sees every result */
-    ct_model_ops(d->m)->bf16_to_f32(ct_model_grads(d->m), d->wire, ct_model_numel(d->m));
+  /* queued after the join: these see every result */
+  const ct_ops *o = ct_model_ops(d->m);
+  if (st == CT_OK && d->wire && d->buckets)
+    o->bf16_to_f32(ct_model_grads(d->m), d->wire, ct_model_numel(d->m));
+  if (st == CT_OK && d->rows_queued) { /* the lookup's averaged rows join the embedding's average */
+    if (d->pwire) o->bf16_to_f32(d->packed, d->pwire, (size_t)d->nrows * d->C);
+    o->scatter_add_rows(ct_model_grads(d->m) + d->e_lo, d->packed, d->rows, d->nrows, d->C);
+  }
   if (st == CT_OK) st = ct_comm_sync(d->c); /* bounded wait: a dead peer is an error */
   return st;
 }
 
 int ct_ddp_buckets(const ct_ddp *d) { return d->buckets; }
+
+int ct_ddp_sparse_rows(const ct_ddp *d) { return d->emb ? d->nrows : -1; }

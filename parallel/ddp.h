@@ -9,7 +9,9 @@
 #ifndef CT_DDP_H
 #define CT_DDP_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/status.h"
 #include "parallel/comm.h"
@@ -26,28 +28,61 @@ size_t ct_ddp_bucket_floats(double bucket_mb);
  * grows a pending range [lo, hi) downward; once it holds bucket_floats or more (or unit 0 is
  * done) it is all-reduced, so communication runs while backward computes the layers below.
  * Over NCCL the collectives run on the group's side stream (ct_comm_set_overlap); over Gloo
- * each call blocks, so the CPU simply issues each bucket as soon as it is ready. */
+ * each call blocks, so the CPU simply issues each bucket as soon as it is ready.
+ *
+ * Sparse embedding gradient (sparse_embedding, parallel.sparse_embedding_grad). The token
+ * embedding's gradient has two shares: the tied head's, final once the head's backward (the first
+ * thing backward does) is done, and the lookup's, from the last thing backward does, nonzero only
+ * in the rows of the batch's tokens. Reduced together, the whole embedding (GPT-2 124M: 154 MB)
+ * is a bucket that only starts once backward has ended, with nothing left to overlap it. Instead,
+ * the lookup adds into a buffer of its own (ct_model_set_embed_grad); the embedding's gradient
+ * (the head's share, plus what earlier micro-batches accumulated) is reduced as soon as the head
+ * is done; and at the end only the rows some rank's batch uses move into a packed buffer, which is
+ * reduced as the last collective (GPT-2, 64 x 1024 tokens a rank: an estimated 10-15k of the 50k
+ * rows) and added into the reduced embedding gradient in ct_ddp_finish. Both shares are averaged,
+ * so their sum is the average of the sums (rounded differently: a few fp32 ulps). An untied
+ * embedding takes the same path (its own gradient then holds only earlier micro-batches' shares).
+ * The rows: ct_ddp_arm flags the tokens of the armed batch, a max all-reduce of the flags runs
+ * during the forward, and before the forward's last unit the device compacts them into a row list
+ * and copies them to the host, which has waited for the forward's loss by the time backward
+ * counts them.
+ * Applies without tensor parallelism only (a tp rank's embedding rows are a vocabulary slice: the
+ * option is ignored there). Costs device memory: the embedding's size again (the lookup's buffer),
+ * the packed rows (at most the vocabulary, or every rank's micro-batch tokens when fewer) and 8
+ * bytes a vocabulary row (flags and row list). */
 typedef struct ct_ddp ct_ddp;
 
-/* Installs the hook on `model` (not owned; neither is c). reduce_dtype CT_F32 reduces the fp32
- * gradients in place; CT_BF16 rounds each bucket into a bf16 buffer of the model's backend
- * (numel x 2 bytes), reduces that (half the bytes on the wire, like torch DDP's
- * bf16_compress_hook) and widens the averages back into the fp32 gradients in ct_ddp_finish. */
-/* overlap_ctas > 0 (NCCL): the buckets issued while backward still runs go to a lean
- * communicator of at most overlap_ctas CTAs (ct_comm_make_lean, made here: collective), so
- * they take few multiprocessors from backward's kernels; the last bucket, which nothing
- * overlaps, goes to the full communicator. 0: every bucket to the full one. */
-ct_status ct_ddp_create(ct_model *model, ct_comm *c, size_t bucket_floats, ct_dtype reduce_dtype,
-                        int overlap_ctas, ct_ddp **out);
+typedef struct ct_ddp_cfg {
+  size_t bucket_floats;  /* elements of fp32 in a bucket; 0: the default (25 MiB) */
+  /* CT_F32 reduces the fp32 gradients in place; CT_BF16 rounds each bucket into a bf16 buffer of
+   * the model's backend (numel x 2 bytes), reduces that (half the bytes on the wire, like torch
+   * DDP's bf16_compress_hook) and widens the averages back into the fp32 gradients in
+   * ct_ddp_finish. */
+  ct_dtype reduce_dtype;
+  /* > 0 (NCCL): the buckets issued while backward still runs go to a lean communicator of at
+   * most overlap_ctas CTAs (ct_comm_make_lean, made here: collective), so they take few
+   * multiprocessors from backward's kernels; the last bucket, which nothing overlaps, goes to the
+   * full communicator. 0: every bucket to the full one. */
+  int overlap_ctas;
+  bool sparse_embedding; /* reduce the embedding lookup's gradient as its used rows (above) */
+} ct_ddp_cfg;
+#define CT_DDP_CFG_INIT {0, CT_F32, 0, true}
+
+/* Installs the hooks on `model` (not owned; neither is c). */
+ct_status ct_ddp_create(ct_model *model, ct_comm *c, const ct_ddp_cfg *cfg, ct_ddp **out);
 void ct_ddp_destroy(ct_ddp *d); /* clears the model's hooks; NULL is ignored */
 /* Whether the next backward reduces (the last micro-batch of a step; earlier ones only
- * accumulate, like torch's no_sync()). */
-ct_status ct_ddp_arm(ct_ddp *d, bool reduce);
+ * accumulate, like torch's no_sync()). tokens (n, host): that micro-batch's inputs, which the
+ * sparse embedding gradient flags (read only when reduce is true). */
+ct_status ct_ddp_arm(ct_ddp *d, bool reduce, const int32_t *tokens, int n);
 /* After the armed backward: every bucket is queued; joins the side stream and waits (bounded)
  * for the results. */
 ct_status ct_ddp_finish(ct_ddp *d);
-/* Buckets issued by the last armed backward (for the log and tests). */
+/* Buckets issued by the last armed backward (for the log and tests), the packed rows included. */
 int ct_ddp_buckets(const ct_ddp *d);
+/* Embedding rows the last armed backward reduced as the lookup's share; -1 when the sparse
+ * embedding gradient is off (or before the first armed backward). */
+int ct_ddp_sparse_rows(const ct_ddp *d);
 
 /* In place: grads[0..numel) becomes the mean over the ranks of `c`. bucket_floats 0 means
  * the default (25 MiB); the last bucket holds the remainder. Every rank must pass the same

@@ -97,6 +97,9 @@ static const key_def KEYS[] = {
   {"parallel", "overlap_ctas", K_INT, F(parallel, overlap_ctas), 0, NULL,
    "ddp over NCCL: multiprocessors the bucket all-reduces overlapped with backward may take "
    "(0 = no limit); the last bucket always gets all"},
+  {"parallel", "sparse_embedding_grad", K_BOOL, F(parallel, sparse_embedding_grad), 0, NULL,
+   "ddp without tensor parallelism: the embedding's gradient reduced early, the lookup's as the "
+   "rows the step's tokens use"},
   {"parallel", "timeout_s", K_FLOAT, F(parallel, timeout_s), 0, NULL,
    "rendezvous / collective timeout"},
   {"attention", "implementation", K_ENUM, F(kernels, attention), S(kernels, attention),
@@ -138,6 +141,7 @@ void ct_config_defaults(ct_config *c) {
   c->parallel.timeout_s = 600;
   c->parallel.overlap_ctas = 0;
   c->parallel.reshard_after_forward = true;
+  c->parallel.sparse_embedding_grad = true;
   c->parallel.tensor = 1;
   c->kernels.use_kernels = true;
   snprintf(c->kernels.attention, sizeof c->kernels.attention, "auto");

@@ -91,6 +91,8 @@ typedef struct ct_parallel_cfg {
   char reduce_dtype[8]; /* fp32 | bf16: what ddp's gradient buckets travel as */
   double timeout_s;     /* rendezvous and collective timeout */
   int overlap_ctas;     /* ddp (NCCL): CTAs of the overlapped bucket all-reduces, 0 (default) = no limit */
+  bool sparse_embedding_grad; /* ddp: the embedding lookup's gradient reduced as its used rows
+                              * (parallel/ddp.h; default true) */
 } ct_parallel_cfg;
 
 typedef struct ct_config {

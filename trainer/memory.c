@@ -78,8 +78,16 @@ ct_status ct_memory_estimate(const ct_config *cfg, int world, const ct_ops *ops,
   if (stage == 3) /* gathered weights: global units + two layers (or every layer) */
     e->working += ab * (u_glob + (cfg->parallel.reshard_after_forward ? 2 * u_layer : u_all));
   e->grads = stage >= 2 ? F * (n / dp + u_glob + 2 * u_layer) : F * n; /* 2 layer slots */
-  if (!stage && dp > 1 && !strcmp(cfg->parallel.reduce_dtype, "bf16"))
+  const bool bf16_wire = !strcmp(cfg->parallel.reduce_dtype, "bf16");
+  if (!stage && dp > 1 && bf16_wire)
     e->grads += sizeof(uint16_t) * n; /* ddp's bf16 copy of the gradients for the wire */
+  if (!stage && dp > 1 && T == 1 && cfg->parallel.sparse_embedding_grad) {
+    /* ddp's sparse embedding gradient (parallel/ddp.h): the lookup's own (Vp, C) gradient, the
+     * packed rows (at most Vp, at most every rank's tokens), the flags and the row list */
+    const size_t V = (size_t)ct_model_padded_vocab(&mc), C = (size_t)mc.d_model;
+    const size_t rows = (size_t)dp * N < V ? (size_t)dp * N : V;
+    e->grads += F * V * (C + 1) + (F * C + (bf16_wire ? sizeof(uint16_t) * C : 0) + F) * rows;
+  }
   e->optim = stage >= 1 ? 2 * F * n / dp : 2 * F * n;
   /* cuBLAS workspace on the GPU; tp cross-entropy buffers (3 + 1 floats and a target per token) */
   e->workspace = (strncmp(ops->name, "cuda", 4) ? 0 : (size_t)32 << 20) +

@@ -8,6 +8,8 @@
  *   zero2      4n            2n              4n / dp + unit buffers   8n / dp
  *   zero3      4n / dp       2n / dp + gathered units   4n / dp + unit buffers   8n / dp
  *   (* 16-bit working weights; none for fp32 compute, which runs on the master)
+ * ddp with more than one rank and no tensor parallelism adds, to the gradients, its sparse
+ * embedding gradient's buffers (parallel/ddp.h: the embedding's size again plus the packed rows);
  * "unit buffers" are the full gradients of the embedding and final units plus two layers'
  * (a layer's reduce-scatter overlaps the backward of the next);
  * "gathered units" the embedding and final units plus two layers (one with

@@ -125,6 +125,8 @@ struct ct_model {
   char **uw;                         /* (n_units) working-dtype base of each unit */
   float **ug;                        /* (n_units) fp32 gradient base of each unit */
   ct_model_hooks hooks;
+  float *embed_grad;                 /* (Vp, C) where the lookup's backward adds, or NULL: into
+                                      * wte's gradient (ct_model_set_embed_grad) */
 
   /* tensor parallelism (parallel/tp.c): H, KV, F, W, Vp above are this rank's slice */
   int tp, tpr;                       /* degree (1 = none) and rank in the tp group */
@@ -429,7 +431,10 @@ void ct_model_logits_to_host(const ct_model *m, size_t first_row, size_t rows, f
 float *ct_model_grads(ct_model *m) { return m->g; }
 const ct_model_cfg *ct_model_config(const ct_model *m) { return &m->cfg; }
 const ct_ops *ct_model_ops(const ct_model *m) { return m->ops; }
+int ct_model_max_B(const ct_model *m) { return m->max_B; }
 int ct_model_max_T(const ct_model *m) { return m->max_T; }
+/* P_WTE opens both architectures' lists */
+const ct_param *ct_model_embedding(const ct_model *m) { return &m->params[0]; }
 const float *ct_model_logits(const ct_model *m) { return (const float *)(m->acts + m->logits); }
 
 size_t ct_model_count_params(const ct_model *m) {
@@ -810,7 +815,7 @@ static ct_status backward_device(ct_model *m) {
     HOOK(post_backward, l + 1);
   }
   HOOK(pre_backward, 0);
-  o->embed_bwd(PG(G, P_WTE), PG(G, P_WPE), dres, m->tok, B, T, C);
+  o->embed_bwd(m->embed_grad ? m->embed_grad : PG(G, P_WTE), PG(G, P_WPE), dres, m->tok, B, T, C);
   if (m->tp > 1) /* the zero row collected other ranks' tokens: not a parameter */
     o->zero(PG(G, P_WTE) + (size_t)m->Vp * C, (size_t)C * sizeof(float));
   HOOK(post_backward, 0);
@@ -836,6 +841,7 @@ void ct_model_set_hooks(ct_model *m, const ct_model_hooks *h) {
   if (h) m->hooks = *h;
   else memset(&m->hooks, 0, sizeof m->hooks);
 }
+void ct_model_set_embed_grad(ct_model *m, float *dwte) { m->embed_grad = dwte; }
 void ct_model_drop_full(ct_model *m, bool params, bool grads) {
   if (grads && m->g) {
     m->ops->free(m->g);

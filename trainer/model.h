@@ -94,7 +94,11 @@ float *ct_model_params(ct_model *m);             /* flat fp32 parameters (backen
 float *ct_model_grads(ct_model *m);              /* flat fp32 gradients (backend memory) */
 const ct_model_cfg *ct_model_config(const ct_model *m);
 const ct_ops *ct_model_ops(const ct_model *m);
+int ct_model_max_B(const ct_model *m);           /* most sequences the activations hold */
 int ct_model_max_T(const ct_model *m);           /* longest sequence the activations hold */
+/* The token embedding table (wte / embed_tokens): (padded vocabulary, d_model), the first tensor
+ * of unit 0. */
+const ct_param *ct_model_embedding(const ct_model *m);
 
 /* Forward pass over inputs (B,T) (host int32). With targets (B,T), *mean_loss receives the
  * mean token loss; grad_scale != 0 prepares backward (see above). targets may be NULL
@@ -219,6 +223,10 @@ void ct_model_unit(const ct_model *m, int u, size_t *offset, size_t *numel);
  * gradients (NULL keeps the current one). Not owned; the caller keeps them alive. */
 void ct_model_set_unit(ct_model *m, int u, char *weights, float *grads);
 void ct_model_set_hooks(ct_model *m, const ct_model_hooks *h); /* NULL clears */
+/* Where backward adds the token lookup's share of the embedding gradient: dwte (the embedding's
+ * shape, fp32, backend memory, not owned) instead of the embedding's own gradient, which then
+ * holds only the tied head's share; NULL restores. DDP reduces the two apart (parallel/ddp.c). */
+void ct_model_set_embed_grad(ct_model *m, float *dwte);
 void ct_model_set_tp(ct_model *m, const ct_model_tp *tp);
 int ct_model_tp_size(const ct_model *m); /* 1 without tensor parallelism */
 /* Bytes of the activation arena (what forward keeps for backward plus backward scratch). With

@@ -579,10 +579,14 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
   ct_log_info("start-up %.2f s; writing %s/metrics.jsonl", ct_now() - t_start, t->out_dir);
 
   const double tokens_per_step = (double)B * T * t->grad_accum * world;
-  if (r.comm && !sharded) /* ddp: bucket all-reduces issued during backward */
-    CT_TRY_GOTO(ct_ddp_create(r.model, r.comm, ct_ddp_bucket_floats(cfg->parallel.bucket_mb),
-                              strcmp(cfg->parallel.reduce_dtype, "bf16") ? CT_F32 : CT_BF16,
-                              cfg->parallel.overlap_ctas, &r.ddp), done);
+  if (r.comm && !sharded) { /* ddp: bucket all-reduces issued during backward */
+    ct_ddp_cfg dc = CT_DDP_CFG_INIT;
+    dc.bucket_floats = ct_ddp_bucket_floats(cfg->parallel.bucket_mb);
+    dc.reduce_dtype = strcmp(cfg->parallel.reduce_dtype, "bf16") ? CT_F32 : CT_BF16;
+    dc.overlap_ctas = cfg->parallel.overlap_ctas;
+    dc.sparse_embedding = cfg->parallel.sparse_embedding_grad;
+    CT_TRY_GOTO(ct_ddp_create(r.model, r.comm, &dc, &r.ddp), done);
+  }
   /* fp16: the loss gradient is multiplied by the dynamic loss scale; the optimizer divides it
    * back out together with the clip factor, so no extra pass over the gradients is needed */
   ct_loss_scaler scaler = CT_LOSS_SCALER_INIT;
@@ -615,7 +619,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       CT_TRY_GOTO(ct_loader_next(r.train, B, r.inputs, r.targets), done);
       const float grad_scale = (float)(scaler.scale * gfactor / ((double)B * T * t->grad_accum));
       /* overlapped DDP: only the last micro-batch's backward starts the all-reduces */
-      if (r.ddp) CT_TRY_GOTO(ct_ddp_arm(r.ddp, micro == t->grad_accum - 1), done);
+      if (r.ddp) CT_TRY_GOTO(ct_ddp_arm(r.ddp, micro == t->grad_accum - 1, r.inputs, B * T), done);
       CT_TRY_GOTO(ct_model_train_micro(r.model, r.inputs, r.targets, B, T, grad_scale, &l), done);
       loss += l / t->grad_accum;
     }
@@ -635,6 +639,10 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
           ct_log_info("ddp: gradients all-reduced in %d buckets of %s (parallel.bucket_mb = %g) as"
                       " backward produced them", ct_ddp_buckets(r.ddp), cfg->parallel.reduce_dtype,
                       cfg->parallel.bucket_mb);
+        if (step == start_step && ct_ddp_sparse_rows(r.ddp) >= 0)
+          ct_log_info("ddp: the embedding lookup's gradient reduced as the %d of %d rows the step's"
+                      " tokens use (parallel.sparse_embedding_grad)", ct_ddp_sparse_rows(r.ddp),
+                      ct_model_embedding(r.model)->shape[0]);
       }
       if (r.tpx) CT_TRY_GOTO(ct_tp_grad_norm(r.tpx, &norm), done);
       else norm = ct_grad_norm(r.model);

@@ -1,5 +1,5 @@
 /* tests/unit/test_comm.c — the Gloo process group (parallel/comm.h) and bucketed gradient
- * averaging (parallel/ddp.h) across real processes.
+ * averaging (parallel/ddp.h, with its sparse embedding gradient) across real processes.
  *
  * The test forks its own ranks: the parent starts a token-checked store server on a free
  * loopback port, forks N children (N = 3, then 2), and each child connects, builds a Gloo
@@ -27,6 +27,8 @@
 #include "parallel/ddp.h"
 #include "parallel/store.h"
 #include "tests/unit/ct_test.h"
+#include "trainer/config.h"
+#include "trainer/model.h"
 
 #define MAX_RANKS 8
 static const char TOKEN[] = "5eed0123456789abcdef0123456789ab";
@@ -473,6 +475,87 @@ static void test_ddp(ct_comm *c) {
   }
 }
 
+/* The sparse embedding gradient (ddp.h) against the dense reduce, on two models that start alike
+ * (gpt2 tied with wpe; llama untied): two steps of two micro-batches, each rank with its own
+ * tokens, rows overlapping across ranks. The rows reduced are the union over the ranks of the
+ * armed (second) micro-batch's tokens; every gradient is within a few ulps of the dense one, and
+ * with 2 ranks (a + b rounds as b + a) the embedding rows no armed token uses are bit-identical.
+ * The second step checks that the lookup's buffer is all zero again after the first. */
+static int32_t sparse_tok(int rank, int micro, int step, int i) {
+  return (int32_t)((i * 7 + rank * 11 + micro * 29 + step * 5) % 61 + (i % 3 == 0 ? 190 : 0));
+}
+
+static void ddp_sparse_case(ct_comm *c, const char *what, int n_over, char **over) {
+  const int me = ct_comm_rank(c), n = ct_comm_size(c), B = 2, T = 8, N = B * T;
+  ct_config cfg;
+  const ct_status st = ct_config_load(NULL, n_over, over, &cfg);
+  CHECK_MSG(st == CT_OK, "%s: %s", what, ct_last_error());
+  if (st != CT_OK) return;
+  const ct_ops *o = ct_ops_cpu();
+  ct_model *m[2] = {NULL, NULL};
+  ct_ddp *d[2] = {NULL, NULL};
+  for (int k = 0; k < 2; k++) {
+    CHECK_MSG(ct_model_create(&cfg.model, o, B, T, &m[k]) == CT_OK, "%s: %s", what, ct_last_error());
+    if (!m[k]) return;
+    ct_model_init_weights(m[k], 7);
+    ct_ddp_cfg dc = CT_DDP_CFG_INIT;
+    dc.sparse_embedding = k == 0;
+    CHECK_MSG(ct_ddp_create(m[k], c, &dc, &d[k]) == CT_OK, "%s: %s", what, ct_last_error());
+  }
+  const ct_param *e = ct_model_embedding(m[0]);
+  const size_t numel = ct_model_numel(m[0]), C = (size_t)e->shape[1];
+  int32_t tok[2][16], tgt[16];
+  for (int step = 0; step < 2; step++) {
+    for (int k = 0; k < 2; k++) {
+      ct_model_zero_grad(m[k]);
+      for (int micro = 0; micro < 2; micro++) {
+        for (int i = 0; i < N; i++) {
+          tok[micro][i] = sparse_tok(me, micro, step, i);
+          tgt[i] = sparse_tok(me, micro, step, i + 1);
+        }
+        float loss;
+        CHECK(ct_ddp_arm(d[k], micro == 1, tok[micro], N) == CT_OK);
+        CHECK_MSG(ct_model_train_micro(m[k], tok[micro], tgt, B, T, 1.0f / (2 * N), &loss) == CT_OK,
+                  "%s: %s", what, ct_last_error());
+      }
+      CHECK_MSG(ct_ddp_finish(d[k]) == CT_OK, "%s: %s", what, ct_last_error());
+    }
+    bool used[512] = {false};
+    int want = 0;
+    for (int r = 0; r < n; r++)
+      for (int i = 0; i < N; i++) {
+        const int32_t t = sparse_tok(r, 1, step, i);
+        want += !used[t];
+        used[t] = true;
+      }
+    CHECK_MSG(ct_ddp_sparse_rows(d[0]) == want && ct_ddp_sparse_rows(d[1]) == -1,
+              "%s step %d: %d sparse rows, want %d", what, step, ct_ddp_sparse_rows(d[0]), want);
+    CHECK_MSG(ct_ddp_buckets(d[0]) == 3, "%s: %d buckets, want 3 (embedding, the rest, rows)", what,
+              ct_ddp_buckets(d[0]));
+    const float *gs = ct_model_grads(m[0]), *gd = ct_model_grads(m[1]);
+    char label[96];
+    snprintf(label, sizeof label, "%s step %d: sparse vs dense gradients", what, step);
+    ct_check_close(label, gs, gd, numel, 1e-6, 0);
+    size_t moved = 0;
+    for (size_t v = 0; n == 2 && v < (size_t)e->shape[0]; v++)
+      if (!used[v]) moved += memcmp(gs + e->offset + v * C, gd + e->offset + v * C, C * sizeof(float)) != 0;
+    CHECK_MSG(moved == 0, "%s step %d: %zu embedding rows no token used differ", what, step, moved);
+  }
+  for (int k = 0; k < 2; k++) {
+    ct_ddp_destroy(d[k]);
+    ct_model_destroy(m[k]);
+  }
+}
+
+static void test_ddp_sparse(ct_comm *c) {
+  char *gpt2[] = {"model.n_layer=1", "model.d_model=16", "model.n_head=2", "model.max_seq_len=8",
+                  "train.seq_len=8"};
+  ddp_sparse_case(c, "gpt2 (tied)", 5, gpt2);
+  char *llama[] = {"model.arch=llama", "model.n_layer=1", "model.d_model=16", "model.n_head=2",
+                   "model.max_seq_len=8", "train.seq_len=8", "model.tie_embeddings=false"};
+  ddp_sparse_case(c, "llama (untied)", 7, llama);
+}
+
 /* ---- speed (nccl-tests style) ---- */
 
 static void report(ct_comm *c, const char *what, size_t bytes, double t, double factor) {
@@ -565,6 +648,7 @@ static void full_scenario(ct_store *s, int me, int n) {
   test_barrier(c, s);
   test_split(c);
   test_ddp(c);
+  test_ddp_sparse(c);
   test_speed(c);
   ct_comm_destroy(c);
 }

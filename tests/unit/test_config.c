@@ -44,6 +44,7 @@ int main(void) {
   CHECK(c.model.d_ff == 4 * c.model.d_model);
   CHECK(c.model.norm_eps == 1e-5);
   CHECK(!strcmp(c.train.out_dir, "runs/default"));
+  CHECK(c.parallel.sparse_embedding_grad); /* ddp's sparse embedding gradient is on by default */
 
   /* a file, then overrides in order (later wins), ints accepted for floats */
   const char *p = write_cfg("run1.toml",
@@ -157,6 +158,12 @@ int main(void) {
   CHECK(back.train.lr == c.train.lr);
   CHECK(!strcmp(back.train.sample_prompt, "a \"quoted\" \\ prompt\n"));
   free(text);
+  /* parallel.sparse_embedding_grad = false from a file survives the round trip */
+  p = write_cfg("sp.toml", "[parallel]\nsparse_embedding_grad = false\n");
+  CHECK(ct_config_load(p, 0, NULL, &c) == CT_OK && !c.parallel.sparse_embedding_grad);
+  text = ct_config_to_toml(&c);
+  CHECK(text && ct_config_from_toml_text(text, "sp", &back) == CT_OK && !back.parallel.sparse_embedding_grad);
+  free(text);
 
   /* unknown keys: file location and suggestion */
   expect_error("[model]\nn_layers = 2\n", NULL, CT_ERR_CONFIG,
@@ -188,6 +195,8 @@ int main(void) {
   expect_error("", "train.beta2=1.0", CT_ERR_CONFIG, "train.beta2 = 1: must be in [0, 1)");
   expect_error("", "train.grad_accum=0", CT_ERR_CONFIG, "train.grad_accum = 0: must be positive");
   expect_error("", "parallel.overlap_ctas=-1", CT_ERR_CONFIG, "parallel.overlap_ctas = -1: must not be negative");
+  expect_error("", "parallel.sparse_embedding_grad=no", CT_ERR_CONFIG,
+               "parallel.sparse_embedding_grad: expected true or false");
   expect_error("", "data.train=", CT_ERR_CONFIG, "data.train: must name a token file");
   expect_error("", "model.vocab_size=1", CT_ERR_CONFIG, "model.vocab_size = 1: must be at least 2");
   /* a missing config file is an input error naming the path */
