@@ -137,6 +137,20 @@ l2_hint_t take_hint() {
 // profile of ops_cuda.cu (keyed by kernel and grid; the events around a kernel cost it its early
 // launch: run with --cuda_graphs off and compare totals, not the step time).
 
+// Programmatic dependent launch (sm_90): let the next kernel in the stream launch now; wait
+// until the kernel before this one has finished and its writes are visible. Both are no-ops
+// for a kernel launched without the attribute.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 bool stage_on();
 
 // With the staged GEMV (gemv_staged_kernel) every decode kernel asks for the largest shared-memory
@@ -156,12 +170,26 @@ void max_carveout(const void *k) {
   if (n[dev] < 64) done[dev][n[dev]++] = k;
 }
 
+// CT_DECODE_NULL=NAME,NAME... (or "all"): a measurement, not a mode. The named kernels launch as
+// null_kernel (the same grid; it only triggers and waits), so a step's time without their work
+// says what they cost and what the chain of launches alone costs. The outputs are garbage.
+__global__ void null_kernel() {
+  pdl_trigger();
+  pdl_wait();
+}
+bool nulled(const char *name) {
+  const char *v = getenv("CT_DECODE_NULL");
+  return v && (!strcmp(v, "all") || strstr(v, name));
+}
+
 // A kernel launch on the current stream, with programmatic dependent launch allowed (see the
 // file comment) unless CT_CUDA_PDL=0.
 template <typename... P, typename... A>
 bool launch(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
             A... args) {
   if (stage_on()) max_carveout((const void *)k);
+  if (strcmp(name, "null_kernel") && nulled(name))
+    return launch(op, "null_kernel", null_kernel, grid, block, 0);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -208,19 +236,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Programmatic dependent launch (sm_90): let the next kernel in the stream launch now; wait
-// until the kernel before this one has finished and its writes are visible. Both are no-ops
-// for a kernel launched without the attribute.
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 // 16 bytes of weights, not kept in L1 (each is read once per step). volatile keeps the loads
 // issued before pdl_wait where the code puts them.
@@ -537,34 +552,51 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
 }
 
 // The merge of a row's splits for query head h, in split order: a warp; shared with
-// decode_layers_kernel.
+// decode_layers_kernel. Its time is load latency (the splits were written by other blocks just
+// before), so each round's loads go out together: every split's max and sum first (a lane a
+// split), then the accumulator rows of MB splits at a time; the arithmetic stays in split order.
 template <typename T, int hd>
 __device__ __forceinline__ void att_merge_head(T *out, const float *part, int n, int h, int H,
                                                int splits, int used, int lane) {
-  constexpr int PS = hd + 4;
+  constexpr int PS = hd + 4, I = hd / 32, MB = 64 / I;
   const float *p = part + ((long)n * H + h) * splits * PS;
-  float M = -INFINITY;
-  for (int s = lane; s < used; s += 32) M = fmaxf(M, __ldcg(p + (long)s * PS + hd));
+  float m0 = -INFINITY, l0 = 0.0f; // split `lane`'s max and sum
+  if (lane < used) {
+    m0 = __ldcg(p + (long)lane * PS + hd);
+    l0 = __ldcg(p + (long)lane * PS + hd + 1);
+  }
+  float M = m0;
+  for (int s = lane + 32; s < used; s += 32) M = fmaxf(M, __ldcg(p + (long)s * PS + hd));
   for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-  float L = 0.0f, a[hd / 32];
+  float L = 0.0f, a[I];
 #pragma unroll
-  for (int i = 0; i < hd / 32; i++) a[i] = 0.0f;
+  for (int i = 0; i < I; i++) a[i] = 0.0f;
   for (int s0 = 0; s0 < used; s0 += 32) {
     const int s = s0 + lane;
-    const float f = s < used ? expf(__ldcg(p + (long)s * PS + hd) - M) : 0.0f;
-    if (s < used) L += __ldcg(p + (long)s * PS + hd + 1) * f;
+    const float ms = s0 ? (s < used ? __ldcg(p + (long)s * PS + hd) : 0.0f) : m0;
+    const float ls = s0 ? (s < used ? __ldcg(p + (long)s * PS + hd + 1) : 0.0f) : l0;
+    const float f = s < used ? expf(ms - M) : 0.0f;
+    if (s < used) L += ls * f;
     const int ns = min(32, used - s0);
-#pragma unroll 4
-    for (int j = 0; j < ns; j++) {
-      const float fj = __shfl_sync(0xffffffffu, f, j);
-      const float *ps = p + (long)(s0 + j) * PS;
+    for (int j0 = 0; j0 < ns; j0 += MB) {
+      float v[MB][I];
 #pragma unroll
-      for (int i = 0; i < hd / 32; i++) a[i] = fmaf(fj, __ldcg(ps + lane + 32 * i), a[i]);
+      for (int jj = 0; jj < MB; jj++)
+#pragma unroll
+        for (int i = 0; i < I; i++)
+          v[jj][i] = j0 + jj < ns ? __ldcg(p + (long)(s0 + j0 + jj) * PS + lane + 32 * i) : 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < MB; jj++) {
+        const float fj = __shfl_sync(0xffffffffu, f, (j0 + jj) & 31);
+        if (j0 + jj < ns)
+#pragma unroll
+          for (int i = 0; i < I; i++) a[i] = fmaf(fj, v[jj][i], a[i]);
+      }
     }
   }
   L = warp_sum(L);
 #pragma unroll
-  for (int i = 0; i < hd / 32; i++) stf(out + (long)n * H * hd + (long)h * hd + lane + 32 * i, a[i] / L);
+  for (int i = 0; i < I; i++) stf(out + (long)n * H * hd + (long)h * hd + lane + 32 * i, a[i] / L);
 }
 
 // The 16-bit attention_decode for hd = 8 * LK (LK lanes read a key's row, 16 bytes each) and G
@@ -681,13 +713,38 @@ __global__ void argmax_rows_kernel(int32_t *out, const T *logits, int V, int Vp)
 #define GV_MAXN 8
 enum { GV_PLAIN = 0, GV_RESID = 1, GV_SWIGLU = 2 };
 
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+// cp.async: 16 bytes global -> shared, completed by cp_async_wait_all in the same thread.
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+// The norm weight nw (IC values) into shared memory nws, asked before the GEMV waits on the kernel
+// before (it comes from DRAM: every step streams more than L2 holds); gv_x_rows waits for it.
+template <typename T>
+__device__ __forceinline__ void gv_norm_weight(T *nws, const T *nw, int IC) {
+  for (int c = threadIdx.x; c < IC / 8; c += blockDim.x) cp_async16(nws + (long)c * 8, nw + (long)c * 8);
+}
+
 // The GEMV's input: rows n < nr of inp (rmsnorm'd by nw when NORM) into shared memory xs (N, IC)
-// as T; rows nr .. N-1 zero. The block's warps share the rows.
+// as T; rows nr .. N-1 zero. The block's warps share the rows. nws: nw already on its way into
+// shared memory (gv_norm_weight), or NULL.
 template <typename T, int N, bool NORM>
 __device__ __forceinline__ void gv_x_rows(T *xs, const T *inp, const T *nw, int nr, int IC,
-                                          float eps, int vnorm) {
+                                          float eps, int vnorm, const T *nws = NULL) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nchunk = IC / 8;
   if constexpr (NORM) {
+    if (nws) {
+      cp_async_wait_all();
+      __syncthreads();
+      nw = nws;
+    }
     for (int n = warp; n < N; n += GV_WARPS) {
       T *xo = xs + (long)n * IC;
       if (n < nr && !vnorm) { // as rmsnorm_fwd: lane sums c = lane, lane + 32, ...
@@ -766,10 +823,12 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   };
   // the first weights do not depend on the kernel before: load them while it finishes
   if (t < tasks) load_round(t, 0);
+  T *nws = NORM && vnorm ? xs + (long)N * IC : NULL; // the norm weight's copy (gemv_go sizes it)
+  if (nws) gv_norm_weight(nws, nw, IC);
   l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
   pdl_trigger();
   pdl_wait();
-  gv_x_rows<T, N, NORM>(xs, inp, nw, nr, IC, eps, vnorm);
+  gv_x_rows<T, N, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
   __syncthreads();
   for (; t < tasks; t += stride) {
     float acc[RR][N];
@@ -836,9 +895,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 // reads its input rows and multiplies from shared memory. The arithmetic is gemv_kernel's
 // (a warp per output; lane l sums the 16-byte chunks l, l + 32, ... in k order; the same
 // butterfly and epilogue), so the outputs equal its bit for bit.
-__device__ __forceinline__ uint32_t smem_addr(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
 __device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
@@ -1697,12 +1753,13 @@ template <typename T> void cu_argmax_rows(int32_t *out, const void *logits, int 
 
 int gv_rows(int n) { return n <= 1 ? 1 : n <= 4 ? 4 : 8; } // the N a kernel is built for
 
-// The GEMV applies: 16-bit, few rows, 16-byte rows and pointers, x fits the default 48 KB.
+// The GEMV applies: 16-bit, few rows, 16-byte rows and pointers, x (and the norm weight nw's
+// copy) fits the default 48 KB.
 template <typename T>
 bool gemv_fits(int N, int IC, const void *inp, const void *w, const void *nw = NULL) {
   if (sizeof(T) != 2 || !gemv_on() || N > GV_MAXN || IC <= 0 || IC % 8) return false;
   return aligned16(inp) && aligned16(w) && aligned16(nw) &&
-         (size_t)gv_rows(N) * IC * sizeof(T) <= 48 * 1024;
+         (size_t)(gv_rows(N) + (nw != NULL)) * IC * sizeof(T) <= 48 * 1024;
 }
 
 // CT_DECODE_STAGE=1: the staged GEMV where its slices fit (opt-in until measured). Read at every
@@ -1748,7 +1805,8 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const
   if (blocks > cap) blocks = cap;
   const l2_hint_t h = take_hint();
   launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
-         (size_t)N * IC * sizeof(T), out, inp, nw, w, bias, res, nr, IC, OC, eps, (int)v2_on(),
+         (size_t)(N + (NORM && v2_on())) * IC * sizeof(T), out, inp, nw, w, bias, res, nr, IC,
+         OC, eps, (int)v2_on(),
          h.p, h.bytes);
 }
 
