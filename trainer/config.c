@@ -141,7 +141,7 @@ void ct_config_defaults(ct_config *c) {
   c->parallel.timeout_s = 600;
   c->parallel.overlap_ctas = 0;
   c->parallel.reshard_after_forward = true;
-  c->parallel.sparse_embedding_grad = true;
+  c->parallel.sparse_embedding_grad = false;
   c->parallel.tensor = 1;
   c->kernels.use_kernels = true;
   snprintf(c->kernels.attention, sizeof c->kernels.attention, "auto");

@@ -823,7 +823,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   };
   // the first weights do not depend on the kernel before: load them while it finishes
   if (t < tasks) load_round(t, 0);
-  T *nws = NORM && vnorm ? xs + (long)N * IC : NULL; // the norm weight's copy (gemv_go sizes it)
+  T *nws = NORM && vnorm == 2 ? xs + (long)N * IC : NULL; // the norm weight's copy (gemv_go)
   if (nws) gv_norm_weight(nws, nw, IC);
   l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
   pdl_trigger();
@@ -1753,13 +1753,12 @@ template <typename T> void cu_argmax_rows(int32_t *out, const void *logits, int 
 
 int gv_rows(int n) { return n <= 1 ? 1 : n <= 4 ? 4 : 8; } // the N a kernel is built for
 
-// The GEMV applies: 16-bit, few rows, 16-byte rows and pointers, x (and the norm weight nw's
-// copy) fits the default 48 KB.
+// The GEMV applies: 16-bit, few rows, 16-byte rows and pointers, x fits the default 48 KB.
 template <typename T>
 bool gemv_fits(int N, int IC, const void *inp, const void *w, const void *nw = NULL) {
   if (sizeof(T) != 2 || !gemv_on() || N > GV_MAXN || IC <= 0 || IC % 8) return false;
   return aligned16(inp) && aligned16(w) && aligned16(nw) &&
-         (size_t)(gv_rows(N) + (nw != NULL)) * IC * sizeof(T) <= 48 * 1024;
+         (size_t)gv_rows(N) * IC * sizeof(T) <= 48 * 1024;
 }
 
 // CT_DECODE_STAGE=1: the staged GEMV where its slices fit (opt-in until measured). Read at every
@@ -1804,9 +1803,11 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const
   const unsigned cap = 4u * (unsigned)num_sms(); // warps loop over further tasks
   if (blocks > cap) blocks = cap;
   const l2_hint_t h = take_hint();
+  // vnorm: 0 the first round's norm, 1 the second's, 2 the second's with the norm weight copied
+  // to shared memory first (where that still fits the 48 KB)
+  const int vn = !v2_on() ? 0 : NORM && (size_t)(N + 1) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
   launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
-         (size_t)(N + (NORM && v2_on())) * IC * sizeof(T), out, inp, nw, w, bias, res, nr, IC,
-         OC, eps, (int)v2_on(),
+         (size_t)(N + (vn == 2)) * IC * sizeof(T), out, inp, nw, w, bias, res, nr, IC, OC, eps, vn,
          h.p, h.bytes);
 }
 

@@ -22,20 +22,22 @@ check "one metrics writer: 10 step lines" test "$(field "$TMP/two" tokens_per_s 
 check "2 ranks == 1 rank x 2 accumulation: losses within 1e-5" close "$TMP/one" "$TMP/two" loss 1e-5
 check "gradient norms within 1e-5" close "$TMP/one" "$TMP/two" grad_norm 1e-4
 
-# the embedding lookup's gradient travels as the rows the step's tokens use (parallel/ddp.h; on
-# by default), the embedding's own gradient early; with it off, the whole embedding is one bucket
-# at the end. Both equal the one-process run; they round the two shares apart (a few ulps)
+# parallel.sparse_embedding_grad = true (parallel/ddp.h; off by default): the embedding lookup's
+# gradient travels as the rows the step's tokens use, the embedding's own gradient early; off,
+# the whole embedding is one bucket at the end. Both equal the one-process run; they round the
+# two shares apart (a few ulps)
+check "sparse_embedding_grad off by default: the log names no rows" \
+  bash -c "! grep -q 'lookup.s gradient reduced as' '$TMP/two.log'"
+"$LAUNCH" --nproc_per_node 2 --standalone "${args[@]}" parallel.sparse_embedding_grad=true \
+  "train.out_dir=$TMP/sparse" >"$TMP/sparse.log" 2>&1
+check "parallel.sparse_embedding_grad = true trains (exit $?)" test $? -eq 0
 check "the lookup's gradient went as rows (of the 320 padded)" \
-  grep -qE "embedding lookup's gradient reduced as the [0-9]+ of 320 rows" "$TMP/two.log"
-"$LAUNCH" --nproc_per_node 2 --standalone "${args[@]}" parallel.sparse_embedding_grad=false \
-  "train.out_dir=$TMP/dense" >"$TMP/dense.log" 2>&1
-check "parallel.sparse_embedding_grad = false trains (exit $?), the log names no rows" \
-  bash -c "[ $? -eq 0 ] && ! grep -q 'lookup.s gradient reduced as' '$TMP/dense.log'"
-check "sparse_embedding_grad = false == 1 rank x 2 accumulation: losses within 1e-5" \
-  close "$TMP/one" "$TMP/dense" loss 1e-5
-check "sparse == dense embedding gradient: losses within 1e-6" close "$TMP/dense" "$TMP/two" loss 1e-6
-check "sparse == dense embedding gradient: final weights within 1e-5" same_weights "$TMP/dense" "$TMP/two" 1e-5
-check "sparse == 1 rank: final weights within 1e-4" same_weights "$TMP/one" "$TMP/two" 1e-4
+  grep -qE "embedding lookup's gradient reduced as the [0-9]+ of 320 rows" "$TMP/sparse.log"
+check "sparse_embedding_grad = true == 1 rank x 2 accumulation: losses within 1e-5" \
+  close "$TMP/one" "$TMP/sparse" loss 1e-5
+check "sparse == dense embedding gradient: losses within 1e-6" close "$TMP/two" "$TMP/sparse" loss 1e-6
+check "sparse == dense embedding gradient: final weights within 1e-5" same_weights "$TMP/two" "$TMP/sparse" 1e-5
+check "sparse == 1 rank: final weights within 1e-4" same_weights "$TMP/one" "$TMP/sparse" 1e-4
 
 # gradients on the wire in bf16 (torch DDP's bf16_compress_hook): each bucket rounded once, so the
 # losses stay within 1e-2 of the fp32 reduce, and the log says which dtype travelled

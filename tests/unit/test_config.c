@@ -44,7 +44,7 @@ int main(void) {
   CHECK(c.model.d_ff == 4 * c.model.d_model);
   CHECK(c.model.norm_eps == 1e-5);
   CHECK(!strcmp(c.train.out_dir, "runs/default"));
-  CHECK(c.parallel.sparse_embedding_grad); /* ddp's sparse embedding gradient is on by default */
+  CHECK(!c.parallel.sparse_embedding_grad); /* ddp's sparse embedding gradient is off by default */
 
   /* a file, then overrides in order (later wins), ints accepted for floats */
   const char *p = write_cfg("run1.toml",
