@@ -554,7 +554,8 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
 // The merge of a row's splits for query head h, in split order: a warp; shared with
 // decode_layers_kernel. Its time is load latency (the splits were written by other blocks just
 // before), so each round's loads go out together: every split's max and sum first (a lane a
-// split), then the accumulator rows of MB splits at a time; the arithmetic stays in split order.
+// split), then the accumulator rows of MB splits at a time (64 registers; 128 made the persistent
+// kernel spill); the arithmetic stays in split order.
 template <typename T, int hd>
 __device__ __forceinline__ void att_merge_head(T *out, const float *part, int n, int h, int H,
                                                int splits, int used, int lane) {
@@ -1005,16 +1006,19 @@ __device__ __forceinline__ void rope_head_vals(float (&o)[J], const T *x, const 
                                                float theta, float eps, int table, const float *cs_,
                                                const float *sn_, int lane) {
   constexpr int hd = 32 * J;
-  float v[J];
+  float v[J], g[J]; // the head and its norm weight, loaded together (one latency, not two)
 #pragma unroll
-  for (int j = 0; j < J; j++) v[j] = ldcgf(x + lane + 32 * j);
+  for (int j = 0; j < J; j++) {
+    v[j] = ldcgf(x + lane + 32 * j);
+    g[j] = nwt ? ldf(nwt + lane + 32 * j) : 0.0f;
+  }
   if (nwt) { // as rmsnorm_fwd over the head's hd values, rounded
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < J; j++) ss += v[j] * v[j];
     const float r = 1.0f / sqrtf(warp_sum(ss) / hd + eps);
 #pragma unroll
-    for (int j = 0; j < J; j++) v[j] = rounded<T>(v[j] * r * ldf(nwt + lane + 32 * j));
+    for (int j = 0; j < J; j++) v[j] = rounded<T>(v[j] * r * g[j]);
   }
 #pragma unroll
   for (int j = 0; j < J / 2; j++) {
@@ -1761,8 +1765,12 @@ bool gemv_fits(int N, int IC, const void *inp, const void *w, const void *nw = N
          (size_t)gv_rows(N) * IC * sizeof(T) <= 48 * 1024;
 }
 
-// CT_DECODE_STAGE=1: the staged GEMV where its slices fit (opt-in until measured). Read at every
-// call, so a test can compare both paths in one process.
+// CT_DECODE_STAGE=1: the staged GEMV where its slices fit. STATUS (H200, 2026-11-30): bit-identical
+// to gemv_kernel (test_decode_cuda) and slower: 1,229 against 1,274 tokens/s at batch 1 on the
+// Qwen3-0.6B shape (bench/results/gpu_decode_variants_2026-11-30_2xH200_8ecbce4.txt). gemv_kernel
+// already has every weight of a step's GEMV in flight before it waits; what the step waits on is
+// the chain of dependent latencies (bench/results/gpu_decode_null_2026-11-30_2xH200_cc0e9f0.txt).
+// Opt-in. Read at every call, so a test can compare both paths in one process.
 bool stage_on() { return env_on("CT_DECODE_STAGE"); }
 long staged_launches; // gemv_staged_kernel launches (tests)
 #define GV_STAGE_MAX (112 * 1024) // a block's shared memory: two such blocks share a multiprocessor
@@ -1811,6 +1819,18 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const
          h.p, h.bytes);
 }
 
+// The most loaded multiprocessor's blocks over the mean, for b blocks of a GEMV (capped as
+// gemv_go caps them): 1 is even.
+float gv_spread(int tasks) {
+  const int sms = num_sms();
+  int b = (tasks + GV_WARPS - 1) / GV_WARPS;
+  if (b > 4 * sms) b = 4 * sms;
+  return (float)((b + sms - 1) / sms) * sms / b;
+}
+// Whether SwiGLU's F outputs in tasks of 3 spread more evenly over the multiprocessors than in
+// tasks of 2 (every block streams the same bytes, so the most loaded one sets the time).
+bool F_balanced(int F) { return gv_spread((F + 2) / 3) < gv_spread((F + 1) / 2); }
+
 // Rows per warp task (R) and 16-byte chunks per lane and round (U): one round covers a row of
 // up to 1024 / 2048 values (U = 4 / 8), 3072 with U = 12, more rounds beyond. Wide outputs
 // (the vocabulary head) take 4 rows a task, the rest 1 or 2, so even 1024 outputs fill the GPU.
@@ -1823,7 +1843,13 @@ void gemv_shape(T *out, const T *inp, const T *nw, const T *w, const T *bias, co
     else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 2, 8>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
     else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
   } else if constexpr (MODE == GV_SWIGLU) {
-    if (IC <= 1024) gemv_go<T, N, NORM, MODE, 2, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    // 3 gate/up pairs a task where 2 would leave multiprocessors with two blocks beside ones
+    // with one (Qwen3-0.6B: F 3072 is 1024 tasks of 3, 128 blocks, against 192 blocks of 2);
+    // one row only (128 registers a thread; at 4 and 8 rows 193 and 224 would leave no room for
+    // the kernel before on the multiprocessor); CT_DECODE_SWIGLU_R2=1 keeps 2 (for comparisons)
+    if (N == 1 && IC <= 1024 && F_balanced(OC) && !env_on("CT_DECODE_SWIGLU_R2"))
+      gemv_go<T, N, NORM, MODE, N == 1 ? 3 : 2, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    else if (IC <= 1024) gemv_go<T, N, NORM, MODE, 2, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
     else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 1, 8>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
     else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
   } else {
