@@ -1819,18 +1819,6 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const
          h.p, h.bytes);
 }
 
-// The most loaded multiprocessor's blocks over the mean, for b blocks of a GEMV (capped as
-// gemv_go caps them): 1 is even.
-float gv_spread(int tasks) {
-  const int sms = num_sms();
-  int b = (tasks + GV_WARPS - 1) / GV_WARPS;
-  if (b > 4 * sms) b = 4 * sms;
-  return (float)((b + sms - 1) / sms) * sms / b;
-}
-// Whether SwiGLU's F outputs in tasks of 3 spread more evenly over the multiprocessors than in
-// tasks of 2 (every block streams the same bytes, so the most loaded one sets the time).
-bool F_balanced(int F) { return gv_spread((F + 2) / 3) < gv_spread((F + 1) / 2); }
-
 // Rows per warp task (R) and 16-byte chunks per lane and round (U): one round covers a row of
 // up to 1024 / 2048 values (U = 4 / 8), 3072 with U = 12, more rounds beyond. Wide outputs
 // (the vocabulary head) take 4 rows a task, the rest 1 or 2, so even 1024 outputs fill the GPU.
@@ -1843,13 +1831,11 @@ void gemv_shape(T *out, const T *inp, const T *nw, const T *w, const T *bias, co
     else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 2, 8>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
     else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
   } else if constexpr (MODE == GV_SWIGLU) {
-    // 3 gate/up pairs a task where 2 would leave multiprocessors with two blocks beside ones
-    // with one (Qwen3-0.6B: F 3072 is 1024 tasks of 3, 128 blocks, against 192 blocks of 2);
-    // one row only (128 registers a thread; at 4 and 8 rows 193 and 224 would leave no room for
-    // the kernel before on the multiprocessor); CT_DECODE_SWIGLU_R2=1 keeps 2 (for comparisons)
-    if (N == 1 && IC <= 1024 && F_balanced(OC) && !env_on("CT_DECODE_SWIGLU_R2"))
-      gemv_go<T, N, NORM, MODE, N == 1 ? 3 : 2, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
-    else if (IC <= 1024) gemv_go<T, N, NORM, MODE, 2, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    // 2 gate/up pairs a task even where 3 would spread the blocks more evenly over the
+    // multiprocessors (Qwen3-0.6B: 128 blocks of 3 instead of 192 of 2, 60 multiprocessors with
+    // two): 3 ran slower, 1,194-1,208 against 1,293 tokens/s at batch 1 on an H200
+    // (bench/results/gpu_decode_swiglu_r3_2026-11-30_2xH200_7f359d9.txt)
+    if (IC <= 1024) gemv_go<T, N, NORM, MODE, 2, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
     else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 1, 8>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
     else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
   } else {
