@@ -7,7 +7,8 @@
 # the same way for both (forward 2*B*H*T*T*D, backward twice that); prints ctrain's best per
 # shape against PyTorch's best.
 #   usage: bench/attention.sh [BUILD_DIR]     env: OUT (bench/results), COMMIT, ATTN (the ctrain
-#   variants to time, default batched,flash,flash2,flash2b,cudnn,auto; batched alone takes minutes)
+#   variants to time, default batched,flash,flash2,flash2b,cudnn,auto; batched alone takes minutes;
+#   flash3, flash3-fused and flash3-bwd2 in builds for sm_90, e.g. ATTN=flash3,flash3-bwd2,cudnn)
 set -uo pipefail
 BUILD=${1:-build-gpu}
 cd "$(dirname "$0")/.."

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """tools/sim_flash3.py — a host simulation of kernels/cuda/flash_hopper.cu (attention variant
-flash3: the forward kernel, the backward's dK / dV and dQ kernels, and the fused backward that
-adds dQ with atomics into an fp32 workspace) for checking its indexing without a GPU.
+flash3: the forward kernel, the backward's dK / dV and dQ kernels, the fused backward that
+adds dQ with atomics into an fp32 workspace, and backward form 2 (fl3_bwd2_kernel: TMA loads,
+dQ^T parts in fragment order bulk-added into a workspace, fl3_dq_out2_kernel's lookup, and its
+mbarrier ring's phases under random interleavings) for checking its indexing without a GPU.
 
 It replays the kernel's own address arithmetic (load_tile's swizzled stores, the descriptors'
 start addresses and byte offsets, the k-step offsets) against the documented hardware rules, and
@@ -20,7 +22,10 @@ its register bookkeeping against the documented fragment layouts, in float64:
     for registers 2 and 3 (the mma.m16n8k16 A layout per warp);
   * stmatrix .x4 .trans: lane 8 j + c gives the address of the 16-byte row that receives column c
     of matrix j, whose element (r, c) lane 4 r + c // 2 holds in register j (half c % 2);
-  * red.global.add.v4.f32 adds 4 floats at a 16-byte-aligned address (checked).
+  * red.global.add.v4.f32 adds 4 floats at a 16-byte-aligned address (checked);
+  * cp.async.bulk.tensor with CU_TENSOR_MAP_SWIZZLE_128B writes box row r at dst + 128 r under
+    the same XOR (dst 1024-aligned), zeros for rows out of bounds; cp.reduce.async.bulk adds a
+    contiguous run of floats.
 The fused backward's dS tile is filled with NaN before each tile's stores, so a read of a part no
 warpgroup wrote this tile shows up in dQ.
 
@@ -493,6 +498,306 @@ def dq_out(ws, dqkv, B_, T, H, KV, HD):
                 dqkv[b, t0 + tt, h * HD:(h + 1) * HD] += tile[:, tt] * scale
 
 
+# ---- backward form 2 (fl3_bwd2_kernel, CT_FLASH3_BWD=2) ----
+B2Q = 64
+
+
+def b2_dqn(HD):
+    return 64 if HD == 128 else 32
+
+
+def b2_smem(HD):
+    KBy, QBy, NB = BK * 128, B2Q * 128, HD // 64
+    o = dict(KBy=KBy, QBy=QBy, NB=NB, K=0)
+    o["V"] = o["K"] + NB * KBy
+    o["Q"] = o["V"] + NB * KBy
+    o["dO"] = o["Q"] + 2 * NB * QBy
+    o["dS"] = o["dO"] + 2 * NB * QBy
+    o["dQ"] = o["dS"] + 2 * 2 * QBy
+    o["L"] = o["dQ"] + NWG * 64 * b2_dqn(HD) * 4
+    o["Dd"] = o["L"] + 2 * B2Q * 4
+    o["bar"] = o["Dd"] + 2 * B2Q * 4
+    o["total"] = o["bar"] + 8 * 8
+    return o
+
+
+def tma_load3(sm, dst, src, x, y, rows, T):
+    """cp.async.bulk.tensor.3d with CU_TENSOR_MAP_SWIZZLE_128B, box (64 columns, rows, 1) at
+    (x, y) of src (T x width, one batch): box row r lands in the 128 bytes at dst + 128 r with
+    address bits 4-6 ^= bits 7-9 (dst 1024-aligned, as the swizzle pattern repeats every 1024
+    bytes); rows past T (out of bounds) are zeros."""
+    assert dst % 1024 == 0
+    for r in range(rows):
+        vals = src[y + r, x:x + 64] if y + r < T else np.zeros(64)
+        addr = dst + 128 * r + 2 * np.arange(64)
+        sm[swz(addr) // 2] = vals
+
+
+def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by):
+    """fl3_bwd2_kernel: the producer's TMA loads and lse / D stores, then both consumer
+    warpgroups' steps (dQ^T parts stored in fragment order and bulk-added into ws)."""
+    SL = b2_smem(HD)
+    KBy, QBy, NB = SL["KBy"], SL["QBy"], SL["NB"]
+    SN, OD, DQN = B2Q // 2, HD // 2, b2_dqn(HD)
+    DQA = DQN // 2
+    assert SL["total"] + 1024 <= 227 * 1024
+    sm = np.zeros(SL["L"] // 2)
+    Ls = np.zeros(2 * B2Q)
+    Ds = np.zeros(2 * B2Q)
+    nkb = (T + BK - 1) // BK
+    kb = nkb - 1 - by
+    b, kv = bx // KV, bx % KV
+    grp = H // KV
+    kb0 = kb * BK
+    i0 = kb0 // B2Q
+    nq = (T + B2Q - 1) // B2Q - i0
+    total = grp * nq
+    ntile = ws_rows(T) // 64
+    W3 = (H + 2 * KV) * HD
+    sl2 = 1.4426950408889634 / math.sqrt(HD)
+    scale = 1 / math.sqrt(HD)
+    qkvb, doutb = qkv[b], dout[b]
+    for cb in range(NB):
+        tma_load3(sm, SL["K"] + cb * KBy, qkvb, (H + kv) * HD + cb * 64, kb0, BK, T)
+        tma_load3(sm, SL["V"] + cb * KBy, qkvb, (H + KV + kv) * HD + cb * 64, kb0, BK, T)
+    t = np.arange(128)
+    warp, lane = t // 32, t % 32
+    g, tg = lane // 4, lane % 4
+    acc = [dict(dk=np.zeros((128, OD)), dv=np.zeros((128, OD))) for _ in range(NWG)]
+    dQs = [np.full(64 * DQN, np.nan) for _ in range(NWG)]
+    for it in range(total):
+        # producer (the ring's ordering is checked by sim_bwd2_barriers)
+        stg, h, q0 = it & 1, kv * grp + it // nq, (i0 + it % nq) * B2Q
+        for cb in range(NB):
+            tma_load3(sm, SL["Q"] + (stg * NB + cb) * QBy, qkvb, h * HD + cb * 64, q0, B2Q, T)
+            tma_load3(sm, SL["dO"] + (stg * NB + cb) * QBy, doutb, h * HD + cb * 64, q0, B2Q, T)
+        for x in range(B2Q):
+            tt = q0 + x
+            Ls[stg * B2Q + x] = lse[b, h, tt] if tt < T else np.inf
+            Ds[stg * B2Q + x] = Dr[b, h, tt] if tt < T else 0.0
+        assert W3 * 2 % 16 == 0
+        # consumers
+        qt = i0 + it % nq
+        qbase = qt * B2Q
+        Q = SL["Q"] + stg * NB * QBy
+        dO = SL["dO"] + stg * NB * QBy
+        L = Ls[stg * B2Q:stg * B2Q + B2Q]
+        Dd = Ds[stg * B2Q:stg * B2Q + B2Q]
+        dSs = SL["dS"] + (it & 1) * 2 * QBy
+        sm[dSs // 2:(dSs + 2 * QBy) // 2] = np.nan  # a read of a part not written this step shows
+        for wg in range(NWG):
+            w0 = kb0 + wg * 64
+            if not (w0 < T and qbase + B2Q - 1 >= w0):
+                assert wg == 1
+                continue
+            k0 = w0 + warp * 16 + g
+            k1 = k0 + 8
+            stm = np.zeros((64, B2Q))
+            dpm = np.zeros((64, B2Q))
+            for ks in range(HD // 16):
+                cb, kin = ks >> 2, (ks & 3) * 32
+                bq = read_kmajor(sm, Q + cb * QBy + kin, B2Q)
+                bd = read_kmajor(sm, dO + cb * QBy + kin, B2Q)
+                stm += read_kmajor(sm, SL["K"] + cb * KBy + wg * 64 * 128 + kin, 64) @ bq.T
+                dpm += read_kmajor(sm, SL["V"] + cb * KBy + wg * 64 * 128 + kin, 64) @ bd.T
+            st = to_frag(stm, SN)
+            dpt = to_frag(dpm, SN)
+            diag = qbase < w0 + 63
+            for nt in range(B2Q // 8):
+                ql = nt * 8 + tg * 2
+                q = qbase + ql
+                l0, l1, d0, d1 = L[ql], L[ql + 1], Dd[ql], Dd[ql + 1]
+                p = [np.exp2(st[:, nt * 4 + 0] * sl2 - l0), np.exp2(st[:, nt * 4 + 1] * sl2 - l1),
+                     np.exp2(st[:, nt * 4 + 2] * sl2 - l0), np.exp2(st[:, nt * 4 + 3] * sl2 - l1)]
+                if diag:
+                    p[0] = np.where(q < k0, 0.0, p[0])
+                    p[1] = np.where(q + 1 < k0, 0.0, p[1])
+                    p[2] = np.where(q < k1, 0.0, p[2])
+                    p[3] = np.where(q + 1 < k1, 0.0, p[3])
+                for c, dd in ((0, d0), (1, d1), (2, d0), (3, d1)):
+                    st[:, nt * 4 + c] = p[c]
+                    dpt[:, nt * 4 + c] = p[c] * (dpt[:, nt * 4 + c] - dd)
+            dvm = from_frag(acc[wg]["dv"], OD, HD)
+            dkm = from_frag(acc[wg]["dk"], OD, HD)
+            for kc in range(B2Q // 16):
+                sa = pack_a(dpt, kc)
+                for w in range(4):
+                    addrs = []
+                    for ln in range(32):
+                        kl = w * 16 + (ln & 8)
+                        q = kc * 16 + (ln >> 4) * 8 + (ln & 7)
+                        addrs.append(dSs + wg * QBy + q * 128 + (((kl >> 3) ^ (q & 7)) << 4))
+                    stsm_x4_trans(sm, addrs, sa[w * 32:(w + 1) * 32])
+            for kc in range(B2Q // 16):
+                dvm += a_from_regs(pack_a(st, kc)) @ read_mnmajor(sm, dO + kc * 2048, HD, QBy)
+                dkm += a_from_regs(pack_a(dpt, kc)) @ read_mnmajor(sm, Q + kc * 2048, HD, QBy)
+            acc[wg]["dv"] = to_frag(dvm, OD)
+            acc[wg]["dk"] = to_frag(dkm, OD)
+        # bar.sync 1, 256; then dQ^T per warpgroup, its fragments to dQs, one bulk add each
+        on1 = kb0 + 64 < T and qbase + B2Q - 1 >= kb0 + 64
+        for wg in range(NWG):
+            mt, n0 = (wg, 0) if HD == 128 else (0, wg * 32)
+            dqm = np.zeros((64, DQN))
+            for ks in range(8 if on1 else 4):
+                cb, kin = ks >> 2, (ks & 3) * 32
+                a = read_mnmajor(sm, SL["K"] + mt * KBy + ks * 2048, 64, KBy).T
+                bm = read_kmajor(sm, dSs + cb * QBy + n0 * 128 + kin, DQN)
+                dqm += a @ bm.T
+            dq = to_frag(dqm, DQA)
+            buf = dQs[wg]
+            buf[:] = np.nan
+            for j in range(DQA // 4):
+                for tid in range(128):
+                    buf[(j * 128 + tid) * 4:(j * 128 + tid) * 4 + 4] = dq[tid, 4 * j:4 * j + 4]
+            h = kv * grp + it // nq
+            dst = (((b * H + h) * ntile + qt) * NWG + wg) * 64 * DQN
+            assert dst % 4 == 0 and (64 * DQN * 4) % 16 == 0
+            ws[dst:dst + 64 * DQN] += buf  # cp.reduce.async.bulk .add.f32
+    koff, voff = (H + kv) * HD, (H + KV + kv) * HD
+    for wg in range(NWG):
+        w0 = kb0 + wg * 64
+        k0 = w0 + warp * 16 + g
+        k1 = k0 + 8
+        for th in range(128):
+            for half, key in ((0, k0[th]), (1, k1[th])):
+                if key >= T:
+                    continue
+                for i in range(OD // 4):
+                    c = i * 8 + tg[th] * 2
+                    r = i * 4 + half * 2
+                    dqkv[b, key, koff + c] += acc[wg]["dk"][th, r] * scale
+                    dqkv[b, key, koff + c + 1] += acc[wg]["dk"][th, r + 1] * scale
+                    dqkv[b, key, voff + c] += acc[wg]["dv"][th, r]
+                    dqkv[b, key, voff + c + 1] += acc[wg]["dv"][th, r + 1]
+
+
+def dq_out2(ws, dqkv, B_, T, H, KV, HD):
+    """fl3_dq_out2_kernel: dqkv's query columns += ws / sqrt(HD), ws in fl3_bwd2_kernel's
+    fragment order, looked up with the kernel's own formulas."""
+    DQN = b2_dqn(HD)
+    ntile = ws_rows(T) // 64
+    scale = 1 / math.sqrt(HD)
+    for bh in range(B_ * H):
+        b, h = bh // H, bh % H
+        for qt in range(ntile):
+            f = ws[(bh * ntile + qt) * 64 * HD:(bh * ntile + qt + 1) * 64 * HD]
+            for i in range(64 * (HD // 2)):
+                tt, d = i // (HD // 2), i % (HD // 2) * 2
+                t = qt * 64 + tt
+                if t >= T:
+                    break
+                p = d // 64 if HD == 128 else tt // 32
+                col = tt if HD == 128 else tt % 32
+                for e in range(2):
+                    row = (d + e) % 64
+                    th = 32 * (row // 16) + 4 * (row % 8) + col % 8 // 2
+                    r = 4 * (col // 8) + 2 * (row % 16 // 8) + col % 2
+                    dqkv[b, t, h * HD + d + e] += f[p * 64 * DQN + ((r // 4) * 128 + th) * 4 + r % 4] * scale
+
+
+def sim_bwd2_barriers(total, seed):
+    """The mbarrier protocol of fl3_bwd2_kernel, replayed with random interleavings of the
+    producer warp and the 256 consumer threads (as 2 warpgroups: each thread's arrive is counted):
+    full[s] 33 arrivals + the transaction bytes, empty[s] 256 arrivals, parities as the kernel
+    computes them. Checks that nothing deadlocks, that every consumer reads stage it % 2 only
+    after step it's data landed there, and that the producer never overwrites a stage a consumer
+    has not released."""
+    rng = np.random.default_rng(seed)
+
+    class Bar:
+        def __init__(self, count):
+            self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+        def arrive(self, tx=0):
+            self.tx += tx
+            self.pending -= 1
+            self._flip()
+
+        def complete_tx(self, n):
+            self.tx -= n
+            self._flip()
+
+        def _flip(self):
+            if self.pending == 0 and self.tx == 0:
+                self.phase += 1
+                self.pending = self.count
+
+        def done(self, parity):  # try_wait.parity: the phase with this parity has completed
+            return (self.phase & 1) != parity
+
+    full, empty = [Bar(33), Bar(33)], [Bar(256), Bar(256)]
+    stage = [None, None]  # the step whose data a stage holds
+    prod = dict(it=0, state="wait")
+    cons = [dict(it=0) for _ in range(NWG)]
+    inflight = []  # TMA completions not yet landed: (stage, step, bytes)
+    for _ in range(100000):
+        moves = []
+        if prod["it"] < total:
+            moves.append("p")
+        if inflight:
+            moves.append("tma")
+        moves += ["c%d" % w for w in range(NWG) if cons[w]["it"] < total]
+        if not moves:
+            return True
+        m = moves[rng.integers(len(moves))]
+        if m == "p":
+            it = prod["it"]
+            s = it & 1
+            if not empty[s].done(((it >> 1) & 1) ^ 1):
+                continue  # spinning
+            assert all(c["it"] > it - 2 for c in cons), "producer refills a stage still being read"
+            full[s].arrive(tx=2 * 64 * 128 * 2)
+            inflight.append((s, it, 2 * 64 * 128 * 2))
+            for _ in range(32):  # lse / D stores, then each lane's arrive
+                full[s].arrive()
+            stage[s] = None  # being overwritten
+            prod["it"] += 1
+        elif m == "tma":
+            s, it, n = inflight.pop(0)
+            stage[s] = it
+            full[s].complete_tx(n)
+        else:
+            w = int(m[1:])
+            c = cons[w]
+            it = c["it"]
+            s = it & 1
+            if not full[s].done((it >> 1) & 1):
+                continue
+            if cons[1 - w]["it"] < it:  # bar.sync 1, 256 of step it - 1 waits for the other
+                continue
+            assert stage[s] == it, "consumer reads stage %d expecting step %d, holds %s" % (s, it, stage[s])
+            # the warpgroup's 128 threads read, then arrive on empty (after their wgmmas)
+            for _ in range(128):
+                empty[s].arrive()
+            c["it"] += 1
+    return False  # no progress in 100000 moves: a deadlock
+
+
+def run_bwd2(B_, T, H, KV, HD, seed):
+    rng = np.random.default_rng(seed)
+    qkv = rng.standard_normal((B_, T, (H + 2 * KV) * HD))
+    dout = rng.standard_normal((B_, T, H * HD))
+    out, lse = reference(qkv, B_, T, H, KV, HD)
+    Dr = np.zeros((B_, H, T))
+    for h in range(H):
+        Dr[:, h, :] = (dout[:, :, h * HD:(h + 1) * HD] * out[:, :, h * HD:(h + 1) * HD]).sum(axis=2)
+    dqkv = np.zeros_like(qkv)
+    ws = np.zeros(B_ * H * HD * ws_rows(T))
+    for bx in range(B_ * KV):
+        for by in range((T + BK - 1) // BK):
+            bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by)
+    untouched = np.abs(dqkv[:, :, :H * HD]).max() == 0 and not np.isnan(ws).any()
+    dq_out2(ws, dqkv, B_, T, H, KV, HD)
+    rq, rk, rv = reference_grads(qkv, dout, B_, T, H, KV, HD)
+    eq = np.abs(dqkv[:, :, :H * HD] - rq).max()
+    ek = np.abs(dqkv[:, :, H * HD:(H + KV) * HD] - rk).max()
+    ev = np.abs(dqkv[:, :, (H + KV) * HD:] - rv).max()
+    ok = eq < 1e-9 and ek < 1e-9 and ev < 1e-9 and untouched
+    print("%s backward form 2 (CT_FLASH3_BWD=2) B%d T%d H%d KV%d hd%d: max |dQ - ref| %.2e, "
+          "|dK - ref| %.2e, |dV - ref| %.2e" % ("ok  " if ok else "FAIL", B_, T, H, KV, HD, eq, ek, ev))
+    return ok
+
+
 def reference_grads(qkv, dout, B_, T, H, KV, HD):
     dk = np.zeros((B_, T, KV * HD))
     dv = np.zeros((B_, T, KV * HD))
@@ -589,4 +894,9 @@ if __name__ == "__main__":
     good = all([run(*c) for c in cases])
     good = all([run_bwd(*c) for c in cases]) and good
     good = all([run_bwd(*c, fused=True) for c in cases]) and good
+    good = all([run_bwd2(*c) for c in cases]) and good
+    bars = all(sim_bwd2_barriers(total, seed) for total in (1, 2, 3, 7, 20) for seed in range(50))
+    print("%s backward form 2: mbarrier ring, 250 random interleavings of 1-20 steps" %
+          ("ok  " if bars else "FAIL"))
+    good = good and bars
     sys.exit(0 if good else 1)

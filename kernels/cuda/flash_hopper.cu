@@ -10,6 +10,9 @@
 //     that fl3_dq_out_kernel scales into dqkv; dQ's bits may differ from run to run.
 //   two kernels (ct_fl3_bwd_dkdv, ct_fl3_bwd_dq): fl3_dkdv_kernel<DQ = false>, then fl3_dq_kernel,
 //     which recomputes S and dP per query block (7 GEMMs a tile); deterministic; the default.
+//   form 2 (ct_fl3_bwd2, opt-in with CT_FLASH3_BWD=2, NOT YET RUN ON A GPU: see its STATUS at the
+//     end of this file): FA3's layout, a producer warp loading Q / dO by TMA into an mbarrier
+//     ring, 64-query tiles, 5 GEMMs a tile, dQ by one bulk fp32 reduction per warpgroup and tile.
 //
 // STATUS: written without a GPU at hand (2026-11-30, session 3); on its first GPU run (H200,
 // session 5) it passed tests/gpu/test_ops_cuda's checks against the CPU reference (forward and
@@ -20,7 +23,7 @@
 // beside flash2 and cudnn (it wins where cuDNN is missing, on most hd 128 shapes). Slower than
 // cuDNN, those numbers being the two-kernel backward's (7 GEMMs a tile); the fused backward (5,
 // dQ by atomics as in FA3) was written without a GPU at hand and has not yet run on one.
-// Nothing yet uses TMA or a producer warpgroup. tools/sim_flash3.py replays this file's
+// Only backward form 2 uses TMA and a producer warp. tools/sim_flash3.py replays this file's
 // indexing (swizzled stores, stmatrix, descriptors, k-step offsets, fragment bookkeeping, the dQ
 // atomics' addresses) on the host against the PTX ISA's documented layouts and matches plain
 // attention to 1e-15, both backwards included: keep the two in step.
@@ -35,6 +38,7 @@
 // Shared tiles are stored as column blocks of 64 elements (128 bytes a row) in the 128-byte swizzle
 // that the wgmma descriptors name: 16-byte chunk c of row r sits at chunk c ^ (r % 8); every block
 // starts on a 1024-byte boundary.
+#include <cuda.h> // CUtensorMap and its enums only: the encoder comes through the runtime (no -lcuda)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -141,6 +145,23 @@ __device__ __forceinline__ void wgmma_ss_n32_ta_f16(float (&d)[16], uint64_t da,
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
+// m64n64k16 with A MN-major (backward form 2's dQ^T at head dim 128); by hand, after the above
+__device__ __forceinline__ void wgmma_ss_n64_ta_bf16(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_ss_n64_ta_f16(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
 // ---- end of the generated wrappers ----
 
 template <typename E> struct mma;
@@ -162,6 +183,9 @@ template <> struct mma<bf16> {
   // A MN-major from shared memory (K^T read from K's rows), B K-major
   static __device__ __forceinline__ void ta(float (&d)[16], uint64_t a, uint64_t b, int acc) {
     wgmma_ss_n32_ta_bf16(d, a, b, acc);
+  }
+  static __device__ __forceinline__ void ta(float (&d)[32], uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n64_ta_bf16(d, a, b, acc);
   }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -189,6 +213,9 @@ template <> struct mma<f16> {
   // A MN-major from shared memory (K^T read from K's rows), B K-major
   static __device__ __forceinline__ void ta(float (&d)[16], uint64_t a, uint64_t b, int acc) {
     wgmma_ss_n32_ta_f16(d, a, b, acc);
+  }
+  static __device__ __forceinline__ void ta(float (&d)[32], uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n64_ta_f16(d, a, b, acc);
   }
   static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
@@ -946,4 +973,441 @@ extern "C" int ct_fl3_bwd_dq(int fp16, void *dqkv, const void *dout, const void 
                              int hd, void *stream) {
   return fp16 ? dqk<f16>(dqkv, dout, qkv, lse, D, B, T, H, KV, hd, stream)
               : dqk<bf16>(dqkv, dout, qkv, lse, D, B, T, H, KV, hd, stream);
+}
+
+namespace {
+
+// ---- backward, form 2 (CT_FLASH3_BWD=2): a producer warp, TMA, dQ by bulk reductions ----
+// STATUS: written without a GPU at hand (2026-11-30, issue #7); compiles for sm_90a (ptxas: no
+// stack, HGMMA in the SASS) and tools/sim_flash3.py replays its indexing, but it has NEVER RUN.
+// Next GPU session, in this order:
+//   ninja -C build-gpu && build-gpu/tests/test_ops_cuda --op attention --attn flash3,flash3-bwd2
+//   compute-sanitizer build-gpu/tests/test_ops_cuda --small --op attention --attn flash3-bwd2
+//   ATTN=flash3,flash3-bwd2,cudnn bench/attention.sh build-gpu
+// A hang is a barrier phase or transaction count that does not add up (see the mbarriers below).
+//
+// The design follows FlashAttention-3's backward on Hopper, in one pass over the key blocks:
+// Block: 384 threads. Warpgroups 0 and 1 consume (64 keys each, BK = 128 keys of one (b, kv
+// head), dK and dV accumulated in registers as in fl3_dkdv_kernel); warpgroup 2 produces: it
+// gives its registers away (setmaxnreg: 24 for it, 240 for the consumers) and its warp 0 alone
+// works: TMA (cp.async.bulk.tensor, 128-byte swizzle, the layout load_tile writes) of K and V once,
+// then per step the Q and dO tiles of 64 queries (B2Q; fl3_dkdv_kernel has 32 at hd 128) into a
+// 2-stage ring, the lse and D rows by ordinary loads and stores. Per stage two mbarriers:
+//   full[s]   33 arrivals (lane 0's arrive.expect_tx with the TMA bytes, then each of the 32 lanes
+//             after its lse / D stores) plus the TMA transaction bytes; the consumers wait on it
+//   empty[s]  256 arrivals, one per consumer thread once its wgmmas that read the stage are done;
+//             the producer waits on it before refilling (parity starts at 1: a fresh barrier's
+//             previous phase counts as complete)
+// and kvb (1 arrival + K/V bytes). Step it uses stage it % 2, phase (it / 2) % 2.
+// Per step the consumers do fl3_dkdv_kernel<DQ = true>'s 5 GEMMs (S^T, dP^T, dV, dK, dQ^T) with
+// dS^T double-buffered in shared memory (so one named barrier a step between the two consumer
+// warpgroups suffices), and dQ goes out without per-thread atomics: each consumer warpgroup
+// stores its dQ^T part (hd 128: 64 of the HD rows x 64 queries; hd 64: all 64 rows x 32 queries)
+// to shared memory in its fragment order, and one thread adds that 8-16 KB with a single
+// cp.reduce.async.bulk .add.f32 into the fp32 workspace (FA3 does the same with its dQaccum).
+// fl3_dq_out2_kernel then undoes the fragment order and adds ws / sqrt(HD) into dqkv.
+// Workspace ws: (B, H, Tp / 64 tiles, 2 warpgroup parts, DQA / 4, 128 threads, 4) floats, each
+// part 64 * DQN floats; a tile's two parts are 64 * HD floats (ct_fl3_bwd_ws_floats, like form 1).
+// dQ's bits can vary from run to run (reduction order), as with CT_FLASH3_DQ_ATOMIC=1.
+constexpr int B2Q = 64;        // queries per step
+constexpr int B2T = NT + 128;  // two consumer warpgroups + the producer warpgroup
+
+// dQ^T columns (queries) per consumer warpgroup: hd 128 splits the HD rows, hd 64 the queries
+template <int HD> __host__ __device__ constexpr int b2_dqn() { return HD == 128 ? 64 : 32; }
+
+// shared memory, byte offsets from the 1024-aligned base: K, V (BK rows), 2 stages of Q and dO
+// (B2Q rows), 2 buffers of dS^T (B2Q rows x 128 keys), the dQ^T staging of the two warpgroups,
+// 2 stages of lse and D, 5 mbarriers
+template <int HD> struct b2_smem {
+  static constexpr int KBy = BK * 128, QBy = B2Q * 128, NB = HD / 64;
+  static constexpr int K = 0, V = K + NB * KBy, Q = V + NB * KBy, dO = Q + 2 * NB * QBy;
+  static constexpr int dS = dO + 2 * NB * QBy, dQ = dS + 2 * 2 * QBy;
+  static constexpr int L = dQ + NWG * 64 * b2_dqn<HD>() * 4, Dd = L + 2 * B2Q * 4;
+  static constexpr int bar = Dd + 2 * B2Q * 4, total = bar + 8 * 8;
+};
+template <int HD> constexpr size_t b2_smem_bytes() { return (size_t)b2_smem<HD>::total + 1024; }
+
+__device__ __forceinline__ uint32_t sa_of(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(sa_of(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(sa_of(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_tx(uint64_t *b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(sa_of(b)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra wait_%=;\n}\n" ::"r"(sa_of(b)),
+      "r"(parity)
+      : "memory");
+}
+// box (64 columns, rows, 1) at coordinates (x, y, z) of a 3-D tensor map into dst (1024-aligned),
+// completing on mbarrier b
+__device__ __forceinline__ void tma_load3(void *dst, const CUtensorMap *m, int x, int y, int z,
+                                          uint64_t *b) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(sa_of(dst)),
+               "l"((uint64_t)m), "r"(x), "r"(y), "r"(z), "r"(sa_of(b))
+               : "memory");
+}
+// global fp32 dst[0 .. bytes / 4) += shared src (bulk, asynchronous: a bulk group of this thread)
+__device__ __forceinline__ void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   dst),
+               "r"(sa_of(src)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read0() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait0() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+template <int N> __device__ __forceinline__ void keep_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+template <int HD, typename E>
+__global__ void __launch_bounds__(B2T, 1)
+    fl3_bwd2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tkv,
+                    const __grid_constant__ CUtensorMap tdo, E *dqkv, float *ws, const float *lse,
+                    const float *D, int T, int H, int KV, float sl2, float scale) {
+  using SL = b2_smem<HD>;
+  constexpr int SN = B2Q / 2, OD = HD / 2, DQN = b2_dqn<HD>(), DQA = DQN / 2;
+  constexpr int KBy = SL::KBy, QBy = SL::QBy, NB = SL::NB;
+  extern __shared__ char smem_raw[];
+  char *sm = (char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint64_t *full = reinterpret_cast<uint64_t *>(sm + SL::bar), *empty = full + 2, *kvb = full + 4;
+  const int nkb = (T + BK - 1) / BK, kb = nkb - 1 - (int)blockIdx.y;
+  const int b = (int)blockIdx.x / KV, kv = (int)blockIdx.x % KV, grp = H / KV;
+  const int kb0 = kb * BK, i0 = kb0 / B2Q, nq = (T + B2Q - 1) / B2Q - i0, total = grp * nq;
+  const int wg = (int)threadIdx.x >> 7, warp = ((int)threadIdx.x >> 5) & 3,
+            lane = (int)threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    mbar_init(&full[0], 33);
+    mbar_init(&full[1], 33);
+    mbar_init(&empty[0], NT);
+    mbar_init(&empty[1], NT);
+    mbar_init(kvb, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the TMA unit
+  }
+  __syncthreads(); // the last block-wide barrier: the producer's idle warps leave below
+  if (wg == NWG) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (warp != 0) return;
+    if (lane == 0) {
+      mbar_arrive_tx(kvb, 2u * BK * HD * 2);
+#pragma unroll
+      for (int cb = 0; cb < NB; cb++) {
+        tma_load3(sm + SL::K + cb * KBy, &tkv, (H + kv) * HD + cb * 64, kb0, b, kvb);
+        tma_load3(sm + SL::V + cb * KBy, &tkv, (H + KV + kv) * HD + cb * 64, kb0, b, kvb);
+      }
+    }
+    for (int it = 0; it < total; it++) {
+      const int stg = it & 1, h = kv * grp + it / nq, q0 = (i0 + it % nq) * B2Q;
+      mbar_wait(&empty[stg], ((it >> 1) & 1) ^ 1);
+      if (lane == 0) {
+        mbar_arrive_tx(&full[stg], 2u * B2Q * HD * 2);
+#pragma unroll
+        for (int cb = 0; cb < NB; cb++) { // rows past T: the TMA fills zeros
+          tma_load3(sm + SL::Q + (stg * NB + cb) * QBy, &tq, h * HD + cb * 64, q0, b, &full[stg]);
+          tma_load3(sm + SL::dO + (stg * NB + cb) * QBy, &tdo, h * HD + cb * 64, q0, b,
+                    &full[stg]);
+        }
+      }
+      float *Ls = reinterpret_cast<float *>(sm + SL::L) + stg * B2Q;
+      float *Ds = reinterpret_cast<float *>(sm + SL::Dd) + stg * B2Q;
+      const long sr = ((long)b * H + h) * T;
+#pragma unroll
+      for (int x = lane; x < B2Q; x += 32) { // padding queries: lse = +inf makes P = 0
+        const int t = q0 + x;
+        Ls[x] = t < T ? lse[sr + t] : INFINITY;
+        Ds[x] = t < T ? D[sr + t] : 0.0f;
+      }
+      mbar_arrive(&full[stg]); // release: the stores above are seen after the consumers' wait
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int g = lane >> 2, tg = lane & 3, tid = (int)threadIdx.x & 127;
+  const int w0 = kb0 + wg * 64, k0 = w0 + warp * 16 + g, k1 = k0 + 8;
+  const int mt = HD == 128 ? wg : 0, n0 = HD == 128 ? 0 : wg * 32;
+  const long ntile = ws_rows(T) / 64;
+  const char *Ks = sm + SL::K, *Vs = sm + SL::V;
+  char *dQs = sm + SL::dQ + wg * 64 * DQN * 4;
+  float dk[OD], dv[OD], st[SN], dpt[SN], dq[DQA];
+  uint32_t pa[B2Q / 16][4], sa[B2Q / 16][4];
+#pragma unroll
+  for (int i = 0; i < OD; i++) dk[i] = dv[i] = 0.0f;
+  mbar_wait(kvb, 0);
+  for (int it = 0; it < total; it++) {
+    const int stg = it & 1, qt = i0 + it % nq, qbase = qt * B2Q;
+    // warpgroup-uniform: some query of the tile is at or after one of this warpgroup's keys
+    // (always true for warpgroup 0: the steps start at the tile that holds key kb0)
+    const bool on = w0 < T && qbase + B2Q - 1 >= w0;
+    const char *Q = sm + SL::Q + stg * NB * QBy, *dO = sm + SL::dO + stg * NB * QBy;
+    const float *L = reinterpret_cast<const float *>(sm + SL::L) + stg * B2Q;
+    const float *Dd = reinterpret_cast<const float *>(sm + SL::Dd) + stg * B2Q;
+    char *dSs = sm + SL::dS + (it & 1) * 2 * QBy;
+    mbar_wait(&full[stg], (it >> 1) & 1);
+    if (on) {
+      fence_regs(st);
+      fence_regs(dpt);
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < HD / 16; ks++) {
+        const int cb = ks >> 2, kin = (ks & 3) * 32;
+        const uint64_t dbq = desc(Q + cb * QBy + kin, 16, 1024);
+        const uint64_t dd = desc(dO + cb * QBy + kin, 16, 1024);
+        mma<E>::qk(st, desc(Ks + cb * KBy + wg * 64 * 128 + kin, 16, 1024), dbq, ks > 0);
+        mma<E>::qk(dpt, desc(Vs + cb * KBy + wg * 64 * 128 + kin, 16, 1024), dd, ks > 0);
+      }
+      wg_commit();
+      wg_wait0();
+      fence_regs(st);
+      fence_regs(dpt);
+      // st[nt*4 + {0,1,2,3}] = (k0, q), (k0, q+1), (k1, q), (k1, q+1), q = qbase + nt*8 + tg*2
+      const bool diag = qbase < w0 + 63;
+#pragma unroll
+      for (int nt = 0; nt < B2Q / 8; nt++) {
+        const int ql = nt * 8 + tg * 2, q = qbase + ql;
+        const float l0 = L[ql], l1 = L[ql + 1], d0 = Dd[ql], d1 = Dd[ql + 1];
+        float p0 = ex2(fmaf(st[nt * 4 + 0], sl2, -l0)), p1 = ex2(fmaf(st[nt * 4 + 1], sl2, -l1));
+        float p2 = ex2(fmaf(st[nt * 4 + 2], sl2, -l0)), p3 = ex2(fmaf(st[nt * 4 + 3], sl2, -l1));
+        if (diag) {
+          if (q < k0) p0 = 0.0f;
+          if (q + 1 < k0) p1 = 0.0f;
+          if (q < k1) p2 = 0.0f;
+          if (q + 1 < k1) p3 = 0.0f;
+        }
+        st[nt * 4 + 0] = p0;
+        st[nt * 4 + 1] = p1;
+        st[nt * 4 + 2] = p2;
+        st[nt * 4 + 3] = p3;
+        dpt[nt * 4 + 0] = p0 * (dpt[nt * 4 + 0] - d0);
+        dpt[nt * 4 + 1] = p1 * (dpt[nt * 4 + 1] - d1);
+        dpt[nt * 4 + 2] = p2 * (dpt[nt * 4 + 2] - d0);
+        dpt[nt * 4 + 3] = p3 * (dpt[nt * 4 + 3] - d1);
+      }
+#pragma unroll
+      for (int kc = 0; kc < B2Q / 16; kc++) {
+        const float *c0 = st + 8 * kc, *c1 = st + 8 * kc + 4;
+        pa[kc][0] = mma<E>::pack(c0[0], c0[1]);
+        pa[kc][1] = mma<E>::pack(c0[2], c0[3]);
+        pa[kc][2] = mma<E>::pack(c1[0], c1[1]);
+        pa[kc][3] = mma<E>::pack(c1[2], c1[3]);
+        const float *e0 = dpt + 8 * kc, *e1 = dpt + 8 * kc + 4;
+        sa[kc][0] = mma<E>::pack(e0[0], e0[1]);
+        sa[kc][1] = mma<E>::pack(e0[2], e0[3]);
+        sa[kc][2] = mma<E>::pack(e1[0], e1[1]);
+        sa[kc][3] = mma<E>::pack(e1[2], e1[3]);
+      }
+      // dS^T -> dSs as in fl3_dkdv_kernel<DQ = true>: query row q, this warpgroup's column block
+      const int kl = warp * 16 + (lane & 8);
+#pragma unroll
+      for (int kc = 0; kc < B2Q / 16; kc++) {
+        const int q = kc * 16 + (lane >> 4) * 8 + (lane & 7);
+        stsm_x4_trans(dSs + wg * QBy + q * 128 + (((kl >> 3) ^ (q & 7)) << 4), sa[kc]);
+      }
+      fence_async_smem(); // for the dQ wgmma (async proxy), after the barrier below
+      fence_regs(dv);
+      fence_regs(dk);
+      wg_fence();
+#pragma unroll
+      for (int kc = 0; kc < B2Q / 16; kc++) { // 16 queries: 16 rows of 128 bytes into each block
+        mma<E>::pv(dv, pa[kc], desc(dO + kc * 2048, QBy, 1024), 1);
+        mma<E>::pv(dk, sa[kc], desc(Q + kc * 2048, QBy, 1024), 1);
+      }
+      wg_commit();
+    }
+    bar_sync(1, NT); // both consumer warpgroups' dS^T are in dSs (the producer is not counted)
+    // dQ^T = K^T dS^T over the block's 128 keys (64 when warpgroup 1's keys see none of the tile)
+    const bool on1 = kb0 + 64 < T && qbase + B2Q - 1 >= kb0 + 64;
+    auto dq_mma = [&](auto nks) {
+      fence_regs(dq);
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < decltype(nks)::value; ks++) {
+        const int cb = ks >> 2, kin = (ks & 3) * 32;
+        mma<E>::ta(dq, desc(Ks + mt * KBy + ks * 2048, KBy, 1024),
+                   desc(dSs + cb * QBy + n0 * 128 + kin, 16, 1024), ks > 0);
+      }
+      wg_commit();
+    };
+    if (on1) dq_mma(std::integral_constant<int, BK / 16>());
+    else dq_mma(std::integral_constant<int, 4>());
+    wg_wait0();
+    fence_regs(dv);
+    fence_regs(dk);
+    fence_regs(dq);
+    keep_regs(pa); // the dV / dK wgmmas read them until the wait above
+    keep_regs(sa);
+    mbar_arrive(&empty[stg]); // this thread's reads of stage stg are done
+    // dQ^T part -> dQs in fragment order (float4 j of thread tid at (j * 128 + tid) * 16 bytes:
+    // a warp's stores are 512 contiguous bytes), then one bulk add into the workspace
+    if (tid == 0) bulk_wait_read0(); // the previous step's bulk add has read dQs
+    bar_sync(2 + wg, 128);
+#pragma unroll
+    for (int j = 0; j < DQA / 4; j++)
+      reinterpret_cast<float4 *>(dQs)[j * 128 + tid] =
+          make_float4(dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+    fence_async_smem(); // generic stores, read next by the bulk copy (async proxy)
+    bar_sync(2 + wg, 128);
+    if (tid == 0) {
+      const int h = kv * grp + it / nq;
+      bulk_reduce_add(ws + (((long)(b * H + h) * ntile + qt) * NWG + wg) * 64 * DQN, dQs,
+                      64u * DQN * 4);
+    }
+  }
+  if (tid == 0) bulk_wait0(); // before the block's shared memory goes
+  // dk[i*4 + {0,1,2,3}] = (k0, d), (k0, d+1), (k1, d), (k1, d+1), d = i*8 + tg*2
+  const long W3 = (long)(H + 2 * KV) * HD, koff = (long)(H + kv) * HD,
+             voff = (long)(H + KV + kv) * HD;
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const int key = half ? k1 : k0;
+    if (key >= T) continue;
+    E *d = dqkv + ((long)b * T + key) * W3;
+#pragma unroll
+    for (int i = 0; i < OD / 4; i++) {
+      const int c = i * 8 + tg * 2, r = i * 4 + half * 2;
+      uint32_t *pk = reinterpret_cast<uint32_t *>(d + koff + c);
+      uint32_t *pv = reinterpret_cast<uint32_t *>(d + voff + c);
+      const float2 ok = mma<E>::unpack(*pk), ov = mma<E>::unpack(*pv);
+      *pk = mma<E>::pack(ok.x + dk[r] * scale, ok.y + dk[r + 1] * scale);
+      *pv = mma<E>::pack(ov.x + dv[r], ov.y + dv[r + 1]);
+    }
+  }
+}
+
+// dqkv's query columns += ws * scale for one (b, h) and 64 queries a block, ws being
+// fl3_bwd2_kernel's dQ^T parts in fragment order: the tile's 64 * HD floats go to shared memory
+// as they lie (coalesced), and each (query, d) is looked up by the accumulator layout.
+template <int HD, typename E>
+__global__ void __launch_bounds__(256)
+    fl3_dq_out2_kernel(E *dqkv, const float *ws, int T, int H, int KV, float scale) {
+  constexpr int DQN = b2_dqn<HD>();
+  __shared__ float4 tile[64 * HD / 4];
+  const int b = (int)blockIdx.x / H, h = (int)blockIdx.x % H, qt = (int)blockIdx.y, t0 = qt * 64;
+  const long W3 = (long)(H + 2 * KV) * HD;
+  const float4 *src = reinterpret_cast<const float4 *>(
+      ws + ((long)blockIdx.x * gridDim.y + qt) * 64 * HD);
+  for (int i = (int)threadIdx.x; i < 64 * HD / 4; i += 256) tile[i] = src[i];
+  __syncthreads();
+  const float *f = reinterpret_cast<const float *>(tile);
+  for (int i = (int)threadIdx.x; i < 64 * (HD / 2); i += 256) {
+    const int tt = i / (HD / 2), d = i % (HD / 2) * 2, t = t0 + tt;
+    if (t >= T) break; // i only grows
+    // element (row, col) of part p's m64 x DQN accumulator: thread 32 (row / 16) + 4 (row % 8) +
+    // col % 8 / 2, register 4 (col / 8) + 2 (row % 16 / 8) + col % 2 (d and d + 1: the next row)
+    const int p = HD == 128 ? d / 64 : tt / 32, col = HD == 128 ? tt : tt % 32;
+    float v[2];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      const int row = (d + e) % 64;
+      const int th = 32 * (row / 16) + 4 * (row % 8) + col % 8 / 2;
+      const int r = 4 * (col / 8) + 2 * (row % 16 / 8) + col % 2;
+      v[e] = f[p * 64 * DQN + ((r / 4) * 128 + th) * 4 + r % 4];
+    }
+    uint32_t *pq = reinterpret_cast<uint32_t *>(dqkv + ((long)b * T + t) * W3 + (long)h * HD + d);
+    const float2 o = mma<E>::unpack(*pq);
+    *pq = mma<E>::pack(o.x + v[0] * scale, o.y + v[1] * scale);
+  }
+}
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                    const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                    const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                    CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (NULL where the driver lacks it)
+encode_tiled_fn encode_tiled() {
+  static encode_tiled_fn fn;
+  static int tried;
+  if (!tried) {
+    tried = 1;
+    void *p = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = (encode_tiled_fn)p;
+  }
+  return fn;
+}
+
+// A map of rows (B, T, width) of 16-bit elements at p: boxes of 64 columns x `rows` rows x 1,
+// 128-byte swizzle (load_tile's layout), rows past T read as zeros.
+bool tmap_rows(CUtensorMap *m, encode_tiled_fn fn, int fp16, const void *p, long width, int T,
+               int B, int rows) {
+  const cuuint64_t dim[3] = {(cuuint64_t)width, (cuuint64_t)T, (cuuint64_t)B};
+  const cuuint64_t stride[2] = {(cuuint64_t)width * 2, (cuuint64_t)width * 2 * T};
+  const cuuint32_t box[3] = {64, (cuuint32_t)rows, 1}, estr[3] = {1, 1, 1};
+  return fn(m, fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+            const_cast<void *>(p), dim, stride, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int HD, typename E>
+int launch_bwd2(E *dqkv, float *ws, const E *dout, const E *qkv, const float *lse, const float *D,
+                int B, int T, int H, int KV, cudaStream_t st) {
+  const encode_tiled_fn fn = encode_tiled();
+  if (!fn) return -1;
+  const int half16 = std::is_same<E, f16>::value;
+  const long W3 = (long)(H + 2 * KV) * HD;
+  CUtensorMap tq, tkv, tdo;
+  if (!tmap_rows(&tq, fn, half16, qkv, W3, T, B, B2Q) || !tmap_rows(&tkv, fn, half16, qkv, W3, T, B, BK) ||
+      !tmap_rows(&tdo, fn, half16, dout, (long)H * HD, T, B, B2Q))
+    return -1;
+  constexpr size_t smem = b2_smem_bytes<HD>();
+  static int attr;
+  if (!smem_once(fl3_bwd2_kernel<HD, E>, smem, &attr)) return -2;
+  if (cudaMemsetAsync(ws, 0, sizeof(float) * (size_t)B * H * HD * ws_rows(T), st) != cudaSuccess)
+    return -2;
+  const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
+  const dim3 grid((unsigned)(B * KV), (unsigned)((T + BK - 1) / BK));
+  fl3_bwd2_kernel<HD, E><<<grid, B2T, smem, st>>>(tq, tkv, tdo, dqkv, ws, lse, D, T, H, KV, sl2,
+                                                  scale);
+  if (cudaGetLastError() != cudaSuccess) return -2;
+  const dim3 g2((unsigned)(B * H), (unsigned)(ws_rows(T) / 64));
+  fl3_dq_out2_kernel<HD, E><<<g2, 256, 0, st>>>(dqkv, ws, T, H, KV, scale);
+  return cudaGetLastError() == cudaSuccess ? 0 : -2;
+}
+
+template <typename E>
+int bwd2(void *dqkv, float *ws, const void *dout, const void *qkv, const float *lse,
+         const float *D, int B, int T, int H, int KV, int hd, void *stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (hd == 64)
+    return launch_bwd2<64, E>((E *)dqkv, ws, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV,
+                              st);
+  if (hd == 128)
+    return launch_bwd2<128, E>((E *)dqkv, ws, (const E *)dout, (const E *)qkv, lse, D, B, T, H,
+                               KV, st);
+  return -1;
+}
+
+} // namespace
+
+extern "C" int ct_fl3_bwd2(int fp16, void *dqkv, float *ws, const void *dout, const void *qkv,
+                           const float *lse, const float *D, int B, int T, int H, int KV, int hd,
+                           void *stream) {
+  return fp16 ? bwd2<f16>(dqkv, ws, dout, qkv, lse, D, B, T, H, KV, hd, stream)
+              : bwd2<bf16>(dqkv, ws, dout, qkv, lse, D, B, T, H, KV, hd, stream);
 }

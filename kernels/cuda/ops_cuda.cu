@@ -3824,6 +3824,16 @@ bool fl3_dq_atomic() {
   return !(d && d[0] && strcmp(d, "0") != 0);
 }
 
+// CT_FLASH3_BWD=2 asks for backward form 2 (flash_hopper.cu's fl3_bwd2_kernel: producer warp,
+// TMA, dQ by bulk fp32 reductions), opt-in: written without a GPU at hand and not yet measured.
+// Read at every call like CT_FLASH3_DQ_ATOMIC, and like it kept off by attention.deterministic.
+bool fl3_bwd2() {
+  const char *v = getenv("CT_FLASH3_BWD");
+  if (!(v && !strcmp(v, "2"))) return false;
+  const char *d = getenv("CT_CUDA_CUDNN_DETERMINISTIC");
+  return !(d && d[0] && strcmp(d, "0") != 0);
+}
+
 // flash3's backward: D = rowsum(dO * O) here, then the Hopper kernels (flash_hopper.cu), reading
 // the forward's lse and D: with fl3_dq_atomic(), one fused dK / dV / dQ kernel whose fp32 dQ
 // workspace (B * H * hd * T floats, T rounded up to 64) follows D in the scratch buffer; by
@@ -3833,13 +3843,21 @@ void fl3_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, in
                     int KV) {
   const float *lse = state;
   const int half16 = std::is_same<E, f16>::value;
-  if (fl3_dq_atomic()) {
+  if (fl3_bwd2() || fl3_dq_atomic()) {
     // grow scratch to D + workspace first: flash_bwd_D then gets the same buffer, D at its start
     const size_t d_bytes = (sizeof(float) * (size_t)B * H * T + 255) / 256 * 256;
     if (!scratch(d_bytes + sizeof(float) * ct_fl3_bwd_ws_floats(B, T, H, HD))) return;
     float *D = flash_bwd_D<E>(dout, state, B, T, H, HD);
     if (!D) return;
     float *ws = (float *)((char *)D + d_bytes);
+    if (fl3_bwd2()) {
+      const int r = ct_fl3_bwd2(half16, dqkv, ws, dout, qkv, lse, D, B, T, H, KV, HD, g.stream);
+      if (r == 0) return;
+      if (r != -1) { // -1: no tensor-map encoder in this driver; the fused form below instead
+        CK_LAUNCH(fl3_bwd2_kernel);
+        return;
+      }
+    }
     if (ct_fl3_bwd(half16, dqkv, ws, dout, qkv, lse, D, B, T, H, KV, HD, g.stream) != 0)
       CK_LAUNCH(fl3_bwd_kernel);
     return;

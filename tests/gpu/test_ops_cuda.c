@@ -19,7 +19,8 @@
  *   test_ops_cuda --attn L   the attention variants a 16-bit table runs, comma-separated (default
  *                            batched,flash,flash2,flash2b,cudnn,auto,default, and in builds with
  *                            the Hopper kernels flash3 (its default two-kernel backward) and
- *                            flash3-fused (fused backward, dQ by atomics: CT_FLASH3_DQ_ATOMIC=1); perf
+ *                            flash3-fused (fused backward, dQ by atomics: CT_FLASH3_DQ_ATOMIC=1),
+ *                            flash3-bwd2 (backward form 2, producer warp + TMA: CT_FLASH3_BWD=2); perf
  *                            skips "default", which is timed as the variant it names; cudnn is
  *                            skipped, with a message, in builds without cuDNN attention)
  * Builds with cuDNN attention also compare the cudnn variant with flash2 on the same inputs
@@ -1358,8 +1359,9 @@ static void test_nonfinite(void) {
  * flash2 and flash2b (or those named by --attn), bias matmul through cuBLASLt vs cublasGemmEx. */
 static int is_att(const family *f) { return f == &fam_att_fwd || f == &fam_att_bwd; }
 #if CT_HAVE_FLASH3 /* the Hopper wgmma kernels (kernels/cuda/flash_hopper.cu): flash3 with its
-                     * two-kernel backward, flash3-fused with the fused one (dQ by atomics) */
-#define FLASH3_LIST ",flash3,flash3-fused"
+                     * two-kernel backward, flash3-fused with the fused one (dQ by atomics),
+                     * flash3-bwd2 with backward form 2 (CT_FLASH3_BWD=2) */
+#define FLASH3_LIST ",flash3,flash3-fused,flash3-bwd2"
 #else
 #define FLASH3_LIST ""
 #endif
@@ -1500,13 +1502,17 @@ static void run_selected(size_t i, int perf) {
         if (!said++) printf("  %s\n", NO_CUDNN_MSG);
         continue;
       }
-      /* flash3's backward form is an environment switch that ops_cuda.cu reads at every call:
-       * set for flash3 (two kernels) and flash3-fused alike, then put back */
-      const int fused = !strcmp(v, "flash3-fused"), fl3 = fused || !strcmp(v, "flash3");
-      char prev[16] = "";
+      /* flash3's backward form is two environment switches that ops_cuda.cu reads at every
+       * call: set for flash3 (two kernels), flash3-fused and flash3-bwd2 alike, then put back */
+      const int fused = !strcmp(v, "flash3-fused"), bwd2 = !strcmp(v, "flash3-bwd2");
+      const int fl3 = fused || bwd2 || !strcmp(v, "flash3");
+      char prev[16] = "", prev2[16] = "";
       const int had = fl3 && getenv("CT_FLASH3_DQ_ATOMIC");
+      const int had2 = fl3 && getenv("CT_FLASH3_BWD");
       if (had) snprintf(prev, sizeof prev, "%s", getenv("CT_FLASH3_DQ_ATOMIC"));
+      if (had2) snprintf(prev2, sizeof prev2, "%s", getenv("CT_FLASH3_BWD"));
       if (fl3) setenv("CT_FLASH3_DQ_ATOMIC", fused ? "1" : "0", 1);
+      if (fl3) setenv("CT_FLASH3_BWD", bwd2 ? "2" : "0", 1);
       if (ct_cuda_set_variant("attention", fl3 ? "flash3" : v) != 0)
         CHECK_MSG(0, "--attn: unknown attention variant %s", v);
       else {
@@ -1517,6 +1523,8 @@ static void run_selected(size_t i, int perf) {
       }
       if (had) setenv("CT_FLASH3_DQ_ATOMIC", prev, 1);
       else if (fl3) unsetenv("CT_FLASH3_DQ_ATOMIC");
+      if (had2) setenv("CT_FLASH3_BWD", prev2, 1);
+      else if (fl3) unsetenv("CT_FLASH3_BWD");
     }
     ct_cuda_set_variant("attention", "default");
   } else if (!dev_is_cpu && g_act16 && c->fam == &fam_mm_fwd && !(c->flags & NOBIAS)) {
