@@ -30,6 +30,7 @@
 // CT_CUDA_PDL=0 turn the fused kernels and the early launches off (for comparisons).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -183,23 +184,32 @@ bool nulled(const char *name) {
 }
 
 // A kernel launch on the current stream, with programmatic dependent launch allowed (see the
-// file comment) unless CT_CUDA_PDL=0.
+// file comment) unless CT_CUDA_PDL=0; cluster > 1: blocks in clusters of that many along x.
 template <typename... P, typename... A>
-bool launch(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
-            A... args) {
+bool launch_cl(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 block,
+               size_t smem, unsigned cluster, A... args) {
   if (stage_on()) max_carveout((const void *)k);
   if (strcmp(name, "null_kernel") && nulled(name))
-    return launch(op, "null_kernel", null_kernel, grid, block, 0);
+    return launch_cl(op, "null_kernel", null_kernel, grid, block, 0, cluster);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream();
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute at[2];
+  unsigned na = 0;
+  if (pdl_on()) {
+    at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[na++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    at[na].id = cudaLaunchAttributeClusterDimension;
+    at[na].val.clusterDim.x = cluster;
+    at[na].val.clusterDim.y = 1;
+    at[na++].val.clusterDim.z = 1;
+  }
   cfg.attrs = at;
-  cfg.numAttrs = pdl_on() ? 1 : 0;
+  cfg.numAttrs = na;
   void *ev = ct_cuda_prof_begin();
   const bool ok = ck(cudaLaunchKernelEx(&cfg, k, ((P)args)...), op, name, __LINE__);
   if (ev) {
@@ -208,6 +218,11 @@ bool launch(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 b
     ct_cuda_prof_end(ev, key);
   }
   return ok;
+}
+template <typename... P, typename... A>
+bool launch(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+            A... args) {
+  return launch_cl(op, name, k, grid, block, smem, 1u, args...);
 }
 
 // multiprocessors of the current device (cached per device)
@@ -465,15 +480,16 @@ __global__ void attention_decode_merge_kernel(T *out, const float *part, const i
 
 // One split of attention_decode_vec_kernel, after its keys' K and V rows are in kr / vr (lane l:
 // key k0 + j * (32 / LK) + l / LK, 16-byte chunk l % LK): scores, the split's softmax and V sums,
-// written to part as (acc[hd], max, sum). q0: the G query heads of kv head kv, hd apart (global
-// memory read through L2, or with QSHARED shared memory). Warp-level; shared with
-// decode_layers_kernel.
+// written to part as (acc[hd], max, sum), or with dst to dst's G rows of hd + 4 floats. q0: the G
+// query heads of kv head kv, hd apart (global memory read through L2, or with QSHARED shared
+// memory). Warp-level; shared with decode_layers_kernel.
 template <typename T, int LK, int G, bool QSHARED = false>
 __device__ __forceinline__ void att_split_math(float *part, const T *q0,
                                                const uint4 (&kr)[DEC_CHUNK / (32 / LK)],
                                                const uint4 (&vr)[DEC_CHUNK / (32 / LK)], int n,
                                                int kv, int sp, int k0, int len, int H,
-                                               int splits, float scale, int lane) {
+                                               int splits, float scale, int lane,
+                                               float *dst = nullptr) {
   constexpr int hd = 8 * LK, KPL = 32 / LK, J = DEC_CHUNK / KPL;
   constexpr int PS = hd + 4;
   const int ks = lane / LK, ch = lane % LK;
@@ -540,7 +556,7 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
   if (ks == 0) {
 #pragma unroll
     for (int g = 0; g < G; g++) {
-      float *o = part + (((long)n * H + kv * G + g) * splits + sp) * PS;
+      float *o = dst ? dst + g * PS : part + (((long)n * H + kv * G + g) * splits + sp) * PS;
       *(float4 *)(o + ch * 8) = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
       *(float4 *)(o + ch * 8 + 4) = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
       if (ch == 0) {
@@ -551,31 +567,29 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
   }
 }
 
-// The merge of a row's splits for query head h, in split order: a warp; shared with
-// decode_layers_kernel. Its time is load latency (the splits were written by other blocks just
-// before), so each round's loads go out together: every split's max and sum first (a lane a
-// split), then the accumulator rows of MB splits at a time (64 registers; 128 made the persistent
-// kernel spill); the arithmetic stays in split order.
-template <typename T, int hd>
-__device__ __forceinline__ void att_merge_head(T *out, const float *part, int n, int h, int H,
-                                               int splits, int used, int lane) {
-  constexpr int PS = hd + 4, I = hd / 32, MB = 64 / I;
-  const float *p = part + ((long)n * H + h) * splits * PS;
+// The merge of a row's splits for one query head, in split order, into out (hd values): a warp.
+// ld(s, i) reads float i of split s's row (acc[hd], max, sum). Its time is load latency (the
+// splits were written by other blocks just before), so each round's loads go out together: every
+// split's max and sum first (a lane a split), then the accumulator rows of MB splits at a time
+// (64 registers; 128 made the persistent kernel spill); the arithmetic stays in split order.
+template <typename T, int hd, typename Load>
+__device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int lane) {
+  constexpr int I = hd / 32, MB = 64 / I;
   float m0 = -INFINITY, l0 = 0.0f; // split `lane`'s max and sum
   if (lane < used) {
-    m0 = __ldcg(p + (long)lane * PS + hd);
-    l0 = __ldcg(p + (long)lane * PS + hd + 1);
+    m0 = ld(lane, hd);
+    l0 = ld(lane, hd + 1);
   }
   float M = m0;
-  for (int s = lane + 32; s < used; s += 32) M = fmaxf(M, __ldcg(p + (long)s * PS + hd));
+  for (int s = lane + 32; s < used; s += 32) M = fmaxf(M, ld(s, hd));
   for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
   float L = 0.0f, a[I];
 #pragma unroll
   for (int i = 0; i < I; i++) a[i] = 0.0f;
   for (int s0 = 0; s0 < used; s0 += 32) {
     const int s = s0 + lane;
-    const float ms = s0 ? (s < used ? __ldcg(p + (long)s * PS + hd) : 0.0f) : m0;
-    const float ls = s0 ? (s < used ? __ldcg(p + (long)s * PS + hd + 1) : 0.0f) : l0;
+    const float ms = s0 ? (s < used ? ld(s, hd) : 0.0f) : m0;
+    const float ls = s0 ? (s < used ? ld(s, hd + 1) : 0.0f) : l0;
     const float f = s < used ? expf(ms - M) : 0.0f;
     if (s < used) L += ls * f;
     const int ns = min(32, used - s0);
@@ -584,8 +598,7 @@ __device__ __forceinline__ void att_merge_head(T *out, const float *part, int n,
 #pragma unroll
       for (int jj = 0; jj < MB; jj++)
 #pragma unroll
-        for (int i = 0; i < I; i++)
-          v[jj][i] = j0 + jj < ns ? __ldcg(p + (long)(s0 + j0 + jj) * PS + lane + 32 * i) : 0.0f;
+        for (int i = 0; i < I; i++) v[jj][i] = j0 + jj < ns ? ld(s0 + j0 + jj, lane + 32 * i) : 0.0f;
 #pragma unroll
       for (int jj = 0; jj < MB; jj++) {
         const float fj = __shfl_sync(0xffffffffu, f, (j0 + jj) & 31);
@@ -597,7 +610,18 @@ __device__ __forceinline__ void att_merge_head(T *out, const float *part, int n,
   }
   L = warp_sum(L);
 #pragma unroll
-  for (int i = 0; i < I; i++) stf(out + (long)n * H * hd + (long)h * hd + lane + 32 * i, a[i] / L);
+  for (int i = 0; i < I; i++) stf(out + lane + 32 * i, a[i] / L);
+}
+
+// att_merge_core over part (query head h of row n, read through L2); shared with
+// decode_layers_kernel.
+template <typename T, int hd>
+__device__ __forceinline__ void att_merge_head(T *out, const float *part, int n, int h, int H,
+                                               int splits, int used, int lane) {
+  constexpr int PS = hd + 4;
+  const float *p = part + ((long)n * H + h) * splits * PS;
+  att_merge_core<T, hd>(out + (long)n * H * hd + (long)h * hd,
+                        [&](int s, int i) { return __ldcg(p + (long)s * PS + i); }, used, lane);
 }
 
 // The 16-bit attention_decode for hd = 8 * LK (LK lanes read a key's row, 16 bytes each) and G
@@ -1154,7 +1178,12 @@ __device__ __forceinline__ void att_rope_split(T (*q)[8 * LK], uint4 (&kr)[DEC_C
 // bit for bit (decode_layers_kernel's attention phase does the same), one launch fewer a layer;
 // qkv itself is not written. Old keys' loads and the row's cos / sin table go out before
 // griddepcontrol.wait.
-template <typename T, int LK, int G>
+// CL (CT_DECODE_CLUSTER=1, opt-in): the blocks of one (row, kv head) form a thread block cluster
+// (at most 8: max_T <= 512); each split warp leaves its (acc, max, sum) rows in its own block's
+// shared memory, a cluster barrier replaces the fence + counter + L2 round trips, and block 0 of
+// the cluster merges reading the others' shared memory (distributed shared memory); a second
+// barrier keeps the blocks resident until it has. Same arithmetic, so the same bits.
+template <typename T, int LK, int G, bool CL = false>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     attention_decode_rope_kernel(T *out, float *part, unsigned *count, const T *raw,
                                  const T *qnw, const T *knw, T *kc, T *vc, const int32_t *slot,
@@ -1166,6 +1195,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   const int sp = blockIdx.x * DEC_WARPS + w, kv = blockIdx.y, n = blockIdx.z;
   __shared__ float cs_[hd / 2], sn_[hd / 2];
   __shared__ __align__(16) T qs[DEC_WARPS][G + 2][hd]; // a warp's q heads, the newest k, v
+  __shared__ __align__(16) float ps[CL ? DEC_WARPS : 1][G][hd + 4]; // CL: the splits' rows
   __shared__ int last;
   l2_prefetch_slice(pf, pfb);
   pdl_trigger();
@@ -1190,7 +1220,24 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H, KV,
                              kv, k0, p, theta, eps, cs_, sn_, lane);
     att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
-                                   lane);
+                                   lane, CL ? &ps[CL ? w : 0][0][0] : nullptr);
+  }
+  if constexpr (CL) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync(); // every split's rows written, and visible to the cluster
+    if (cl.block_rank() == 0) {
+      const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
+      for (int g = w; g < G; g += DEC_WARPS) { // split sp: block sp / DEC_WARPS, warp sp % DEC_WARPS
+        auto ld = [&](int sp_, int i) {
+          const float *r = cl.map_shared_rank(&ps[0][0][0], (unsigned)(sp_ / DEC_WARPS));
+          return r[((sp_ % DEC_WARPS) * G + g) * (hd + 4) + i];
+        };
+        att_merge_core<T, hd>(out + (long)n * H * hd + (long)(kv * G + g) * hd, ld, used, lane);
+      }
+    }
+    cl.sync(); // block 0 has read every block's rows
+    return;
   }
   // the last block of (n, kv) merges (attention_decode_vec_kernel's)
   __threadfence();
@@ -2042,6 +2089,10 @@ bool fused_att_on(int N) {
   return N <= FA_MAX_ROWS || (v && !strcmp(v, "1"));
 }
 long fa_launches; // attention_decode_rope kernels launched (or recorded into a graph)
+// CT_DECODE_CLUSTER=1 (opt-in until it has run on a GPU): attention_decode_rope merges within a
+// thread block cluster where a (row, kv head) has 2 to 8 blocks. Read at every call.
+bool cluster_on() { return env_on("CT_DECODE_CLUSTER"); }
+long cluster_launches; // of them, launched as clusters
 
 // qkv_rope_append then attention_decode (ops.h) as attention_decode_rope_kernel: 16-bit tables,
 // head dims 64 / 128, 1, 2 or 4 query heads per kv head; 1 (the caller runs the two ops) where it
@@ -2071,11 +2122,16 @@ int cu_attention_decode_rope(void *out, const void *raw, const void *qnw, const 
     const l2_hint_t h = take_hint();
     T *o = (T *)out, *K = (T *)kc, *V = (T *)vc;
     const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
+    const bool cl = cluster_on() && g.x > 1 && g.x <= 8;
     bool ok = false;
 #define ATT_ROPE(LK, G_)                                                                          \
-  ok = launch("attention_decode_rope", "attention_decode_rope_kernel",                             \
-              attention_decode_rope_kernel<T, LK, G_>, g, DEC_WARPS * 32, 0, o, part, cnt, r, gq,  \
-              gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, h.p, h.bytes)
+  ok = cl ? launch_cl("attention_decode_rope", "attention_decode_rope_kernel",                     \
+                      attention_decode_rope_kernel<T, LK, G_, true>, g, DEC_WARPS * 32, 0, g.x, o, \
+                      part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, \
+                      h.p, h.bytes)                                                                \
+          : launch("attention_decode_rope", "attention_decode_rope_kernel",                        \
+                   attention_decode_rope_kernel<T, LK, G_>, g, DEC_WARPS * 32, 0, o, part, cnt, r, \
+                   gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, h.p, h.bytes)
     if (hd == 64) {
       if (G == 1) ATT_ROPE(8, 1);
       else if (G == 2) ATT_ROPE(8, 2);
@@ -2088,6 +2144,7 @@ int cu_attention_decode_rope(void *out, const void *raw, const void *qnw, const 
 #undef ATT_ROPE
     if (!ok) return -1;
     fa_launches++;
+    if (cl) cluster_launches++;
     return 0;
   }
 }
@@ -2128,3 +2185,4 @@ extern "C" long ct_cuda_decode_layers_launches(void) { return dl_launches; }
 extern "C" long ct_cuda_attention_decode_rope_launches(void) { return fa_launches; }
 extern "C" long ct_cuda_l2_hints_used(void) { return hints_used; }
 extern "C" long ct_cuda_gemv_staged_launches(void) { return staged_launches; }
+extern "C" long ct_cuda_attention_cluster_launches(void) { return cluster_launches; }

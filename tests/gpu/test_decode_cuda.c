@@ -443,9 +443,10 @@ static void engine_logits(ct_model *m, const ct_ops *o, const int *layer_dev, fl
   ct_infer_destroy(e);
 }
 
-/* a small llama-style model (vocabulary 300, 64 positions) with random weights, on the CPU
- * table (engines copy it to their device); NULL when it cannot be made */
-static ct_model *tiny_llama(int layers, int C, int H, int KV, bool qk_norm, uint64_t seed) {
+/* a small llama-style model (vocabulary 300, max_T positions; tiny_llama: 64) with random weights,
+ * on the CPU table (engines copy it to their device); NULL when it cannot be made */
+static ct_model *tiny_llama_T(int layers, int C, int H, int KV, bool qk_norm, uint64_t seed,
+                              int max_T) {
   ct_config c;
   ct_config_defaults(&c);
   snprintf(c.model.arch, sizeof c.model.arch, "llama");
@@ -454,15 +455,18 @@ static ct_model *tiny_llama(int layers, int C, int H, int KV, bool qk_norm, uint
   c.model.n_head = H;
   c.model.n_kv_head = KV;
   c.model.vocab_size = 300;
-  c.model.max_seq_len = 64;
+  c.model.max_seq_len = max_T;
   c.model.qk_norm = qk_norm;
   c.model.init_std = 0.05;
-  c.train.seq_len = 64;
+  c.train.seq_len = max_T;
   CHECK(ct_config_validate(&c) == CT_OK);
   ct_model *m = NULL;
   CHECK(ct_model_create(&c.model, ct_ops_cpu(), 1, 1, &m) == CT_OK);
   if (m) ct_model_init_weights(m, seed);
   return m;
+}
+static ct_model *tiny_llama(int layers, int C, int H, int KV, bool qk_norm, uint64_t seed) {
+  return tiny_llama_T(layers, C, H, KV, qk_norm, seed, 64);
 }
 
 static void test_engine(void) {
@@ -656,6 +660,57 @@ static void test_staged_gemv(void) {
   }
 }
 
+/* one sequence with room for 200 positions (13 16-key splits in 4 blocks: clusters of 4):
+ * a 70-token prompt, then 12 decode steps of one row, crossing the 4th split at 64 and the 5th
+ * at 80; logits of each (13 x Vp) */
+static void engine_logits_long(ct_model *m, const ct_ops *o, float *out) {
+  ct_infer_cfg ic = CT_INFER_CFG_INIT;
+  ic.max_seqs = 1;
+  ic.max_len = 200;
+  ic.max_rows = 256;
+  ic.device = 0;
+  ic.graphs = 1;
+  ct_infer *e = NULL;
+  CHECK(ct_infer_create(m, o, &ic, &e) == CT_OK);
+  if (!e) return;
+  const int Vp = ct_model_padded_vocab(ct_model_config(m)), s0 = 0;
+  int32_t toks[82];
+  for (int i = 0; i < 82; i++) toks[i] = (i * 37 + 5) % 300;
+  CHECK(ct_infer_prefill(e, 1, &s0, toks, 70, out, NULL) == CT_OK);
+  for (int step = 0; step < 12; step++)
+    CHECK(ct_infer_decode(e, 1, &s0, toks + 70 + step, out + (size_t)(1 + step) * Vp, NULL) == CT_OK);
+  ct_infer_destroy(e);
+}
+
+/* attention_decode_rope merging in a thread block cluster (CT_DECODE_CLUSTER=1) gives the
+ * counter-merged kernel's logits bit for bit: GQA 1, 2 and 4, head dims 64 and 128 */
+static void test_attention_cluster(void) {
+  static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
+  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+    ct_model *m = tiny_llama_T(2, S[si][0], S[si][1], S[si][2], true, 41 + (uint64_t)si, 256);
+    if (!m) return;
+    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m)), rows = 13;
+    float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
+    char what[128];
+    snprintf(what, sizeof what, "attention cluster merge C%d H%d KV%d", S[si][0], S[si][1], S[si][2]);
+    unsetenv("CT_DECODE_CLUSTER");
+    engine_logits_long(m, ct_ops_cuda_bf16(), a);
+    const long before = ct_cuda_attention_cluster_launches();
+    setenv("CT_DECODE_CLUSTER", "1", 1);
+    engine_logits_long(m, ct_ops_cuda_bf16(), b);
+    unsetenv("CT_DECODE_CLUSTER");
+    const long ran = ct_cuda_attention_cluster_launches() - before;
+    CHECK_MSG(ran > 0, "%s: no cluster launch", what);
+    size_t diff = 0;
+    for (size_t i = 0; i < rows * Vp; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+    CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ", what, diff, rows * Vp);
+    printf("%s: %ld launches, logits %s\n", what, ran, diff ? "DIFFER" : "bit-identical");
+    free(a);
+    free(b);
+    ct_model_destroy(m);
+  }
+}
+
 int main(void) {
   char err[512];
   const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -678,6 +733,7 @@ int main(void) {
   test_attention_decode_rope();
   test_l2_hints();
   test_staged_gemv();
+  test_attention_cluster();
   const char *perf = getenv("CT_TEST_PERF");
   if (perf && perf[0] == '1') perf_fused(ct_ops_cuda_bf16());
   ct_cuda_shutdown();
