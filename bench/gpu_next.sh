@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # What the next GPU session should run first, in priority order (each PART well under the
 # 10-minute call limit on 2 x H200; CUDA build in build-gpu with cuDNN attention; pass COMMIT):
-#   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests (the staged GEMV,
-#            CT_DECODE_STAGE=1, against gemv_kernel bit for bit; attention_decode_rope, now the
-#            default up to 8 rows, against the two kernels) + generation, default and staged
-#   decode   bench/gpu_decode.sh on the default path, then the staged GEMV (CT_DECODE_STAGE=1:
-#            tokens/s, graphs = no graphs, = default), the two attention kernels
-#            (CT_DECODE_FUSED_ATT=0) and the L2 hints (CT_DECODE_PREFETCH=1); make the faster default
-#   ddp      bench/ddp_probe.sh with the step phases of the default and of NCCL limited to 2 and
-#            4 CTAs: does the backward's +2.5 ms shrink while the tail grows? (then: a lean
-#            communicator for the overlapped buckets, the full one for the last bucket)
-#   perf     bench/gpt2_124m.sh, bench/attention.sh with flash3
+#   new      the two kernels written without a GPU in session 7, first: test_decode_cuda (the
+#            thread-block-cluster attention merge, CT_DECODE_CLUSTER=1, against the counter merge
+#            bit for bit) and its tokens/s at batch 1 and 8; the FA3-style flash3 backward
+#            (CT_FLASH3_BWD=2: TMA producer warp, 128 keys a block, dQ by bulk reductions) against
+#            the CPU reference (test_ops_cuda --attn flash3-bwd2), then its TFLOP/s beside flash3
+#            and cuDNN (bench/attention.sh). Make whichever wins the default.
+#   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
+#   decode   bench/gpu_decode.sh on the default path (against Transformers), then the variants
+#            (CT_DECODE_CLUSTER=1, CT_DECODE_FUSED_ATT=0, CT_DECODE_STAGE=1)
+#   null     what each decode kernel costs (CT_DECODE_NULL runs, see the results of cc0e9f0)
+#   ddp      bench/ddp_probe.sh with parallel.sparse_embedding_grad on and off and the step marks
+#   perf     bench/gpt2_124m.sh, bench/attention.sh with flash3 and flash3-bwd2
 #   llama    bench/qwen3_0p6b.sh (use_kernels on/off vs torch.compile)
 #   dist     bench/gpu_dist.sh equiv ckpt fault
 # On a 4- or 8-GPU machine (nvidia-h200-x4 / -x8, issues #10 and #11): bench/gpu_scale.sh, one part per call.
@@ -30,18 +32,29 @@ for part in "$@"; do
   {
   echo "# bench/gpu_next.sh $part, $(date -u +%FT%TZ), commit $COMMIT, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x $ngpu"
   case $part in
+    new)
+      timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | grep -E "cluster|FAIL|^test:"
+      G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
+      for e in X=1 CT_DECODE_CLUSTER=1 X=1 CT_DECODE_CLUSTER=1; do
+        env $e timeout 60 $G --batch 1,1,8 2>&1 >/dev/null | grep '^stats' | sed -n '2,3p' | sed "s/^/$e /"
+      done
+      a=$(CT_DECODE_CLUSTER=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum)
+      c=$(timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum)
+      echo "cluster merge qwen3-0.6b tokens = default: $([ "$a" = "$c" ] && echo ok || echo DIFF)"
+      timeout 300 build-gpu/tests/test_ops_cuda --op attention --attn flash3,flash3-bwd2 2>&1 | grep -E "FAIL|MISMATCH|^test:" | head -20
+      ATTN=flash3,flash3-bwd2,cudnn timeout 300 bench/attention.sh build-gpu ;;
     checks)
       CT_TEST_BACKEND=cuda timeout 100 build-gpu/tests/test_golden 2>&1 | tail -1
       timeout 300 build-gpu/tests/test_ops_cuda 2>&1 | grep -E "FAIL|MISMATCH|^test:"
       timeout 300 bash tests/gpu/smoke_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
-      timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | grep -E "decode_layers|attention_decode_rope|l2 hints|staged|FAIL|^test:"
+      timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | grep -E "decode_layers|attention_decode_rope|l2 hints|staged|cluster|FAIL|^test:"
       timeout 120 build-gpu/tests/test_comm_nccl 2>&1 | tail -3
       timeout 300 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
       CT_DECODE_STAGE=1 timeout 300 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok" | sed 's/^/staged gemv: /' ;;
     decode)
       CTRAIN=$CT COMPILE_BATCHES=1 timeout 300 bash bench/gpu_decode.sh
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16"
-      for e in CT_DECODE_STAGE=1 CT_DECODE_FUSED_ATT=0 CT_DECODE_PREFETCH=1 "CT_DECODE_STAGE=1 CT_DECODE_FUSED_ATT=0"; do
+      for e in CT_DECODE_CLUSTER=1 CT_DECODE_FUSED_ATT=0 CT_DECODE_STAGE=1 CT_DECODE_PREFETCH=1; do
         env $e timeout 90 $G --batch 1,1,8,64 --cuda_graphs auto 2>&1 >/dev/null | grep '^stats' | sed "s/^/$e /"
       done
       a=$(CT_DECODE_STAGE=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs on 2>/dev/null | md5sum)
@@ -49,8 +62,13 @@ for part in "$@"; do
       c=$(timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum)
       echo "staged gemv qwen3-0.6b: graphs = no graphs: $([ "$a" = "$b" ] && echo ok || echo DIFF);" \
            "= default: $([ "$a" = "$c" ] && echo ok || echo DIFF)" ;;
+    null)
+      G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
+      for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
+        env $e timeout 60 $G --batch 1,1,8 2>&1 >/dev/null | grep '^stats' | sed -n '2,3p' | sed "s/^/$e /"
+      done ;;
     ddp)
-      MARKS=1 ENVS="NCCL_MAX_CTAS=2 NCCL_MAX_CTAS=4" timeout 400 bench/ddp_probe.sh build-gpu
+      MARKS=1 EXTRA=parallel.sparse_embedding_grad=true ENVS="NCCL_MAX_CTAS=2" timeout 400 bench/ddp_probe.sh build-gpu
       for n in 2 4; do
         NCCL_MAX_CTAS=$n CT_STEP_MARKS=1 timeout 60 build-gpu/ctrain-launch --nproc_per_node 2 --standalone \
           configs/smoke.toml model.n_layer=12 model.d_model=768 model.n_head=12 model.vocab_size=50257 \
@@ -58,10 +76,10 @@ for part in "$@"; do
           train.sample_tokens=0 train.warmup_steps=5 train.precision=bf16 train.micro_batch=64 \
           train.checkpoint_every=100000 train.out_dir=/tmp/ctas$n 2>&1 | grep -A6 "rank0.*step marks" | sed "s/^/ctas $n: /"
       done ;;
-    perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,cudnn,auto bench/attention.sh build-gpu ;;
+    perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-bwd2,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
-    *) echo "unknown part $part (checks decode ddp perf llama dist)"; exit 2 ;;
+    *) echo "unknown part $part (new checks decode null ddp perf llama dist)"; exit 2 ;;
   esac
   } 2>&1 | tee "$OUT/gpu_next_${part}_$tag.txt"
 done
