@@ -1223,6 +1223,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                                    lane, CL ? &ps[CL ? w : 0][0][0] : nullptr);
   }
   if constexpr (CL) {
+#ifdef _CG_HAS_CLUSTER_GROUP // sm_90 and up (the host launches CL only there: cluster_on)
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
     cl.sync(); // every split's rows written, and visible to the cluster
@@ -1237,6 +1238,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
       }
     }
     cl.sync(); // block 0 has read every block's rows
+#else
+    __trap();
+#endif
     return;
   }
   // the last block of (n, kv) merges (attention_decode_vec_kernel's)
@@ -2090,8 +2094,20 @@ bool fused_att_on(int N) {
 }
 long fa_launches; // attention_decode_rope kernels launched (or recorded into a graph)
 // CT_DECODE_CLUSTER=1 (opt-in until it has run on a GPU): attention_decode_rope merges within a
-// thread block cluster where a (row, kv head) has 2 to 8 blocks. Read at every call.
-bool cluster_on() { return env_on("CT_DECODE_CLUSTER"); }
+// thread block cluster where a (row, kv head) has 2 to 8 blocks, on devices that have clusters
+// (compute capability 9 and up). Read at every call.
+bool cluster_on() {
+  if (!env_on("CT_DECODE_CLUSTER")) return false;
+  static int major[16];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return false;
+  if (!major[dev] &&
+      cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major[dev] >= 9;
+}
 long cluster_launches; // of them, launched as clusters
 
 // qkv_rope_append then attention_decode (ops.h) as attention_decode_rope_kernel: 16-bit tables,
