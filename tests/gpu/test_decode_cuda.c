@@ -519,6 +519,17 @@ static void engine_logits_1row(ct_model *m, const ct_ops *o, float *out) {
   ct_infer_destroy(e);
 }
 
+/* A variant (its `ran` launches, or hints) against the default: the n logits a and b equal bit for
+ * bit. Prints the outcome under `what`. */
+static void same_bits(const char *what, const float *a, const float *b, size_t n, long ran,
+                      const char *unit) {
+  CHECK_MSG(ran > 0, "%s: no %s: the variant did not run", what, unit);
+  size_t diff = 0;
+  for (size_t i = 0; i < n; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+  CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ from the default's", what, diff, n);
+  printf("%s: %ld %s, logits %s\n", what, ran, unit, diff ? "DIFFER" : "bit-identical");
+}
+
 /* decode_layers (the batch-1 decode step as one persistent kernel, CT_DECODE_PERSIST=1) gives
  * the per-layer kernels' logits bit for bit, for GQA ratios 1, 2 and 4 and head dims 64 / 128 */
 static void test_decode_layers(void) {
@@ -538,12 +549,7 @@ static void test_decode_layers(void) {
     engine_logits_1row(m, ct_ops_cuda_bf16(), b);
     unsetenv("CT_DECODE_PERSIST");
     const long ran = ct_cuda_decode_layers_launches() - before;
-    CHECK_MSG(ran > 0, "%s: the persistent kernel did not run", what);
-    size_t diff = 0;
-    for (size_t i = Vp; i < rows * Vp; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
-    CHECK_MSG(diff == 0, "%s: %zu of %zu decode logits differ from the per-layer kernels'", what,
-              diff, (rows - 1) * Vp);
-    printf("%s: %ld launches, decode logits %s\n", what, ran, diff ? "DIFFER" : "bit-identical");
+    same_bits(what, a + Vp, b + Vp, (rows - 1) * Vp, ran, "launches"); /* the decode steps' */
     free(a);
     free(b);
     ct_model_destroy(m);
@@ -576,12 +582,7 @@ static void test_attention_decode_rope(void) {
       else engine_logits_1row(m, ct_ops_cuda_bf16(), b);
       unsetenv("CT_DECODE_FUSED_ATT");
       const long ran = ct_cuda_attention_decode_rope_launches() - before;
-      CHECK_MSG(ran > 0, "%s: the fused kernel did not run", what);
-      size_t diff = 0;
-      for (size_t i = 0; i < rows * Vp; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
-      CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ from the two kernels'", what, diff,
-                rows * Vp);
-      printf("%s: %ld launches, logits %s\n", what, ran, diff ? "DIFFER" : "bit-identical");
+      same_bits(what, a, b, rows * Vp, ran, "launches");
       free(a);
       free(b);
     }
@@ -613,11 +614,7 @@ static void test_l2_hints(void) {
     unsetenv("CT_DECODE_PREFETCH");
     unsetenv("CT_DECODE_FUSED_ATT");
     const long used = ct_cuda_l2_hints_used() - before;
-    CHECK_MSG(used > 0, "%s: no kernel took a hint", what);
-    size_t diff = 0;
-    for (size_t i = 0; i < rows * Vp; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
-    CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ", what, diff, rows * Vp);
-    printf("%s: %ld hints taken, logits %s\n", what, used, diff ? "DIFFER" : "bit-identical");
+    same_bits(what, a, b, rows * Vp, used, "hints taken");
     free(a);
     free(b);
   }
@@ -648,11 +645,7 @@ static void test_staged_gemv(void) {
       else engine_logits_1row(m, ct_ops_cuda_bf16(), b);
       unsetenv("CT_DECODE_STAGE");
       const long ran = ct_cuda_gemv_staged_launches() - before;
-      CHECK_MSG(ran > 0, "%s: the staged kernel did not run", what);
-      size_t diff = 0;
-      for (size_t i = 0; i < rows * Vp; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
-      CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ", what, diff, rows * Vp);
-      printf("%s: %ld launches, logits %s\n", what, ran, diff ? "DIFFER" : "bit-identical");
+      same_bits(what, a, b, rows * Vp, ran, "launches");
       free(a);
       free(b);
     }
@@ -700,11 +693,7 @@ static void test_attention_cluster(void) {
     engine_logits_long(m, ct_ops_cuda_bf16(), b);
     unsetenv("CT_DECODE_CLUSTER");
     const long ran = ct_cuda_attention_cluster_launches() - before;
-    CHECK_MSG(ran > 0, "%s: no cluster launch", what);
-    size_t diff = 0;
-    for (size_t i = 0; i < rows * Vp; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
-    CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ", what, diff, rows * Vp);
-    printf("%s: %ld launches, logits %s\n", what, ran, diff ? "DIFFER" : "bit-identical");
+    same_bits(what, a, b, rows * Vp, ran, "cluster launches");
     free(a);
     free(b);
     ct_model_destroy(m);
