@@ -173,13 +173,14 @@ void max_carveout(const void *k) {
 
 // CT_DECODE_NULL=NAME,NAME... (or "all"): a measurement, not a mode. The named kernels launch as
 // null_kernel (the same grid; it only triggers and waits), so a step's time without their work
-// says what they cost and what the chain of launches alone costs. The outputs are garbage.
+// says what they cost and what the chain of launches alone costs. The outputs are garbage. Read
+// once (it is on every launch's path).
 __global__ void null_kernel() {
   pdl_trigger();
   pdl_wait();
 }
 bool nulled(const char *name) {
-  const char *v = getenv("CT_DECODE_NULL");
+  static const char *v = getenv("CT_DECODE_NULL");
   return v && (!strcmp(v, "all") || strstr(v, name));
 }
 

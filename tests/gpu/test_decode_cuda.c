@@ -498,25 +498,34 @@ static void test_engine(void) {
   ct_model_destroy(m);
 }
 
-/* one sequence: a 14-token prompt, then 8 decode steps of one row (positions 14 .. 21: the
- * newest key opens a new 16-key split at 16); logits of each (9 x Vp) */
-static void engine_logits_1row(ct_model *m, const ct_ops *o, float *out) {
+/* one sequence with room for max_len positions: a `prompt`-token prompt, then `steps` decode
+ * steps of one row; logits of each (1 + steps rows of Vp) */
+static void engine_logits_seq(ct_model *m, const ct_ops *o, float *out, int max_len, int max_rows,
+                              int prompt, int steps) {
   ct_infer_cfg ic = CT_INFER_CFG_INIT;
   ic.max_seqs = 1;
-  ic.max_len = 40;
-  ic.max_rows = 64;
+  ic.max_len = max_len;
+  ic.max_rows = max_rows;
   ic.device = 0;
   ic.graphs = 1;
   ct_infer *e = NULL;
   CHECK(ct_infer_create(m, o, &ic, &e) == CT_OK);
   if (!e) return;
   const int Vp = ct_model_padded_vocab(ct_model_config(m)), s0 = 0;
-  int32_t toks[40];
-  for (int i = 0; i < 40; i++) toks[i] = (i * 41 + 3) % 300;
-  CHECK(ct_infer_prefill(e, 1, &s0, toks, 14, out, NULL) == CT_OK);
-  for (int step = 0; step < 8; step++)
-    CHECK(ct_infer_decode(e, 1, &s0, toks + 14 + step, out + (size_t)(1 + step) * Vp, NULL) == CT_OK);
+  int32_t *toks = malloc(sizeof(int32_t) * (size_t)(prompt + steps));
+  for (int i = 0; i < prompt + steps; i++) toks[i] = (i * 41 + 3) % 300;
+  CHECK(ct_infer_prefill(e, 1, &s0, toks, prompt, out, NULL) == CT_OK);
+  for (int step = 0; step < steps; step++)
+    CHECK(ct_infer_decode(e, 1, &s0, toks + prompt + step, out + (size_t)(1 + step) * Vp, NULL) ==
+          CT_OK);
+  free(toks);
   ct_infer_destroy(e);
+}
+
+/* a 14-token prompt, then 8 decode steps (positions 14 .. 21: the newest key opens a new 16-key
+ * split at 16); 9 x Vp logits */
+static void engine_logits_1row(ct_model *m, const ct_ops *o, float *out) {
+  engine_logits_seq(m, o, out, 40, 64, 14, 8);
 }
 
 /* A variant (its `ran` launches, or hints) against the default: the n logits a and b equal bit for
@@ -653,30 +662,10 @@ static void test_staged_gemv(void) {
   }
 }
 
-/* one sequence with room for 200 positions (13 16-key splits in 4 blocks: clusters of 4):
- * a 70-token prompt, then 12 decode steps of one row, crossing the 4th split at 64 and the 5th
- * at 80; logits of each (13 x Vp) */
-static void engine_logits_long(ct_model *m, const ct_ops *o, float *out) {
-  ct_infer_cfg ic = CT_INFER_CFG_INIT;
-  ic.max_seqs = 1;
-  ic.max_len = 200;
-  ic.max_rows = 256;
-  ic.device = 0;
-  ic.graphs = 1;
-  ct_infer *e = NULL;
-  CHECK(ct_infer_create(m, o, &ic, &e) == CT_OK);
-  if (!e) return;
-  const int Vp = ct_model_padded_vocab(ct_model_config(m)), s0 = 0;
-  int32_t toks[82];
-  for (int i = 0; i < 82; i++) toks[i] = (i * 37 + 5) % 300;
-  CHECK(ct_infer_prefill(e, 1, &s0, toks, 70, out, NULL) == CT_OK);
-  for (int step = 0; step < 12; step++)
-    CHECK(ct_infer_decode(e, 1, &s0, toks + 70 + step, out + (size_t)(1 + step) * Vp, NULL) == CT_OK);
-  ct_infer_destroy(e);
-}
-
 /* attention_decode_rope merging in a thread block cluster (CT_DECODE_CLUSTER=1) gives the
- * counter-merged kernel's logits bit for bit: GQA 1, 2 and 4, head dims 64 and 128 */
+ * counter-merged kernel's logits bit for bit: GQA 1, 2 and 4, head dims 64 and 128; room for 200
+ * positions (13 16-key splits in 4 blocks: clusters of 4), a 70-token prompt and 12 decode steps
+ * at positions 70 .. 81 (the newest key opens a new split at 80) */
 static void test_attention_cluster(void) {
   static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
   for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
@@ -687,10 +676,10 @@ static void test_attention_cluster(void) {
     char what[128];
     snprintf(what, sizeof what, "attention cluster merge C%d H%d KV%d", S[si][0], S[si][1], S[si][2]);
     unsetenv("CT_DECODE_CLUSTER");
-    engine_logits_long(m, ct_ops_cuda_bf16(), a);
+    engine_logits_seq(m, ct_ops_cuda_bf16(), a, 200, 256, 70, 12);
     const long before = ct_cuda_attention_cluster_launches();
     setenv("CT_DECODE_CLUSTER", "1", 1);
-    engine_logits_long(m, ct_ops_cuda_bf16(), b);
+    engine_logits_seq(m, ct_ops_cuda_bf16(), b, 200, 256, 70, 12);
     unsetenv("CT_DECODE_CLUSTER");
     const long ran = ct_cuda_attention_cluster_launches() - before;
     same_bits(what, a, b, rows * Vp, ran, "cluster launches");
