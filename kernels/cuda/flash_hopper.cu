@@ -4,15 +4,17 @@
 // output; ops_cuda.cu flash_state_floats), so either backward can follow either forward.
 //
 // The backward is here too, after ops_cuda.cu's D = rowsum(dO * O) kernel, in two forms
-// (ops_cuda.cu picks; CT_FLASH3_DQ_ATOMIC=1 there asks for the first):
-//   fused (ct_fl3_bwd, opt-in: slower at head dim 128 on an H200): fl3_dkdv_kernel<DQ = true> gives dK, dV and each tile's dQ
-//     from the dS it already holds (5 GEMMs a tile), dQ summed with fp32 atomics into a workspace
-//     that fl3_dq_out_kernel scales into dqkv; dQ's bits may differ from run to run.
-//   two kernels (ct_fl3_bwd_dkdv, ct_fl3_bwd_dq): fl3_dkdv_kernel<DQ = false>, then fl3_dq_kernel,
-//     which recomputes S and dP per query block (7 GEMMs a tile); deterministic; the default.
-//   form 2 (ct_fl3_bwd2, opt-in with CT_FLASH3_BWD=2, NOT YET RUN ON A GPU: see its STATUS at the
-//     end of this file): FA3's layout, a producer warp loading Q / dO by TMA into an mbarrier
-//     ring, 64-query tiles, 5 GEMMs a tile, dQ by one bulk fp32 reduction per warpgroup and tile.
+// (ops_cuda.cu's fl3_bwd2 picks):
+//   form 2 (ct_fl3_bwd2, the default): FA3's layout, a producer warp loading Q / dO by TMA into an
+//     mbarrier ring, 64-query tiles, 5 GEMMs a tile, dQ by one bulk fp32 reduction per warpgroup
+//     and tile (its bits may differ from run to run); see its STATUS at the end of this file.
+//   form 1 (CT_FLASH3_BWD=1, or attention.deterministic), in two variants:
+//     two kernels (ct_fl3_bwd_dkdv, ct_fl3_bwd_dq): fl3_dkdv_kernel<DQ = false>, then fl3_dq_kernel,
+//       which recomputes S and dP per query block (7 GEMMs a tile); deterministic.
+//     fused (ct_fl3_bwd, with CT_FLASH3_DQ_ATOMIC=1: slower at head dim 128 on an H200):
+//       fl3_dkdv_kernel<DQ = true> gives dK, dV and each tile's dQ from the dS it already holds
+//       (5 GEMMs a tile), dQ summed with fp32 atomics into a workspace that fl3_dq_out_kernel
+//       scales into dqkv.
 //
 // STATUS: written without a GPU at hand (2026-11-30, session 3); on its first GPU run (H200,
 // session 5) it passed tests/gpu/test_ops_cuda's checks against the CPU reference (forward and
@@ -20,9 +22,9 @@
 // Forward 225-373 TFLOP/s (flash2 186-311, cuDNN 258-563), forward + backward 119-215 (flash2
 // 127-188, cuDNN 179-425): bench/results/attention_2026-11-30_NVIDIA_H200_fb38dc6.txt. Chosen
 // with `kernels.cuda.train.attention = "flash3"` or CT_CUDA_ATTN=flash3, and timed by auto
-// beside flash2 and cudnn (it wins where cuDNN is missing, on most hd 128 shapes). Slower than
-// cuDNN, those numbers being the two-kernel backward's (7 GEMMs a tile); the fused backward (5,
-// dQ by atomics as in FA3) was written without a GPU at hand and has not yet run on one.
+// beside flash2 and cudnn (it wins where cuDNN is missing, on most hd 128 shapes). Those were
+// form 1's two kernels (7 GEMMs a tile); with form 2 (session 8) forward + backward is 130-276
+// TFLOP/s, 63-75% of PyTorch's best (its cuDNN backend) on the same shapes in the same run.
 // Only backward form 2 uses TMA and a producer warp. tools/sim_flash3.py replays this file's
 // indexing (swizzled stores, stmatrix, descriptors, k-step offsets, fragment bookkeeping, the dQ
 // atomics' addresses) on the host against the PTX ISA's documented layouts and matches plain
@@ -977,14 +979,14 @@ extern "C" int ct_fl3_bwd_dq(int fp16, void *dqkv, const void *dout, const void 
 
 namespace {
 
-// ---- backward, form 2 (CT_FLASH3_BWD=2): a producer warp, TMA, dQ by bulk reductions ----
-// STATUS: written without a GPU at hand (2026-11-30, issue #7); compiles for sm_90a (ptxas: no
-// stack, HGMMA in the SASS) and tools/sim_flash3.py replays its indexing, but it has NEVER RUN.
-// Next GPU session, in this order:
-//   ninja -C build-gpu && build-gpu/tests/test_ops_cuda --op attention --attn flash3,flash3-bwd2
-//   compute-sanitizer build-gpu/tests/test_ops_cuda --small --op attention --attn flash3-bwd2
-//   ATTN=flash3,flash3-bwd2,cudnn bench/attention.sh build-gpu
-// A hang is a barrier phase or transaction count that does not add up (see the mbarriers below).
+// ---- backward, form 2 (the default): a producer warp, TMA, dQ by bulk reductions ----
+// STATUS: written without a GPU at hand (2026-11-30, issue #7). On its first GPU run (H200,
+// session 8) it passed test_ops_cuda's checks against the CPU reference (1570 checks: bf16 and
+// fp16, GQA 1-8, hd 64/128, T off the tiles) and ran forward + backward in 0.78-0.89x form 1's
+// time (two kernels) over B*T = 16k, T 1k-8k: 130-256 TFLOP/s at hd 64, 167-276 at hd 128, where
+// cuDNN reaches 205-358 and 256-441 (bench/results/attention_2026-11-30_NVIDIA_H200_0f6490c.txt).
+// So it became flash3's backward. A hang would be a barrier phase or transaction count that does
+// not add up (see the mbarriers below).
 //
 // The design follows FlashAttention-3's backward on Hopper, in one pass over the key blocks:
 // Block: 384 threads. Warpgroups 0 and 1 consume (64 keys each, BK = 128 keys of one (b, kv

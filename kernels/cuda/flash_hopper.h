@@ -37,7 +37,7 @@ size_t ct_fl3_bwd_ws_floats(int B, int T, int H, int hd);
 int ct_fl3_bwd(int fp16, void *dqkv, float *ws, const void *dout, const void *qkv,
                const float *lse, const float *D, int B, int T, int H, int KV, int hd, void *stream);
 
-/* Backward form 2 (CT_FLASH3_BWD=2, opt-in, not yet run on a GPU: see flash_hopper.cu's STATUS):
+/* Backward form 2 (the default; CT_FLASH3_BWD=1 asks for form 1, see ops_cuda.cu's fl3_bwd2):
  * the whole backward in one pass over 128-key blocks with a producer warp that loads Q / dO by
  * TMA into a 2-stage ring, dQ added as fp32 bulk reductions into ws (ct_fl3_bwd_ws_floats floats,
  * zeroed here on `stream`) and then, scaled, into dqkv: dQ's bits may differ from run to run.

@@ -3812,7 +3812,7 @@ void fl2_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, in
 }
 
 #if CT_HAVE_FLASH3
-// flash3's backward form, read at every call (a test can switch it): the two deterministic
+// flash3's backward form 1, read at every call (a test can switch it): the two deterministic
 // kernels unless CT_FLASH3_DQ_ATOMIC=1 asks for the fused one (dQ by atomics). Measured on an
 // H200 (bench/results/attention_flash3_fused_dq_2026-11-30_H200_f1ba0a9.txt): the fused kernel is
 // 15-20% slower at head dim 128 (the fp32 atomics) and within 5% either way at 64, so it is opt-in;
@@ -3824,12 +3824,18 @@ bool fl3_dq_atomic() {
   return !(d && d[0] && strcmp(d, "0") != 0);
 }
 
-// CT_FLASH3_BWD=2 asks for backward form 2 (flash_hopper.cu's fl3_bwd2_kernel: producer warp,
-// TMA, dQ by bulk fp32 reductions), opt-in: written without a GPU at hand and not yet measured.
-// Read at every call like CT_FLASH3_DQ_ATOMIC, and like it kept off by attention.deterministic.
+// flash3's backward is form 2 (flash_hopper.cu's fl3_bwd2_kernel: producer warp, TMA, dQ by
+// bulk fp32 reductions) unless CT_FLASH3_BWD=1 asks for form 1 (the two deterministic kernels, or
+// the fused one with CT_FLASH3_DQ_ATOMIC=1). Form 2 passed test_ops_cuda on an H200 and ran
+// 11-28% faster than form 1 over B*T = 16k, T 1k-8k, hd 64 and 128
+// (bench/results/attention_2026-11-30_NVIDIA_H200_0f6490c.txt). Its dQ bits can vary from run to
+// run, so attention.deterministic (CT_CUDA_CUDNN_DETERMINISTIC=1) keeps form 1's two kernels.
+// Read at every call, so a test can compare the forms in one process.
 bool fl3_bwd2() {
   const char *v = getenv("CT_FLASH3_BWD");
-  if (!(v && !strcmp(v, "2"))) return false;
+  if (v && !strcmp(v, "1")) return false;
+  const char *a = getenv("CT_FLASH3_DQ_ATOMIC");
+  if (a && a[0] && strcmp(a, "0") != 0) return false;
   const char *d = getenv("CT_CUDA_CUDNN_DETERMINISTIC");
   return !(d && d[0] && strcmp(d, "0") != 0);
 }

@@ -662,7 +662,7 @@ static void test_staged_gemv(void) {
   }
 }
 
-/* attention_decode_rope merging in a thread block cluster (CT_DECODE_CLUSTER=1) gives the
+/* attention_decode_rope merging in a thread block cluster (the default on sm_90) gives the
  * counter-merged kernel's logits bit for bit: GQA 1, 2 and 4, head dims 64 and 128; room for 200
  * positions (13 16-key splits in 4 blocks: clusters of 4), a 70-token prompt and 12 decode steps
  * at positions 70 .. 81 (the newest key opens a new split at 80) */
@@ -675,7 +675,7 @@ static void test_attention_cluster(void) {
     float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
     char what[128];
     snprintf(what, sizeof what, "attention cluster merge C%d H%d KV%d", S[si][0], S[si][1], S[si][2]);
-    unsetenv("CT_DECODE_CLUSTER");
+    setenv("CT_DECODE_CLUSTER", "0", 1);
     engine_logits_seq(m, ct_ops_cuda_bf16(), a, 200, 256, 70, 12);
     const long before = ct_cuda_attention_cluster_launches();
     setenv("CT_DECODE_CLUSTER", "1", 1);

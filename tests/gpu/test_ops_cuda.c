@@ -18,9 +18,10 @@
  *   test_ops_cuda --dtype D  only the fp32, bf16 or fp16 table (default all three)
  *   test_ops_cuda --attn L   the attention variants a 16-bit table runs, comma-separated (default
  *                            batched,flash,flash2,flash2b,cudnn,auto,default, and in builds with
- *                            the Hopper kernels flash3 (its default two-kernel backward) and
- *                            flash3-fused (fused backward, dQ by atomics: CT_FLASH3_DQ_ATOMIC=1),
- *                            flash3-bwd2 (backward form 2, producer warp + TMA: CT_FLASH3_BWD=2); perf
+ *                            the Hopper kernels flash3 (backward form 1, two kernels:
+ *                            CT_FLASH3_BWD=1), flash3-fused (form 1 fused, dQ by atomics:
+ *                            CT_FLASH3_DQ_ATOMIC=1), flash3-bwd2 (backward form 2, producer warp +
+ *                            TMA: flash3's default); perf
  *                            skips "default", which is timed as the variant it names; cudnn is
  *                            skipped, with a message, in builds without cuDNN attention)
  * Builds with cuDNN attention also compare the cudnn variant with flash2 on the same inputs
@@ -1360,7 +1361,8 @@ static void test_nonfinite(void) {
 static int is_att(const family *f) { return f == &fam_att_fwd || f == &fam_att_bwd; }
 #if CT_HAVE_FLASH3 /* the Hopper wgmma kernels (kernels/cuda/flash_hopper.cu): flash3 with its
                      * two-kernel backward, flash3-fused with the fused one (dQ by atomics),
-                     * flash3-bwd2 with backward form 2 (CT_FLASH3_BWD=2) */
+                     * flash3-bwd2 with backward form 2 (flash3's default since it ran on an
+                     * H200; CT_FLASH3_BWD=1 asks for form 1) */
 #define FLASH3_LIST ",flash3,flash3-fused,flash3-bwd2"
 #else
 #define FLASH3_LIST ""
@@ -1512,7 +1514,7 @@ static void run_selected(size_t i, int perf) {
       if (had) snprintf(prev, sizeof prev, "%s", getenv("CT_FLASH3_DQ_ATOMIC"));
       if (had2) snprintf(prev2, sizeof prev2, "%s", getenv("CT_FLASH3_BWD"));
       if (fl3) setenv("CT_FLASH3_DQ_ATOMIC", fused ? "1" : "0", 1);
-      if (fl3) setenv("CT_FLASH3_BWD", bwd2 ? "2" : "0", 1);
+      if (fl3) setenv("CT_FLASH3_BWD", bwd2 ? "2" : "1", 1);
       if (ct_cuda_set_variant("attention", fl3 ? "flash3" : v) != 0)
         CHECK_MSG(0, "--attn: unknown attention variant %s", v);
       else {
