@@ -1311,7 +1311,13 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
   HINT(DW(d, l, P_ATTO_W), (size_t)C * H * hd * ab);
   o->norm_matmul_fwd(raw, ln, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C,
                      W, eps);
-  HINT(DW(d, l, P_FC_W), (size_t)2 * F * C * ab);
+  { /* for attention: the output projection's and gate/up weights, one span where the layer's
+     * parameters lie in that order (CT_DECODE_PREFETCH=att prefetches only here) */
+    const char *ow = DW(d, l, P_ATTO_W), *fw = DW(d, l, P_FC_W);
+    const size_t fb = (size_t)2 * F * C * ab;
+    if (fw > ow) HINT(ow, (size_t)(fw - ow) + fb);
+    else HINT(fw, fb);
+  }
   const void *qn = m->cfg.qk_norm ? DW(d, l, P_QNORM) : NULL;
   const void *kn = m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL;
   const float theta = (float)m->cfg.rope_theta;

@@ -103,8 +103,13 @@ bool v2_on() {
 // L2 hints (ops.h l2_hint): the next GEMV, attention or qkv_rope_append kernel launched on the
 // device asks a later kernel's weights into L2 while it runs (cp.async.bulk.prefetch.L2, a slice
 // per block), so DRAM keeps streaming through the gaps between the step's small kernels. No
-// effect on any value. CT_DECODE_PREFETCH=1 (opt-in until measured on a GPU); read at every
-// hint, so a test can compare both in one process.
+// effect on any value. Opt-in, read at every hint, so a test can compare the modes in one process:
+//   CT_DECODE_PREFETCH=1    every kernel takes its hint (measured slower on an H200: 1,154
+//                           against 1,176 tokens/s; the GEMVs already keep DRAM busy, so their
+//                           prefetches only move bytes around)
+//   CT_DECODE_PREFETCH=att  only the attention kernels take theirs (the layer's output
+//                           projection and gate/up weights, trainer/model.c): DRAM idles while
+//                           attention runs, so that prefetch is the one that can pay
 struct l2_hint_t {
   const void *p;
   size_t bytes;
@@ -117,17 +122,26 @@ int hint_dev() {
   return cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 16 ? dev : -1;
 }
 
+// 0 off, 1 every kernel, 2 attention only
+int prefetch_mode() {
+  const char *v = getenv("CT_DECODE_PREFETCH");
+  if (!v) return 0;
+  return !strcmp(v, "1") ? 1 : !strcmp(v, "att") ? 2 : 0;
+}
+
 void cu_l2_hint(const void *p, size_t bytes) {
   const int dev = hint_dev();
   if (dev < 0) return;
-  const bool on = env_on("CT_DECODE_PREFETCH") && p && bytes;
+  const bool on = prefetch_mode() && p && bytes;
   hints[dev] = on ? l2_hint_t{p, bytes} : l2_hint_t{NULL, 0};
 }
 
-// The pending hint of the current device, cleared: for the kernel about to launch.
-l2_hint_t take_hint() {
+// The pending hint of the current device, cleared: for the kernel about to launch, an attention
+// kernel (att) or another. With CT_DECODE_PREFETCH=att the others leave it pending.
+l2_hint_t take_hint(bool att = false) {
   const int dev = hint_dev();
   if (dev < 0) return l2_hint_t{NULL, 0};
+  if (!att && prefetch_mode() == 2) return l2_hint_t{NULL, 0};
   const l2_hint_t h = hints[dev];
   hints[dev] = l2_hint_t{NULL, 0};
   if (h.p) hints_used++;
@@ -1760,7 +1774,7 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
       T *o = (T *)out;
       const T *q = (const T *)qkv, *K = (const T *)kc, *V = (const T *)vc;
       unsigned *cnt = (unsigned *)buf;
-      const l2_hint_t h = take_hint();
+      const l2_hint_t h = take_hint(true);
 #define ATT_VEC(LK, G_)                                                                           \
   launch("attention_decode", "attention_decode_vec_kernel", attention_decode_vec_kernel<T, LK, G_>, \
          g, DEC_WARPS * 32, 0, o, part, cnt, q, K, V, slot, pos, H, KV, max_T, splits, sc, h.p,  \
@@ -1966,7 +1980,7 @@ void cu_qkv_rope_append(void *qkv, const void *raw, const void *qnw, const void 
       const int nh = H + 2 * KV, threads = 32 * (nh < 32 ? nh : 32);
       T *q = (T *)qkv, *K = (T *)kc, *V = (T *)vc;
       const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
-      const l2_hint_t h = take_hint();
+      const l2_hint_t h = take_hint(true);
       if (hd == 64)
         launch("qkv_rope_append", "qkv_rope_append_kernel", qkv_rope_append_kernel<T, 2>, N,
                threads, 0, q, r, gq, gk, K, V, slot, pos, H, KV, max_T, theta, eps,
@@ -2139,7 +2153,7 @@ int cu_attention_decode_rope(void *out, const void *raw, const void *qnw, const 
     unsigned *cnt = (unsigned *)buf;
     const dim3 g((splits + DEC_WARPS - 1) / DEC_WARPS, KV, N);
     const float sc = 1.0f / sqrtf((float)hd);
-    const l2_hint_t h = take_hint();
+    const l2_hint_t h = take_hint(true);
     T *o = (T *)out, *K = (T *)kc, *V = (T *)vc;
     const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
     const bool cl = cluster_on() && g.x > 1 && g.x <= 8;
