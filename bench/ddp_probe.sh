@@ -6,6 +6,8 @@
 # with PROFILE=1 the per-op profiles of 1 GPU and 2-GPU ddp, with MARKS=1 the mean time of each
 # phase of the step (CT_STEP_MARKS). Prints one line per run.
 #   usage: bench/ddp_probe.sh [BUILD_DIR]   env: STEPS (23), EXTRA, ENVS, PROFILE, MARKS
+#   e.g. EXTRA=parallel.ce_allreduce=true bench/ddp_probe.sh build-gpu: the copy-engine bucket
+#   all-reduce (parallel/comm_ce.c) against NCCL's, tokens/s of each
 set -uo pipefail
 BUILD=${1:-build-gpu}
 cd "$(dirname "$0")/.."

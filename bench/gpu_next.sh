@@ -11,7 +11,8 @@
 #   decode   bench/gpu_decode.sh on the default path (against Transformers), then the variants
 #            (CT_DECODE_CLUSTER=1, CT_DECODE_FUSED_ATT=0, CT_DECODE_STAGE=1)
 #   null     what each decode kernel costs (CT_DECODE_NULL runs, see the results of cc0e9f0)
-#   ddp      bench/ddp_probe.sh with parallel.sparse_embedding_grad on and off and the step marks
+#   ddp      bench/ddp_probe.sh with parallel.sparse_embedding_grad on and off, parallel.ce_allreduce
+#            (the copy-engine all-reduce) on, and the step marks
 #   perf     bench/gpt2_124m.sh, bench/attention.sh with flash3 and flash3-bwd2
 #   llama    bench/qwen3_0p6b.sh (use_kernels on/off vs torch.compile)
 #   dist     bench/gpu_dist.sh equiv ckpt fault
@@ -68,7 +69,16 @@ for part in "$@"; do
         env $e timeout 60 $G --batch 1,1,8 2>&1 >/dev/null | grep '^stats' | sed -n '2,3p' | sed "s/^/$e /"
       done ;;
     ddp)
-      MARKS=1 EXTRA=parallel.sparse_embedding_grad=true ENVS="NCCL_MAX_CTAS=2" timeout 400 bench/ddp_probe.sh build-gpu
+      # parallel.ce_allreduce: the copy-engine bucket all-reduce (parallel/comm_ce.c; run
+      # tests/gpu/ddp_ce.sh and test_comm_nccl's ce scenarios first), tokens/s and step marks
+      MARKS=1 EXTRA="parallel.sparse_embedding_grad=true parallel.ce_allreduce=true" ENVS="NCCL_MAX_CTAS=2" \
+        timeout 500 bench/ddp_probe.sh build-gpu
+      CT_STEP_MARKS=1 timeout 60 build-gpu/ctrain-launch --nproc_per_node 2 --standalone \
+        configs/smoke.toml model.n_layer=12 model.d_model=768 model.n_head=12 model.vocab_size=50257 \
+        model.max_seq_len=1024 train.seq_len=1024 train.max_steps=23 train.eval_every=0 data.val= \
+        train.sample_tokens=0 train.warmup_steps=5 train.precision=bf16 train.micro_batch=64 \
+        train.checkpoint_every=100000 parallel.ce_allreduce=true train.out_dir=/tmp/ce_marks 2>&1 |
+        grep -E "copy-engine|copy engines|does not apply|rank0.*step marks" -A6 | sed "s/^/ce: /"
       for n in 2 4; do
         NCCL_MAX_CTAS=$n CT_STEP_MARKS=1 timeout 60 build-gpu/ctrain-launch --nproc_per_node 2 --standalone \
           configs/smoke.toml model.n_layer=12 model.d_model=768 model.n_head=12 model.vocab_size=50257 \

@@ -21,6 +21,7 @@ struct ct_comm {
   double timeout_s;
   char *prefix;      /* store key prefix of this group */
   int nsplit;        /* splits made from this group so far (names their keys) */
+  int nce;           /* copy-engine all-reduces set up on this group so far (names their keys) */
   char *failed;      /* first error after a failed collective; NULL while healthy */
 };
 
@@ -324,6 +325,82 @@ done:
   free(base);
   free(k);
   return st;
+}
+
+/* ---- copy-engine all-reduce (comm.h; the work is in comm_ce.c, CUDA + NCCL builds) ---- */
+
+static void say_why(char *why, size_t len, const char *fmt, const char *a) {
+  if (why && len) snprintf(why, len, fmt, a);
+}
+
+ct_status ct_comm_ce_create(ct_comm *c, void *buf, size_t count, ct_dtype dt,
+                            const ct_comm_ce_bucket *buckets, int nb, ct_comm_ce **out, char *why,
+                            size_t why_len) {
+  static const char call[] = "ct_comm_ce_create";
+  if (!out) return ct_set_error(CT_ERR_USAGE, "%s: out is NULL", call);
+  *out = NULL;
+  say_why(why, why_len, "%s", "");
+  CT_TRY(check_comm(c, call));
+  if (dt != CT_F32 && dt != CT_BF16)
+    return ct_set_error(CT_ERR_USAGE, "%s (group '%s'): dtype %s; f32 or bf16 only", call,
+                        c->prefix, ct_dtype_name(dt));
+  if (!buf || !count || !buckets || nb < 1)
+    return ct_set_error(CT_ERR_USAGE, "%s (group '%s', rank %d): an empty buffer or bucket table",
+                        call, c->prefix, c->rank);
+  for (int b = 0; b < nb; b++)
+    if (!buckets[b].count || buckets[b].offset > count || buckets[b].count > count - buckets[b].offset)
+      return ct_set_error(CT_ERR_USAGE, "%s (group '%s', rank %d): bucket %d (elements %zu + %zu)"
+                          " is empty or outside the buffer of %zu elements", call, c->prefix,
+                          c->rank, b, buckets[b].offset, buckets[b].count, count);
+#if CT_HAVE_NCCL
+  if (c->ext != &ct_comm_nccl_ext) {
+    say_why(why, why_len, "the group's backend is %s, not nccl", c->be->name);
+    return CT_OK;
+  }
+  size_t klen = strlen(c->prefix) + 32;
+  char *k = ct_malloc(klen, "store key");
+  if (!k) return CT_ERR_NOMEM;
+  snprintf(k, klen, "%s/ce%d", c->prefix, c->nce++);
+  ct_status st = ct_comm_ce_open(c->impl, c->store, c->rank, c->size, k, c->timeout_s, buf, count,
+                                 dt, buckets, nb, out, why, why_len);
+  free(k);
+  return after(c, st);
+#else
+  say_why(why, why_len, "this build has no NCCL (backend %s)", c->be->name);
+  return CT_OK;
+#endif
+}
+
+int ct_comm_ce_find(const ct_comm_ce *ce, size_t offset, size_t count) {
+#if CT_HAVE_NCCL
+  return ce ? ct_comm_ce_lookup(ce, offset, count) : -1;
+#else
+  (void)ce, (void)offset, (void)count;
+  return -1;
+#endif
+}
+
+ct_status ct_comm_ce_all_reduce(ct_comm *c, ct_comm_ce *ce, int bucket, ct_redop op) {
+  static const char call[] = "ct_comm_ce_all_reduce";
+  CT_TRY(check_comm(c, call));
+  if (!ce) return ct_set_error(CT_ERR_USAGE, "%s (group '%s'): ce is NULL", call, c->prefix);
+  if (op != CT_SUM && op != CT_AVG)
+    return ct_set_error(CT_ERR_USAGE, "%s (group '%s'): reduction %s; sum or avg only", call,
+                        c->prefix, ct_redop_name(op));
+#if CT_HAVE_NCCL
+  return after(c, ct_comm_ce_run(ce, bucket, op));
+#else
+  (void)bucket;
+  return ct_set_error(CT_ERR_USAGE, "%s: this build has no NCCL", call);
+#endif
+}
+
+void ct_comm_ce_destroy(ct_comm_ce *ce) {
+#if CT_HAVE_NCCL
+  ct_comm_ce_close(ce);
+#else
+  (void)ce;
+#endif
 }
 
 void ct_comm_destroy(ct_comm *c) {

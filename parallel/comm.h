@@ -156,6 +156,45 @@ ct_status ct_comm_join_lagging(ct_comm *c, int keep);
 ct_status ct_comm_make_lean(ct_comm *c, int max_ctas);
 ct_status ct_comm_use_lean(ct_comm *c, bool on);
 
+/* ---- copy-engine all-reduce (NCCL groups whose ranks share one node) ----
+ * An all-reduce of registered buckets of one device buffer that moves the bytes with the GPUs'
+ * copy engines over NVLink (cudaMemcpyAsync between peer-mapped buffers) and uses the
+ * multiprocessors only for one short elementwise add per bucket, so it takes fewer of them from
+ * the kernels it overlaps (DDP's bucket all-reduces during backward). Per bucket: reduce-scatter
+ * by copies into the peers' receive areas, a flag write per peer (a stream memory operation,
+ * ordered after the copies), a stream wait on the peers' flags (no kernel spins), the add (fp32
+ * accumulation, in rank order), and an all-gather by copies into the peers' buffers, again
+ * flagged. Implementation and its ordering argument: parallel/comm_ce.c.
+ *
+ * ct_comm_ce_create is collective over the group: every rank passes a buffer of the same count
+ * and dtype (CT_F32 or CT_BF16) and the same bucket table (ranges of elements of buf). It applies
+ * only to an NCCL group of >= 2 ranks on one host whose GPUs can all access each other as peers
+ * and support stream memory operations; otherwise (on every rank alike, the ranks agree through
+ * the store) it returns CT_OK with *out = NULL and the reason in why. buf must stay allocated
+ * (it may be inside a larger cudaMalloc allocation) and is written by the peers during each
+ * all-reduce. Costs: a receive area of (size - 1) chunks of every bucket (chunk = ceil(count /
+ * size) elements), 8 bytes per bucket and rank of flags, and an IPC mapping of every peer's
+ * allocations. An error status means the rendezvous or CUDA failed (a rank died during setup).
+ * ct_comm_ce_find: the bucket whose range is exactly [offset, offset + count), or -1.
+ * ct_comm_ce_all_reduce: queued like the group's NCCL collectives (same stream, after the same
+ * compute-stream fence while overlapping, covered by ct_comm_sync's watchdog and joins), in place
+ * on the bucket; ops CT_SUM and CT_AVG (ncclAvg's rounding: each input scaled by 1/size, then
+ * summed; with 2 ranks bit-equal to NCCL's all-reduce for f32 and bf16). Collective: every rank
+ * reduces the same buckets in the same order. After a timeout the group is aborted as for NCCL
+ * and the stuck stream waits are released (their results are garbage; the job must stop).
+ * ct_comm_ce_destroy: waits (bounded by the group's timeout) for its last all-reduce, unmaps
+ * and frees; call it before destroying the group. NULL is ignored. */
+typedef struct ct_comm_ce ct_comm_ce;
+typedef struct ct_comm_ce_bucket {
+  size_t offset, count; /* elements of the registered buffer */
+} ct_comm_ce_bucket;
+ct_status ct_comm_ce_create(ct_comm *c, void *buf, size_t count, ct_dtype dt,
+                            const ct_comm_ce_bucket *buckets, int nb, ct_comm_ce **out, char *why,
+                            size_t why_len);
+int ct_comm_ce_find(const ct_comm_ce *ce, size_t offset, size_t count);
+ct_status ct_comm_ce_all_reduce(ct_comm *c, ct_comm_ce *ce, int bucket, ct_redop op);
+void ct_comm_ce_destroy(ct_comm_ce *ce);
+
 /* Frees the group and closes its connections. Not collective; NULL is ignored. */
 void ct_comm_destroy(ct_comm *c);
 
@@ -208,6 +247,24 @@ extern const ct_comm_backend_ops ct_comm_nccl_ops;
 extern const ct_comm_backend_ext ct_comm_nccl_ext;
 ct_status ct_comm_nccl_create(ct_store *store, int rank, int world, const char *prefix,
                               double timeout_s, void **impl);
+
+/* Services of the NCCL backend for the copy-engine all-reduce (comm_ce.c). enqueue: checks the
+ * group, fences the side stream while overlapping, runs fn(ctx, stream) to queue work on the
+ * group's current stream, then records the watchdog's event for it under desc; a failing fn
+ * aborts the group. set_abort_hook: fn(ctx) runs once when the group is aborted (a timeout, an
+ * error), before the communicator is; NULL clears it. */
+ct_status ct_comm_nccl_enqueue(void *impl, const char *what, const char *desc,
+                               ct_status (*fn)(void *ctx, void *stream), void *ctx);
+void ct_comm_nccl_set_abort_hook(void *impl, void (*fn)(void *ctx), void *ctx);
+/* The copy-engine all-reduce over an NCCL group's state (comm_ce.c; comm.c's ct_comm_ce_* check
+ * the arguments and call these). */
+ct_status ct_comm_ce_open(void *nccl_impl, ct_store *store, int rank, int size,
+                          const char *prefix, double timeout_s, void *buf, size_t count,
+                          ct_dtype dt, const ct_comm_ce_bucket *buckets, int nb, ct_comm_ce **out,
+                          char *why, size_t why_len);
+int ct_comm_ce_lookup(const ct_comm_ce *ce, size_t offset, size_t count);
+ct_status ct_comm_ce_run(ct_comm_ce *ce, int bucket, ct_redop op);
+void ct_comm_ce_close(ct_comm_ce *ce);
 
 #ifdef __cplusplus
 }

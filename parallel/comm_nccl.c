@@ -68,6 +68,8 @@ typedef struct ngroup {
   ncclComm_t nocolor_out; /* where a CT_COMM_NO_COLOR split lets NCCL write (stays NULL) */
   ncclComm_t lean;        /* the same ranks limited to few CTAs (ct_comm_make_lean), or NULL */
   bool use_lean;          /* the next collectives go to `lean` (ct_comm_use_lean) */
+  void (*abort_hook)(void *ctx); /* the copy-engine all-reduce's (ct_comm_nccl_set_abort_hook) */
+  void *abort_ctx;
   pending ring[RING];
   int nev;                /* events created */
   uint64_t issued, done;  /* collectives queued; the first `done` are known complete */
@@ -90,6 +92,11 @@ static ct_status fail(const ngroup *g, const char *what, ct_status st, const cha
 /* Aborts the communicator (the group is dropped either way) and returns a suffix for the
  * message saying how that went ("" when there was none yet). */
 static const char *abort_comm(ngroup *g) {
+  if (g->abort_hook) { /* releases the copy-engine all-reduce's stream waits (comm_ce.c) */
+    void (*fn)(void *) = g->abort_hook;
+    g->abort_hook = NULL;
+    fn(g->abort_ctx);
+  }
   if (g->lean) { /* queued on the same stream as the main communicator's collectives */
     (void)ncclCommAbort(g->lean);
     g->lean = NULL;
@@ -446,6 +453,28 @@ static ct_status nccl_all_reduce(void *impl, void *buf, size_t count, ct_dtype d
   double t0 = ct_now();
   ncclResult_t r = ncclAllReduce(buf, buf, count, nccl_type(dt), nccl_op(op), cur(g), g->stream);
   return queued(g, what, "ncclAllReduce", r, t0, desc);
+}
+
+/* Work of the copy-engine all-reduce (comm_ce.c) queued as one collective of this group. */
+ct_status ct_comm_nccl_enqueue(void *impl, const char *what, const char *desc,
+                               ct_status (*fn)(void *ctx, void *stream), void *ctx) {
+  ngroup *g = impl;
+  CT_TRY(check_async(g, what));
+  CT_TRY(follow(g, what));
+  ct_status st = fn(ctx, g->stream);
+  if (st != CT_OK) { /* partly queued: the peers' state is unknown, as after a failed collective */
+    char msg[768];
+    snprintf(msg, sizeof msg, "%s", ct_last_error());
+    const char *ab = abort_comm(g);
+    return ct_set_error(st, "%s%s", msg, ab);
+  }
+  return queued(g, what, "enqueue", ncclSuccess, 0, desc);
+}
+
+void ct_comm_nccl_set_abort_hook(void *impl, void (*fn)(void *ctx), void *ctx) {
+  ngroup *g = impl;
+  g->abort_hook = fn;
+  g->abort_ctx = fn ? ctx : NULL;
 }
 
 /* [a, a+an) and [b, b+bn) share a byte. */

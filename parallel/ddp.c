@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/util.h"
 
 size_t ct_ddp_bucket_floats(double bucket_mb) {
@@ -38,6 +39,13 @@ struct ct_ddp {
   int buckets;   /* issued in this backward */
   bool lean;     /* buckets before the last go to the lean communicator */
 
+  /* the copy-engine all-reduce (parallel.ce_allreduce); ce NULL: off or not applicable */
+  ct_comm_ce *ce;
+  int ce_buckets;          /* issued through it in this backward */
+  bool planning;           /* replaying the hooks to learn the buckets: record, reduce nothing */
+  ct_comm_ce_bucket *plan; /* (nplan) the buckets learned, elements of the gradient buffer */
+  int nplan, plan_cap;
+
   /* the sparse embedding gradient (ddp.h); emb NULL: off */
   float *emb;          /* (V, C) the armed backward's lookup gradient; zero outside its rows */
   int V, C;            /* the embedding's rows (padded vocabulary) and width */
@@ -54,18 +62,46 @@ struct ct_ddp {
   bool rows_queued;    /* this backward queued the rows' all-reduce: ct_ddp_finish adds them */
 };
 
+#define NOT_FLAT SIZE_MAX /* a buffer outside the gradients (the packed rows) */
+
+static ct_status plan_add(ct_ddp *d, size_t off, size_t k) {
+  if (d->nplan == d->plan_cap) {
+    int cap = d->plan_cap ? 2 * d->plan_cap : 32;
+    ct_comm_ce_bucket *p = realloc(d->plan, sizeof *p * (size_t)cap);
+    if (!p) return ct_set_error(CT_ERR_NOMEM, "ddp: out of memory for the bucket table");
+    d->plan = p;
+    d->plan_cap = cap;
+  }
+  d->plan[d->nplan++] = (ct_comm_ce_bucket){off, k};
+  return CT_OK;
+}
+
+/* One bucket, p[0, k) = elements [flat, flat + k) of the gradients (or of the bf16 wire, which
+ * mirrors them): the copy-engine all-reduce when it has the bucket, else the group's own. */
+static ct_status reduce_bucket(ct_ddp *d, void *p, size_t flat, size_t k, ct_dtype dt) {
+  if (d->planning) return flat == NOT_FLAT ? CT_OK : plan_add(d, flat, k);
+  const int b = flat == NOT_FLAT ? -1 : ct_comm_ce_find(d->ce, flat, k);
+  if (b >= 0) {
+    d->ce_buckets++;
+    return ct_comm_ce_all_reduce(d->c, d->ce, b, CT_AVG);
+  }
+  return ct_comm_all_reduce(d->c, p, k, dt, CT_AVG);
+}
+
 /* All-reduces g[0, n) to the mean over the ranks: in place in fp32, or rounded into the bf16 wire
- * w (widened back in ct_ddp_finish, after the join). */
-static ct_status reduce_floats(ct_ddp *d, float *g, uint16_t *w, size_t n) {
-  if (!w) return ct_ddp_reduce_grads(d->c, g, n, d->bucket);
-  ct_model_ops(d->m)->f32_to_bf16(w, g, n);
-  const size_t per = d->bucket * 2; /* a bucket holds as many bytes as in fp32 */
-  for (size_t off = 0; off < n; off += per) {
+ * w (widened back in ct_ddp_finish, after the join). Buckets of d->bucket floats (as
+ * ct_ddp_reduce_grads), or as many bytes of bf16. flat: g's offset in the gradients, or NOT_FLAT. */
+static ct_status reduce_floats(ct_ddp *d, float *g, uint16_t *w, size_t n, size_t flat) {
+  if (w && !d->planning) ct_model_ops(d->m)->f32_to_bf16(w, g, n);
+  const size_t per = w ? d->bucket * 2 : d->bucket; /* a bucket holds as many bytes as in fp32 */
+  const size_t nb = (n + per - 1) / per;
+  for (size_t b = 0, off = 0; off < n; b++, off += per) {
     const size_t k = n - off < per ? n - off : per;
-    ct_status st = ct_comm_all_reduce(d->c, w + off, k, CT_BF16, CT_AVG);
+    ct_status st = reduce_bucket(d, w ? (void *)(w + off) : (void *)(g + off),
+                                 flat == NOT_FLAT ? NOT_FLAT : flat + off, k, w ? CT_BF16 : CT_F32);
     if (st != CT_OK)
-      return ct_add_context(st, "ddp gradient bucket in bf16 (elements %zu..%zu of %zu): ", off,
-                            off + k, n);
+      return ct_add_context(st, "ddp gradient bucket %zu of %zu in %s (elements %zu..%zu of %zu): ",
+                            b + 1, nb, w ? "bf16" : "f32", off, off + k, n);
   }
   return CT_OK;
 }
@@ -74,9 +110,9 @@ static ct_status reduce_floats(ct_ddp *d, float *g, uint16_t *w, size_t n) {
  * overlap (the end of backward, or the range a backward that stopped early left): the full
  * communicator takes it. */
 static ct_status issue(ct_ddp *d, size_t lo, size_t n, bool last) {
-  if (d->lean) CT_TRY(ct_comm_use_lean(d->c, !last));
+  if (d->lean && !d->planning) CT_TRY(ct_comm_use_lean(d->c, !last));
   float *g = ct_model_grads(d->m) + lo;
-  ct_status st = reduce_floats(d, g, d->wire ? (uint16_t *)d->wire + lo : NULL, n);
+  ct_status st = reduce_floats(d, g, d->wire ? (uint16_t *)d->wire + lo : NULL, n, lo);
   if (st != CT_OK) return ct_add_context(st, "overlapped ddp (elements %zu..%zu): ", lo, lo + n);
   d->buckets++;
   return CT_OK;
@@ -129,7 +165,7 @@ static ct_status reduce_rows(ct_ddp *d) {
   for (int i = 0; i < d->V; i++) k += d->hflags[i] != 0;
   ct_model_ops(d->m)->take_rows(d->packed, d->emb, d->rows, k, d->C);
   if (d->lean) CT_TRY(ct_comm_use_lean(d->c, false));
-  ct_status st = reduce_floats(d, d->packed, d->pwire, (size_t)k * d->C);
+  ct_status st = reduce_floats(d, d->packed, d->pwire, (size_t)k * d->C, NOT_FLAT);
   if (st != CT_OK) return ct_add_context(st, "ddp: the embedding lookup's %d rows: ", k);
   d->nrows = k;
   d->buckets++;
@@ -156,7 +192,38 @@ static ct_status post_backward(void *ctx, int u) {
   }
   d->lo = off;
   if (d->hi - d->lo >= d->bucket || u == 0) CT_TRY(flush(d, u == 0 && !sparse));
-  if (sparse && u == 0) CT_TRY(reduce_rows(d));
+  if (sparse && u == 0 && !d->planning) CT_TRY(reduce_rows(d));
+  return CT_OK;
+}
+
+/* The buckets an armed backward issues, learned by running the hook over the units in
+ * backward's order (trainer/model.h: L+1, L, ..., 0) with nothing reduced. */
+static ct_status plan_buckets(ct_ddp *d) {
+  d->planning = d->armed = true;
+  d->lo = d->hi = ct_model_numel(d->m);
+  ct_status st = CT_OK;
+  for (int u = ct_model_n_units(d->m) - 1; u >= 0 && st == CT_OK; u--) st = post_backward(d, u);
+  if (st == CT_OK) st = flush(d, true);
+  d->planning = d->armed = false;
+  d->buckets = 0;
+  return st;
+}
+
+/* parallel.ce_allreduce: the bucket table, registered with the buffer the buckets travel in. */
+static ct_status ce_init(ct_ddp *d) {
+  CT_TRY(plan_buckets(d));
+  const bool bf16 = d->wire != NULL;
+  void *buf = bf16 ? d->wire : (void *)ct_model_grads(d->m);
+  char why[320] = "";
+  CT_TRY(ct_comm_ce_create(d->c, buf, ct_model_numel(d->m), bf16 ? CT_BF16 : CT_F32, d->plan,
+                           d->nplan, &d->ce, why, sizeof why));
+  if (ct_comm_rank(d->c) != 0) return CT_OK;
+  if (d->ce)
+    ct_log_info("ddp: parallel.ce_allreduce: %d gradient buckets (%s) all-reduced by the copy "
+                "engines over peer-mapped buffers", d->nplan, bf16 ? "bf16" : "fp32");
+  else
+    ct_log_info("ddp: parallel.ce_allreduce = true does not apply, the buckets go through %s: %s",
+                ct_comm_backend(d->c), why);
   return CT_OK;
 }
 
@@ -219,6 +286,13 @@ ct_status ct_ddp_create(ct_model *model, ct_comm *c, const ct_ddp_cfg *cfg, ct_d
   /* tensor parallelism: the tokens are not this rank's embedding rows (a vocabulary slice) */
   if (cfg->sparse_embedding && ct_model_tp_size(model) == 1)
     CT_TRY_GOTO(sparse_init(d, cfg->reduce_dtype == CT_BF16), fail);
+  if (cfg->ce_allreduce) {
+    st = ce_init(d);
+    if (st != CT_OK) {
+      ct_add_context(st, "ddp (parallel.ce_allreduce = true): ");
+      goto fail;
+    }
+  }
   ct_model_hooks h = {.ctx = d, .pre_forward = d->emb ? pre_forward : NULL,
                       .post_backward = post_backward};
   ct_model_set_hooks(model, &h);
@@ -234,6 +308,8 @@ void ct_ddp_destroy(ct_ddp *d) {
   const ct_ops *o = ct_model_ops(d->m);
   ct_model_set_hooks(d->m, NULL);
   ct_model_set_embed_grad(d->m, NULL);
+  ct_comm_ce_destroy(d->ce); /* before the buffers it maps */
+  free(d->plan);
   if (d->wire) o->free(d->wire);
   if (d->hpinned) o->host_free(d->hflags);
   else free(d->hflags);
@@ -248,7 +324,7 @@ void ct_ddp_destroy(ct_ddp *d) {
 ct_status ct_ddp_arm(ct_ddp *d, bool reduce, const int32_t *tokens, int n) {
   d->armed = reduce;
   d->lo = d->hi = ct_model_numel(d->m);
-  d->buckets = 0;
+  d->buckets = d->ce_buckets = 0;
   d->rows_queued = false;
   if (d->emb) ct_model_set_embed_grad(d->m, reduce ? d->emb : NULL);
   if (!reduce) return CT_OK;
@@ -275,5 +351,7 @@ ct_status ct_ddp_finish(ct_ddp *d) {
 }
 
 int ct_ddp_buckets(const ct_ddp *d) { return d->buckets; }
+
+int ct_ddp_ce_buckets(const ct_ddp *d) { return d->ce_buckets; }
 
 int ct_ddp_sparse_rows(const ct_ddp *d) { return d->emb ? d->nrows : -1; }

@@ -68,8 +68,16 @@ typedef struct ct_ddp_cfg {
    * full communicator. 0: every bucket to the full one. */
   int overlap_ctas;
   bool sparse_embedding; /* reduce the embedding lookup's gradient as its used rows (above) */
+  /* parallel.ce_allreduce: the gradient buckets go through the copy-engine all-reduce
+   * (ct_comm_ce_create in parallel/comm.h: NCCL, one node, peer access between all GPUs) instead
+   * of NCCL's kernels, so they take (almost) no multiprocessors from the backward they overlap.
+   * ct_ddp_create learns the buckets by replaying the post_backward hook over the units without
+   * reducing, and registers them with the model's gradient buffer (fp32) or the bf16 wire; where
+   * it does not apply every rank logs why and stays on NCCL. A bucket not in the table (a backward
+   * that stopped early) and the sparse embedding's packed rows still go through NCCL. */
+  bool ce_allreduce;
 } ct_ddp_cfg;
-#define CT_DDP_CFG_INIT {0, CT_F32, 0, true}
+#define CT_DDP_CFG_INIT {0, CT_F32, 0, true, false}
 
 /* Installs the hooks on `model` (not owned; neither is c). */
 ct_status ct_ddp_create(ct_model *model, ct_comm *c, const ct_ddp_cfg *cfg, ct_ddp **out);
@@ -83,6 +91,9 @@ ct_status ct_ddp_arm(ct_ddp *d, bool reduce, const int32_t *tokens, int n);
 ct_status ct_ddp_finish(ct_ddp *d);
 /* Buckets issued by the last armed backward (for the log and tests), the packed rows included. */
 int ct_ddp_buckets(const ct_ddp *d);
+/* Of those, the ones the copy-engine all-reduce took (0 when parallel.ce_allreduce is off or
+ * fell back). */
+int ct_ddp_ce_buckets(const ct_ddp *d);
 /* Embedding rows the last armed backward reduced as the lookup's share; -1 when the sparse
  * embedding gradient is off (or before the first armed backward). */
 int ct_ddp_sparse_rows(const ct_ddp *d);

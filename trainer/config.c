@@ -100,6 +100,9 @@ static const key_def KEYS[] = {
   {"parallel", "sparse_embedding_grad", K_BOOL, F(parallel, sparse_embedding_grad), 0, NULL,
    "ddp without tensor parallelism: the embedding's gradient reduced early, the lookup's as the "
    "rows the step's tokens use"},
+  {"parallel", "ce_allreduce", K_BOOL, F(parallel, ce_allreduce), 0, NULL,
+   "ddp over NCCL on one node: gradient buckets all-reduced by the GPUs' copy engines over "
+   "NVLink (peer copies + one add kernel) instead of NCCL's kernels"},
   {"parallel", "timeout_s", K_FLOAT, F(parallel, timeout_s), 0, NULL,
    "rendezvous / collective timeout"},
   {"attention", "implementation", K_ENUM, F(kernels, attention), S(kernels, attention),
@@ -142,6 +145,7 @@ void ct_config_defaults(ct_config *c) {
   c->parallel.overlap_ctas = 0;
   c->parallel.reshard_after_forward = true;
   c->parallel.sparse_embedding_grad = false;
+  c->parallel.ce_allreduce = false;
   c->parallel.tensor = 1;
   c->kernels.use_kernels = true;
   snprintf(c->kernels.attention, sizeof c->kernels.attention, "auto");
@@ -424,6 +428,9 @@ ct_status ct_config_validate(ct_config *c) {
   REQUIRE(!strcmp(c->parallel.reduce_dtype, "fp32") || !strcmp(c->parallel.data, "ddp"),
           "parallel.reduce_dtype = \"%s\" works with parallel.data = \"ddp\" (ZeRO reduces in fp32),"
           " not \"%s\"", c->parallel.reduce_dtype, c->parallel.data);
+  REQUIRE(!c->parallel.ce_allreduce || !strcmp(c->parallel.data, "ddp"),
+          "parallel.ce_allreduce = true works with parallel.data = \"ddp\", not \"%s\"",
+          c->parallel.data);
   REQUIRE(c->parallel.overlap_ctas >= 0, "parallel.overlap_ctas = %d: must not be negative (0 = no "
           "limit)", c->parallel.overlap_ctas);
   REQUIRE(c->parallel.timeout_s > 0, "parallel.timeout_s = %g: must be positive", c->parallel.timeout_s);

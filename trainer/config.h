@@ -94,6 +94,8 @@ typedef struct ct_parallel_cfg {
   bool sparse_embedding_grad; /* ddp: the embedding lookup's gradient reduced as its used rows
                               * (parallel/ddp.h; default false: no gain
                               * measured on 2 H200s) */
+  bool ce_allreduce;    /* ddp (NCCL, one node): bucket all-reduces by the GPUs' copy engines
+                         * (parallel/comm_ce.c; default false) */
 } ct_parallel_cfg;
 
 typedef struct ct_config {

@@ -585,6 +585,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     dc.reduce_dtype = strcmp(cfg->parallel.reduce_dtype, "bf16") ? CT_F32 : CT_BF16;
     dc.overlap_ctas = cfg->parallel.overlap_ctas;
     dc.sparse_embedding = cfg->parallel.sparse_embedding_grad;
+    dc.ce_allreduce = cfg->parallel.ce_allreduce;
     CT_TRY_GOTO(ct_ddp_create(r.model, r.comm, &dc, &r.ddp), done);
   }
   /* fp16: the loss gradient is multiplied by the dynamic loss scale; the optimizer divides it
@@ -639,6 +640,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
           ct_log_info("ddp: gradients all-reduced in %d buckets of %s (parallel.bucket_mb = %g) as"
                       " backward produced them", ct_ddp_buckets(r.ddp), cfg->parallel.reduce_dtype,
                       cfg->parallel.bucket_mb);
+        if (step == start_step && cfg->parallel.ce_allreduce)
+          ct_log_info("ddp: %d of the %d buckets went through the copy-engine all-reduce "
+                      "(parallel.ce_allreduce)", ct_ddp_ce_buckets(r.ddp), ct_ddp_buckets(r.ddp));
         if (step == start_step && ct_ddp_sparse_rows(r.ddp) >= 0)
           ct_log_info("ddp: the embedding lookup's gradient reduced as the %d of %d rows the step's"
                       " tokens use (parallel.sparse_embedding_grad)", ct_ddp_sparse_rows(r.ddp),

@@ -12,6 +12,9 @@
  * pointer), then prints algbw / busbw for 256 MiB all_reduce, reduce_scatter and all_gather the
  * nccl-tests way (busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for the others; time
  * averaged over ranks after warm-up).
+ * The ce scenario: the copy-engine all-reduce (ct_comm_ce_*) of f32 and bf16 buckets against
+ * NCCL's all-reduce of the same data, bit-equal with 2 ranks; ce_watchdog: a skipped one times
+ * out like a NCCL collective and cleanup does not hang.
  * The watchdog scenario (timeout 5 s): rank 1 skips a collective; every other rank's
  * all_reduce + ct_comm_sync must fail with CT_ERR_RUNTIME naming the collective and the rank
  * within about 5 s, not hang; the group then refuses work at once.
@@ -774,6 +777,175 @@ static void watchdog_scenario(ct_store *s, int me, int n) {
   cudaFree(d);
 }
 
+/* ---- the copy-engine all-reduce (parallel/comm_ce.c) ---- */
+
+/* Random-looking values of varied magnitude (exponents over 2^-12 .. 2^11), per rank and round. */
+static float rval(int rank, int round, size_t i) {
+  uint64_t x = (uint64_t)i * 0x9E3779B97F4A7C15ull + (uint64_t)rank * 0xBF58476D1CE4E5B9ull +
+               (uint64_t)round * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  x *= 0xD6E9F2C1B5A3E7F1ull;
+  x ^= x >> 29;
+  float m = (float)((x >> 40) & 0xFFFFFF) / 16777216.0f - 0.5f;
+  return ldexpf(m, (int)((x >> 8) % 24) - 12);
+}
+
+/* Buckets of a buffer that starts 384 bytes into its allocation (the IPC handle is the
+ * allocation's, so the offset must be carried): an unaligned offset (scalar adds), a gap left
+ * alone, a bucket of 1 element (empty chunks past the first), a large aligned one. For f32 and
+ * bf16, three rounds (the flags' sequence numbers grow) of the ce all-reduce against NCCL's
+ * all-reduce of the same data: with 2 ranks bit-equal (ncclAvg is x/2 + y/2 in either order,
+ * rounded once, as here); with more, within 2 ulps of the operand scale (the sum orders differ).
+ * One round runs in overlap mode on the side stream, as DDP does; one uses CT_SUM. */
+static void ce_case(ct_comm *c, ct_dtype dt) {
+  int me = ct_comm_rank(c), n = ct_comm_size(c);
+  const size_t es = ct_dtype_size(dt), pad = 384 / es;
+  const ct_comm_ce_bucket bk[] = {{0, 1000003}, {1000008, 7}, {1000015, 1}, {1000016, 3u << 20}};
+  const int nb = 4;
+  const size_t count = 1000016 + (3u << 20) + 40; /* 40 elements past the last bucket */
+  char *alloc = dmalloc((count + pad) * es), *ref = dmalloc(count * es);
+  char *buf = alloc + pad * es;
+  char why[256] = "";
+  ct_comm_ce *ce = NULL;
+  ct_status st = ct_comm_ce_create(c, buf, count, dt, bk, nb, &ce, why, sizeof why);
+  CHECK_MSG(st == CT_OK, "ct_comm_ce_create: %s", ct_last_error());
+  CHECK_MSG(ce != NULL, "the ce all-reduce does not apply on this machine: %s", why);
+  if (!ce) {
+    cudaFree(alloc);
+    cudaFree(ref);
+    return;
+  }
+  CHECK(ct_comm_ce_find(ce, 1000008, 7) == 1 && ct_comm_ce_find(ce, 1000008, 8) == -1);
+  float *hf = malloc(count * sizeof(float));
+  char *h = malloc(count * es), *a = malloc(count * es), *r = malloc(count * es);
+  size_t bad = 0, diff = 0, gap = 0;
+  double worst = 0;
+  for (int round = 0; round < 3; round++) {
+    const ct_redop op = round == 1 ? CT_SUM : CT_AVG;
+    for (size_t i = 0; i < count; i++) {
+      hf[i] = rval(me, round, i);
+      if (dt == CT_BF16) ((uint16_t *)h)[i] = ref_bf16(hf[i]);
+      else ((float *)h)[i] = hf[i];
+    }
+    up(buf, h, count * es);
+    up(ref, h, count * es);
+    if (round == 2) CHECK(ct_comm_set_overlap(c, true) == CT_OK);
+    for (int b = 0; b < nb; b++) {
+      CHECK_MSG(ct_comm_ce_all_reduce(c, ce, b, op) == CT_OK, "ce all_reduce: %s", ct_last_error());
+      CHECK_MSG(ct_comm_all_reduce(c, ref + bk[b].offset * es, bk[b].count, dt, op) == CT_OK,
+                "all_reduce: %s", ct_last_error());
+    }
+    if (round == 2) CHECK(ct_comm_set_overlap(c, false) == CT_OK);
+    if (!fetch(c, a, buf, count * es) || !fetch(c, r, ref, count * es)) break;
+    for (int b = 0; b < nb; b++)
+      for (size_t i = bk[b].offset; i < bk[b].offset + bk[b].count; i++) {
+        float x = dt == CT_BF16 ? bf16_f(((uint16_t *)a)[i]) : ((float *)a)[i];
+        float y = dt == CT_BF16 ? bf16_f(((uint16_t *)r)[i]) : ((float *)r)[i];
+        if (memcmp(a + i * es, r + i * es, es)) diff++;
+        /* more than 2 ranks: ulps of the largest operand (the sum orders differ) */
+        double scale = 0;
+        for (int k = 0; k < n; k++) scale = fmax(scale, fabs((double)rval(k, round, i)));
+        double ulp = scale * (dt == CT_BF16 ? 0x1p-7 : 0x1p-23), err = fabs((double)x - y);
+        if (!(err <= 2 * ulp * (op == CT_AVG ? 1 : n))) bad++;
+        if (ulp > 0 && err / ulp > worst) worst = err / ulp;
+      }
+    for (size_t i = 1000003; i < 1000008; i++) gap += memcmp(a + i * es, h + i * es, es) != 0;
+    for (size_t i = count - 40; i < count; i++) gap += memcmp(a + i * es, h + i * es, es) != 0;
+  }
+  CHECK_MSG(bad == 0, "ce all_reduce (%s): %zu values off NCCL's by more than 2 ulps (worst %.1f)",
+            ct_dtype_name(dt), bad, worst);
+  CHECK_MSG(n > 2 || diff == 0, "ce all_reduce (%s), 2 ranks: %zu values differ from NCCL's in "
+            "their bits", ct_dtype_name(dt), diff);
+  CHECK_MSG(gap == 0, "ce all_reduce (%s): %zu elements outside the buckets changed",
+            ct_dtype_name(dt), gap);
+  if (me == 0)
+    printf("[%s] ce all_reduce %s, %d ranks, 3 rounds: %zu of %zu values differ from NCCL's bits "
+           "(worst %.2f ulp)\n", scenario, ct_dtype_name(dt), n, diff, (size_t)3 * (count - 45),
+           worst);
+  /* speed of one 25 MiB bucket against NCCL's (not asserted) */
+  if (dt == CT_F32) {
+    for (int k = 0; k < 2; k++) {
+      double t0 = 0;
+      for (int it = 0; it < 23; it++) {
+        if (it == 3) {
+          CHECK(ct_comm_sync(c) == CT_OK);
+          t0 = ct_now();
+        }
+        if (k) CHECK(ct_comm_ce_all_reduce(c, ce, 3, CT_AVG) == CT_OK);
+        else CHECK(ct_comm_all_reduce(c, ref + bk[3].offset * es, bk[3].count, dt, CT_AVG) == CT_OK);
+      }
+      CHECK(ct_comm_sync(c) == CT_OK);
+      if (me == 0)
+        printf("[%s] %s all_reduce of %zu MiB f32: %.1f us\n", scenario, k ? "ce" : "nccl",
+               bk[3].count * es >> 20, (ct_now() - t0) / 20 * 1e6);
+    }
+  }
+  ct_comm_ce_destroy(ce);
+  free(hf);
+  free(h);
+  free(a);
+  free(r);
+  cudaFree(alloc);
+  cudaFree(ref);
+}
+
+static void ce_scenario(ct_store *s, int me, int n) {
+  ct_comm *c = NULL;
+  CHECK_MSG(ct_comm_init_nccl(s, me, n, "t/ce", 60.0, &c) == CT_OK, "%s", ct_last_error());
+  if (!c) return;
+  ce_case(c, CT_F32);
+  ce_case(c, CT_BF16);
+  ct_comm_destroy(c);
+}
+
+/* Rank 1 skips a ce all-reduce: every other rank's ct_comm_sync fails after the 5 s timeout
+ * naming it (the stream waits on a flag that never comes), and destroying the ce state and the
+ * group afterwards does not hang (the abort released the waits). */
+static void ce_watchdog_scenario(ct_store *s, int me, int n) {
+  const double timeout = 5.0;
+  ct_comm *c = NULL;
+  CHECK_MSG(ct_comm_init_nccl(s, me, n, "t/cewd", timeout, &c) == CT_OK, "%s", ct_last_error());
+  if (!c) return;
+  float *d = dmalloc(4096 * sizeof(float));
+  ct_comm_ce_bucket bk[1] = {{0, 4096}};
+  ct_comm_ce *ce = NULL;
+  char why[256] = "";
+  CHECK_MSG(ct_comm_ce_create(c, d, 4096, CT_F32, bk, 1, &ce, why, sizeof why) == CT_OK && ce,
+            "ct_comm_ce_create: %s %s", ct_last_error(), why);
+  if (!ce) return;
+  CHECK_MSG(ct_comm_ce_all_reduce(c, ce, 0, CT_SUM) == CT_OK, "%s", ct_last_error());
+  CHECK_MSG(ct_comm_sync(c) == CT_OK, "%s", ct_last_error());
+  CHECK_MSG(ct_comm_barrier(c) == CT_OK, "%s", ct_last_error());
+  char key[64];
+  if (me == 1) {
+    for (int r = 0; r < n; r++) {
+      if (r == 1) continue;
+      void *v = NULL;
+      snprintf(key, sizeof key, "t/cewd/failed/%d", r);
+      CHECK_MSG(ct_store_get(s, key, 30.0, &v, NULL) == CT_OK, "%s", ct_last_error());
+      free(v);
+    }
+  } else {
+    double t0 = ct_now();
+    ct_status st = ct_comm_ce_all_reduce(c, ce, 0, CT_SUM);
+    if (st == CT_OK) st = ct_comm_sync(c);
+    double dt = ct_now() - t0;
+    CHECK_MSG(st == CT_ERR_RUNTIME && strstr(ct_last_error(), "ce all_reduce") &&
+              strstr(ct_last_error(), "5.0 s"), "a skipped ce all-reduce gave status %d: %s",
+              (int)st, ct_last_error());
+    CHECK_MSG(dt >= timeout - 0.5 && dt < timeout + 3.0, "failed after %.2f s", dt);
+    if (me == 0) printf("[%s] rank 1 skipped a ce all-reduce -> failed after %.2f s: %s\n", scenario, dt, ct_last_error());
+    snprintf(key, sizeof key, "t/cewd/failed/%d", me);
+    CHECK(ct_store_set(s, key, "1", 1) == CT_OK);
+  }
+  double t0 = ct_now();
+  ct_comm_ce_destroy(ce);
+  ct_comm_destroy(c);
+  cudaError_t e = cudaFree(d);
+  CHECK_MSG(e == cudaSuccess && ct_now() - t0 < timeout + 8.0, "cleanup: %s after %.1f s",
+            cudaGetErrorString(e), ct_now() - t0);
+}
+
 /* ---- the parent: device probe, store server, fork, reap ---- */
 
 /* Counts the devices in a child: CUDA must not be initialized in the parent before fork. */
@@ -888,6 +1060,8 @@ int main(void) {
   printf("test_comm_nccl: %d CUDA devices, %d ranks\n", ndev, world);
   run_scenario("full", full_scenario, world, 300.0);
   run_scenario("watchdog", watchdog_scenario, world, 60.0);
+  run_scenario("ce", ce_scenario, world, 120.0);
+  run_scenario("ce_watchdog", ce_watchdog_scenario, world, 60.0);
   return ct_test_finish();
 }
 

@@ -500,6 +500,7 @@ static void ddp_sparse_case(ct_comm *c, const char *what, int n_over, char **ove
     ct_model_init_weights(m[k], 7);
     ct_ddp_cfg dc = CT_DDP_CFG_INIT;
     dc.sparse_embedding = k == 0;
+    dc.ce_allreduce = true; /* Gloo: falls back; its bucket planning must leave no trace */
     CHECK_MSG(ct_ddp_create(m[k], c, &dc, &d[k]) == CT_OK, "%s: %s", what, ct_last_error());
   }
   const ct_param *e = ct_model_embedding(m[0]);
@@ -554,6 +555,20 @@ static void test_ddp_sparse(ct_comm *c) {
   char *llama[] = {"model.arch=llama", "model.n_layer=1", "model.d_model=16", "model.n_head=2",
                    "model.max_seq_len=8", "train.seq_len=8", "model.tie_embeddings=false"};
   ddp_sparse_case(c, "llama (untied)", 7, llama);
+}
+
+/* The copy-engine all-reduce applies to NCCL groups only: on Gloo it declines with a reason,
+ * and argument errors come first. */
+static void test_ce_fallback(ct_comm *c) {
+  float buf[16];
+  ct_comm_ce_bucket b[1] = {{0, 16}}, bad[1] = {{8, 9}};
+  ct_comm_ce *ce = (ct_comm_ce *)buf;
+  char why[128];
+  CHECK(ct_comm_ce_create(c, buf, 16, CT_F32, b, 1, &ce, why, sizeof why) == CT_OK && !ce);
+  CHECK_MSG(strstr(why, "gloo") != NULL, "why: %s", why);
+  CHECK(ct_comm_ce_create(c, buf, 16, CT_F32, bad, 1, &ce, why, sizeof why) == CT_ERR_USAGE && !ce);
+  CHECK(ct_comm_ce_create(c, buf, 16, CT_I32, b, 1, &ce, why, sizeof why) == CT_ERR_USAGE);
+  CHECK(ct_comm_ce_find(NULL, 0, 16) == -1);
 }
 
 /* ---- speed (nccl-tests style) ---- */
@@ -649,6 +664,7 @@ static void full_scenario(ct_store *s, int me, int n) {
   test_split(c);
   test_ddp(c);
   test_ddp_sparse(c);
+  test_ce_fallback(c);
   test_speed(c);
   ct_comm_destroy(c);
 }

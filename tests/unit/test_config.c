@@ -45,6 +45,7 @@ int main(void) {
   CHECK(c.model.norm_eps == 1e-5);
   CHECK(!strcmp(c.train.out_dir, "runs/default"));
   CHECK(!c.parallel.sparse_embedding_grad); /* ddp's sparse embedding gradient is off by default */
+  CHECK(!c.parallel.ce_allreduce); /* the copy-engine all-reduce is opt-in */
 
   /* a file, then overrides in order (later wins), ints accepted for floats */
   const char *p = write_cfg("run1.toml",
@@ -195,6 +196,8 @@ int main(void) {
   expect_error("", "train.beta2=1.0", CT_ERR_CONFIG, "train.beta2 = 1: must be in [0, 1)");
   expect_error("", "train.grad_accum=0", CT_ERR_CONFIG, "train.grad_accum = 0: must be positive");
   expect_error("", "parallel.overlap_ctas=-1", CT_ERR_CONFIG, "parallel.overlap_ctas = -1: must not be negative");
+  expect_error("[parallel]\ndata = \"zero1\"\nce_allreduce = true\n", NULL, CT_ERR_CONFIG,
+               "parallel.ce_allreduce = true works with parallel.data = \"ddp\"");
   expect_error("", "parallel.sparse_embedding_grad=no", CT_ERR_CONFIG,
                "parallel.sparse_embedding_grad: expected true or false");
   expect_error("", "data.train=", CT_ERR_CONFIG, "data.train: must name a token file");
