@@ -36,4 +36,6 @@ for ty, tn in (("bf16", "bf16"), ("f16", "f16")):
     out.append(rs(64, ty, f"wgmma_rs_n64_{tn}"))
     out.append(rs(128, ty, f"wgmma_rs_n128_{tn}"))
     out.append(ss(32, ty, f"wgmma_ss_n32_ta_{tn}", trans_a=1))
+    out.append(ss(64, ty, f"wgmma_ss_n64_ta_{tn}", trans_a=1))  # backward form 2's dQ^T, hd 128
+    out.append(ss(128, ty, f"wgmma_ss_n128_{tn}"))  # forward form 2's S = Q K^T over 128 keys
 print("\n".join(out))

@@ -3,7 +3,10 @@
 flash3: the forward kernel, the backward's dK / dV and dQ kernels, the fused backward that
 adds dQ with atomics into an fp32 workspace, and backward form 2 (fl3_bwd2_kernel: TMA loads,
 dQ^T parts in fragment order bulk-added into a workspace, fl3_dq_out2_kernel's lookup, and its
-mbarrier ring's phases under random interleavings) for checking its indexing without a GPU.
+mbarrier ring's phases under random interleavings), and forward form 2 (fl3_fwd2_kernel: TMA
+loads of Q, K, V into a ring whose stages a maximally eager producer refills at the kernel's
+release points, 128-key tiles, the rescale of O deferred past the overlapped PV, and its four
+mbarrier rings under random interleavings) for checking its indexing without a GPU.
 
 It replays the kernel's own address arithmetic (load_tile's swizzled stores, the descriptors'
 start addresses and byte offsets, the k-step offsets) against the documented hardware rules, and
@@ -695,6 +698,32 @@ def dq_out2(ws, dqkv, B_, T, H, KV, HD):
                     dqkv[b, t, h * HD + d + e] += f[p * 64 * DQN + ((r // 4) * 128 + th) * 4 + r % 4] * scale
 
 
+class MBar:
+    """An mbarrier: `count` arrivals plus the transaction bytes of arrive.expect_tx complete a
+    phase; try_wait.parity(p) succeeds once the phase of parity p has completed (a fresh barrier's
+    phase -1, parity 1, counts as completed)."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def arrive(self, tx=0):
+        self.tx += tx
+        self.pending -= 1
+        self._flip()
+
+    def complete_tx(self, n):
+        self.tx -= n
+        self._flip()
+
+    def _flip(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def done(self, parity):
+        return (self.phase & 1) != parity
+
+
 def sim_bwd2_barriers(total, seed):
     """The mbarrier protocol of fl3_bwd2_kernel, replayed with random interleavings of the
     producer warp and the 256 consumer threads (as 2 warpgroups: each thread's arrive is counted):
@@ -704,26 +733,7 @@ def sim_bwd2_barriers(total, seed):
     has not released."""
     rng = np.random.default_rng(seed)
 
-    class Bar:
-        def __init__(self, count):
-            self.count, self.pending, self.tx, self.phase = count, count, 0, 0
-
-        def arrive(self, tx=0):
-            self.tx += tx
-            self.pending -= 1
-            self._flip()
-
-        def complete_tx(self, n):
-            self.tx -= n
-            self._flip()
-
-        def _flip(self):
-            if self.pending == 0 and self.tx == 0:
-                self.phase += 1
-                self.pending = self.count
-
-        def done(self, parity):  # try_wait.parity: the phase with this parity has completed
-            return (self.phase & 1) != parity
+    Bar = MBar
 
     full, empty = [Bar(33), Bar(33)], [Bar(256), Bar(256)]
     stage = [None, None]  # the step whose data a stage holds
@@ -889,6 +899,293 @@ def run(B_, T, H, KV, HD, seed):
     return ok
 
 
+# ---- forward form 2 (fl3_fwd2_kernel, CT_FLASH3_FWD=2) ----
+F2N = 128
+
+
+def f2_smem(HD):
+    NB, QBy, KBy = HD // 64, BM * 128, F2N * 128
+    o = dict(NB=NB, QBy=QBy, KBy=KBy, Q=0)
+    o["K"] = o["Q"] + NB * QBy
+    o["V"] = o["K"] + 2 * NB * KBy
+    o["bar"] = o["V"] + 2 * NB * KBy
+    o["total"] = o["bar"] + 9 * 8
+    return o
+
+
+def f2_producer_ops(nkv):
+    """The producer thread's loads in issue order: K_0, then K_{j+1} before V_j."""
+    ops = [("K", 0)]
+    for j in range(nkv):
+        if j + 1 < nkv:
+            ops.append(("K", j + 1))
+        ops.append(("V", j))
+    return ops
+
+
+def fwd2_block(qkv, out, lse, B_, T, H, KV, HD, bx, by):
+    """fl3_fwd2_kernel for one block. The producer is replayed as eagerly as the empty barriers
+    allow (a load of tile t into stage t % 2 as soon as tile t - 2's release is complete, i.e. both
+    consumer warpgroups have arrived), so a read of a stage after its release would see the next
+    tile; the PV wgmma is evaluated at the wait that retires it (the latest moment it may read V),
+    S at the wait right after its issue."""
+    SL = f2_smem(HD)
+    NB, QBy, KBy = SL["NB"], SL["QBy"], SL["KBy"]
+    OD, SN = HD // 2, F2N // 2
+    assert SL["total"] + 1024 <= 227 * 1024 and SL["bar"] % 1024 == 0 and KBy % 1024 == 0
+    sm = np.full(SL["bar"] // 2, np.nan)
+    nqb = (T + BM - 1) // BM
+    qb = nqb - 1 - by
+    q0, nkv = qb * BM, qb + 1
+    assert nkv == (min(q0 + BM, T) + F2N - 1) // F2N  # the kernel's shortcut (F2N == BM)
+    b, h = bx // H, bx % H
+    kv = h // (H // KV)
+    sl2 = 1.4426950408889634 / math.sqrt(HD)
+    qkvb = qkv[b]
+    for cb in range(NB):
+        tma_load3(sm, SL["Q"] + cb * QBy, qkvb, h * HD + cb * 64, q0, BM, T)
+    holds = {"K": [None, None], "V": [None, None]}
+    released = {"K": set(), "V": set()}
+    ops = f2_producer_ops(nkv)
+
+    def produce():
+        while ops:
+            kind, t = ops[0]
+            if t >= 2 and t - 2 not in released[kind]:
+                return
+            ops.pop(0)
+            st = t & 1
+            col = (H + kv) * HD if kind == "K" else (H + KV + kv) * HD
+            for cb in range(NB):
+                tma_load3(sm, SL[kind] + (st * NB + cb) * KBy, qkvb, col + cb * 64, t * F2N, F2N, T)
+            holds[kind][st] = t
+
+    def release(kind, t):  # both warpgroups have arrived (they run the same steps)
+        released[kind].add(t)
+        produce()
+
+    produce()
+    t_ = np.arange(128)
+    warp, lane = t_ // 32, t_ % 32
+    g, tg = lane // 4, lane % 4
+    quad = t_ // 4
+    W = []
+    for wg in range(NWG):
+        r0 = q0 + wg * 64 + warp * 16 + g
+        W.append(dict(r0=r0, r1=r0 + 8, o=np.zeros((128, OD)), s=None, p=None,
+                      m0=np.full(128, -np.inf), m1=np.full(128, -np.inf), l0=np.zeros(128),
+                      l1=np.zeros(128), a0=None, a1=None, pending=None))
+
+    def qk(w, wg, t):
+        assert holds["K"][t & 1] == t, "S_%d reads a K stage holding %s" % (t, holds["K"][t & 1])
+        K = SL["K"] + (t & 1) * NB * KBy
+        smat = np.zeros((64, F2N))
+        for ks in range(HD // 16):
+            cb, kin = ks >> 2, (ks & 3) * 32
+            a = read_kmajor(sm, SL["Q"] + wg * 64 * 128 + cb * QBy + kin, 64)
+            bm = read_kmajor(sm, K + cb * KBy + kin, F2N)
+            smat += a @ bm.T
+        w["s"] = to_frag(smat, SN)
+
+    def softmax(w, t):
+        s_, r0, r1 = w["s"], w["r0"], w["r1"]
+        if t == nkv - 1:
+            for nt in range(SN // 4):
+                key = t * F2N + nt * 8 + tg * 2
+                s_[key > r0, nt * 4 + 0] = -np.inf
+                s_[key + 1 > r0, nt * 4 + 1] = -np.inf
+                s_[key > r1, nt * 4 + 2] = -np.inf
+                s_[key + 1 > r1, nt * 4 + 3] = -np.inf
+        mx0 = np.max(s_[:, [nt * 4 + c for nt in range(SN // 4) for c in (0, 1)]], axis=1)
+        mx1 = np.max(s_[:, [nt * 4 + c for nt in range(SN // 4) for c in (2, 3)]], axis=1)
+        mx0 = np.array([mx0[quad == qd].max() for qd in quad])
+        mx1 = np.array([mx1[quad == qd].max() for qd in quad])
+        n0 = np.maximum(w["m0"], mx0 * sl2)
+        n1 = np.maximum(w["m1"], mx1 * sl2)
+        assert np.isfinite(n0).all() and np.isfinite(n1).all()  # every row sees a key each tile
+        w["a0"], w["a1"] = np.exp2(w["m0"] - n0), np.exp2(w["m1"] - n1)
+        w["m0"], w["m1"] = n0, n1
+        ls0, ls1 = np.zeros(128), np.zeros(128)
+        for nt in range(SN // 4):
+            for c, nn in ((0, n0), (1, n0), (2, n1), (3, n1)):
+                s_[:, nt * 4 + c] = np.exp2(s_[:, nt * 4 + c] * sl2 - nn)
+            ls0 += s_[:, nt * 4 + 0] + s_[:, nt * 4 + 1]
+            ls1 += s_[:, nt * 4 + 2] + s_[:, nt * 4 + 3]
+        w["l0"] = w["l0"] * w["a0"] + ls0
+        w["l1"] = w["l1"] * w["a1"] + ls1
+
+    def rescale_pack(w):
+        o = w["o"]
+        o[:, 0::4] *= w["a0"][:, None]
+        o[:, 1::4] *= w["a0"][:, None]
+        o[:, 2::4] *= w["a1"][:, None]
+        o[:, 3::4] *= w["a1"][:, None]
+        w["p"] = [pack_a(w["s"], kc) for kc in range(F2N // 16)]
+        w["s"] = None  # S's registers are rewritten by the next QK^T
+
+    def issue_pv(w, t):
+        w["pending"] = (t, w["p"])
+
+    def wait_pv(w):  # the wgmma.wait_group that retires the PV group: it has read V until here
+        if w["pending"] is None:
+            return
+        t, p = w["pending"]
+        assert holds["V"][t & 1] == t, "PV_%d reads a V stage holding %s" % (t, holds["V"][t & 1])
+        V = SL["V"] + (t & 1) * NB * KBy
+        omat = from_frag(w["o"], OD, HD)
+        for kc in range(F2N // 16):
+            omat += a_from_regs(p[kc]) @ read_mnmajor(sm, V + kc * 2048, HD, KBy)
+        w["o"] = to_frag(omat, OD)
+        w["pending"] = None
+
+    # tile 0
+    for wg in range(NWG):
+        qk(W[wg], wg, 0)
+    release("K", 0)
+    for wg in range(NWG):
+        softmax(W[wg], 0)
+    for j in range(1, nkv):
+        for wg in range(NWG):
+            wait_pv(W[wg])
+        if j > 1:
+            release("V", j - 2)
+        for wg in range(NWG):
+            rescale_pack(W[wg])
+            qk(W[wg], wg, j)
+            issue_pv(W[wg], j - 1)
+        release("K", j)  # after wait_group 1: S_j done, the PV group may still run
+        for wg in range(NWG):
+            softmax(W[wg], j)
+    for wg in range(NWG):
+        w = W[wg]
+        wait_pv(w)
+        rescale_pack(w)
+        issue_pv(w, nkv - 1)
+        wait_pv(w)
+        # fwd_store
+        l0 = np.array([w["l0"][quad == qd].sum() for qd in quad])
+        l1 = np.array([w["l1"][quad == qd].sum() for qd in quad])
+        o = w["o"]
+        for th in range(128):
+            for r, ll, m, base in ((w["r0"][th], l0[th], w["m0"][th], 0),
+                                   (w["r1"][th], l1[th], w["m1"][th], 2)):
+                if r >= T:
+                    continue
+                for i in range(OD // 4):
+                    d = i * 8 + tg[th] * 2
+                    out[b, r, h * HD + d] = o[th, i * 4 + base] / ll
+                    out[b, r, h * HD + d + 1] = o[th, i * 4 + base + 1] / ll
+                if tg[th] == 0:
+                    lse[b, h, r] = m + math.log2(ll)
+
+
+def run_fwd2(B_, T, H, KV, HD, seed):
+    rng = np.random.default_rng(seed)
+    qkv = rng.standard_normal((B_, T, (H + 2 * KV) * HD))
+    out = np.full((B_, T, H * HD), np.nan)
+    lse = np.full((B_, H, T), np.nan)
+    for bx in range(B_ * H):
+        for by in range((T + BM - 1) // BM):
+            fwd2_block(qkv, out, lse, B_, T, H, KV, HD, bx, by)
+    ro, rl = reference(qkv, B_, T, H, KV, HD)
+    eo = np.abs(out - ro).max() if not np.isnan(out).any() else np.inf
+    el = np.abs(lse - rl).max() if not np.isnan(lse).any() else np.inf
+    ok = eo < 1e-9 and el < 1e-9
+    print("%s forward form 2 (CT_FLASH3_FWD=2) B%d T%d H%d KV%d hd%d: max |out - ref| %.2e, "
+          "max |lse - ref| %.2e" % ("ok  " if ok else "FAIL", B_, T, H, KV, HD, eo, el))
+    return ok
+
+
+def sim_fwd2_barriers(nkv, seed):
+    """fl3_fwd2_kernel's mbarriers under random interleavings of the producer thread, the TMA
+    completions and the two consumer warpgroups (each warpgroup's 128 arrivals counted): qbar,
+    fullk / fullv (1 arrival + bytes), emptyk / emptyv (256 arrivals), parities as the kernel
+    computes them. Checks that nothing deadlocks and that every read of a stage (S_j's of K_j, the
+    PV group's of V_j from its issue to the wait that retires it) finds that tile there, never
+    one being overwritten."""
+    rng = np.random.default_rng(seed)
+    BY = 128 * 128 * 2  # bytes of a tile at hd 128 (any count works if both sides agree)
+    qbar = MBar(1)
+    full = {"K": [MBar(1), MBar(1)], "V": [MBar(1), MBar(1)]}
+    empty = {"K": [MBar(256), MBar(256)], "V": [MBar(256), MBar(256)]}
+    holds = {"K": [None, None], "V": [None, None]}
+    inflight = []  # (kind, stage, tile, bytes) or ("Q", ...)
+    ops = [("Q", 0)] + f2_producer_ops(nkv)
+
+    # each consumer warpgroup: a list of steps ("wait", bar, parity) | ("read", kind, tile) |
+    # ("arrive", bar) | ("check", kind, tile): the kernel's order of waits, reads and arrivals
+    def steps():
+        st = [("wait", qbar, 0), ("wait", full["K"][0], 0), ("read", "K", 0),
+              ("arrive", empty["K"][0])]
+        for j in range(1, nkv):
+            s, sp = j & 1, (j & 1) ^ 1
+            st += [("wait", full["K"][s], (j >> 1) & 1), ("wait", full["V"][sp], ((j - 1) >> 1) & 1)]
+            if j > 1:  # wait_group 0 retires P_{j-2} V_{j-2}: V_{j-2} read until here
+                st += [("read", "V", j - 2), ("arrive", empty["V"][s])]
+            st += [("read", "K", j), ("read", "V", j - 1), ("arrive", empty["K"][s])]
+        if nkv > 1:
+            st += [("read", "V", nkv - 2)]
+        st += [("wait", full["V"][(nkv - 1) & 1], ((nkv - 1) >> 1) & 1), ("read", "V", nkv - 1)]
+        return st
+
+    cons = [dict(steps=steps(), at=0) for _ in range(NWG)]
+    for _ in range(200000):
+        moves = []
+        if ops:
+            moves.append("p")
+        if inflight:
+            moves.append("tma")
+        moves += ["c%d" % w for w in range(NWG) if cons[w]["at"] < len(cons[w]["steps"])]
+        if not moves:
+            return True
+        m = moves[rng.integers(len(moves))]
+        if m == "p":
+            kind, t = ops[0]
+            if kind == "Q":
+                qbar.arrive(tx=BY)
+                inflight.append(("Q", 0, 0, BY))
+            else:
+                s = t & 1
+                if not empty[kind][s].done(((t >> 1) & 1) ^ 1):
+                    continue  # spinning
+                full[kind][s].arrive(tx=BY)
+                holds[kind][s] = None  # being overwritten
+                inflight.append((kind, s, t, BY))
+            ops.pop(0)
+        elif m == "tma":
+            kind, s, t, n = inflight.pop(rng.integers(len(inflight)))  # TMA loads land in any order
+            if kind == "Q":
+                qbar.complete_tx(n)
+            else:
+                holds[kind][s] = t
+                full[kind][s].complete_tx(n)
+        else:
+            c = cons[int(m[1:])]
+            step = c["steps"][c["at"]]
+            if step[0] == "wait":
+                if not step[1].done(step[2]):
+                    continue
+            elif step[0] == "read":
+                kind, t = step[1], step[2]
+                assert holds[kind][t & 1] == t, "reads %s_%d, stage holds %s" % (kind, t, holds[kind][t & 1])
+            else:
+                for _ in range(128):
+                    step[1].arrive()
+            c["at"] += 1
+    return False
+
+
+def f2_checks():
+    good = True
+    for c in [(1, 200, 2, 1, 64, 1), (1, 130, 2, 2, 128, 2), (2, 64, 1, 1, 64, 3),
+              (1, 257, 4, 2, 128, 4), (1, 520, 2, 1, 64, 5), (1, 400, 8, 1, 128, 6)]:
+        good = run_fwd2(*c) and good
+    bars = all(sim_fwd2_barriers(nkv, seed) for nkv in (1, 2, 3, 4, 7, 16) for seed in range(40))
+    print("%s forward form 2: mbarrier rings, 240 random interleavings of 1-16 key tiles" %
+          ("ok  " if bars else "FAIL"))
+    return good and bars
+
+
 if __name__ == "__main__":
     cases = [(1, 200, 2, 1, 64, 1), (1, 130, 2, 2, 128, 2), (2, 64, 1, 1, 64, 3), (1, 257, 4, 2, 128, 4)]
     good = all([run(*c) for c in cases])
@@ -899,4 +1196,5 @@ if __name__ == "__main__":
     print("%s backward form 2: mbarrier ring, 250 random interleavings of 1-20 steps" %
           ("ok  " if bars else "FAIL"))
     good = good and bars
+    good = f2_checks() and good
     sys.exit(0 if good else 1)

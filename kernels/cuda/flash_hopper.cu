@@ -2,6 +2,11 @@
 // multiply-accumulate (wgmma): attention variant "flash3" (kernels/registry.c), forward and
 // backward. The forward writes flash2's state (log2-unit log-sum-exp per row, then a copy of the
 // output; ops_cuda.cu flash_state_floats), so either backward can follow either forward.
+// The forward in two forms (ops_cuda.cu's fl3_fwd2 picks):
+//   form 1 (ct_fl3_fwd, the default): fl3_fwd_kernel, described below.
+//   form 2 (ct_fl3_fwd2, opt-in with CT_FLASH3_FWD=2, NOT YET RUN ON A GPU: see its STATUS at the
+//     end of this file): FA3's forward, a producer warp loading Q, K, V by TMA into an mbarrier
+//     ring, 128-key tiles, S_{j+1} = Q K^T on the tensor cores while softmax_j runs.
 //
 // The backward is here too, after ops_cuda.cu's D = rowsum(dO * O) kernel, in two forms
 // (ops_cuda.cu's fl3_bwd2 picks):
@@ -25,7 +30,7 @@
 // beside flash2 and cudnn (it wins where cuDNN is missing, on most hd 128 shapes). Those were
 // form 1's two kernels (7 GEMMs a tile); with form 2 (session 8) forward + backward is 130-276
 // TFLOP/s, 63-75% of PyTorch's best (its cuDNN backend) on the same shapes in the same run.
-// Only backward form 2 uses TMA and a producer warp. tools/sim_flash3.py replays this file's
+// Only backward form 2 and forward form 2 use TMA and a producer warp. tools/sim_flash3.py replays this file's
 // indexing (swizzled stores, stmatrix, descriptors, k-step offsets, fragment bookkeeping, the dQ
 // atomics' addresses) on the host against the PTX ISA's documented layouts and matches plain
 // attention to 1e-15, both backwards included: keep the two in step.
@@ -107,6 +112,22 @@ __device__ __forceinline__ void wgmma_ss_n32_ta_bf16(float (&d)[16], uint64_t da
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
+__device__ __forceinline__ void wgmma_ss_n64_ta_bf16(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_ss_n128_bf16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
 __device__ __forceinline__ void wgmma_ss_n64_f16(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -147,20 +168,19 @@ __device__ __forceinline__ void wgmma_ss_n32_ta_f16(float (&d)[16], uint64_t da,
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
-// m64n64k16 with A MN-major (backward form 2's dQ^T at head dim 128); by hand, after the above
-__device__ __forceinline__ void wgmma_ss_n64_ta_bf16(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 1, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-
 __device__ __forceinline__ void wgmma_ss_n64_ta_f16(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 1, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+__device__ __forceinline__ void wgmma_ss_n128_f16(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
@@ -173,6 +193,9 @@ template <> struct mma<bf16> {
   }
   static __device__ __forceinline__ void qk(float (&d)[16], uint64_t a, uint64_t b, int acc) {
     wgmma_ss_n32_bf16(d, a, b, acc);
+  }
+  static __device__ __forceinline__ void qk(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n128_bf16(d, a, b, acc);
   }
   static __device__ __forceinline__ void pv(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
                                             int acc) {
@@ -204,6 +227,9 @@ template <> struct mma<f16> {
   static __device__ __forceinline__ void qk(float (&d)[16], uint64_t a, uint64_t b, int acc) {
     wgmma_ss_n32_f16(d, a, b, acc);
   }
+  static __device__ __forceinline__ void qk(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+    wgmma_ss_n128_f16(d, a, b, acc);
+  }
   static __device__ __forceinline__ void pv(float (&d)[32], const uint32_t (&a)[4], uint64_t b,
                                             int acc) {
     wgmma_rs_n64_f16(d, a, b, acc);
@@ -234,6 +260,10 @@ __device__ __forceinline__ void wg_commit() {
 }
 __device__ __forceinline__ void wg_wait0() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// all but the most recent wgmma group of this warpgroup done (forward form 2's overlap)
+__device__ __forceinline__ void wg_wait1() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
 }
 // Pins accumulator registers at this point of the program: wgmma writes them asynchronously, so
 // no read may move above the wait and no write below the issue.
@@ -303,6 +333,44 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// The forward's end for one thread of a consumer warpgroup (both forms): its partial row sums
+// l0, l1 summed over the quad of lanes that share rows r0, r1, then for each row < T: out and
+// ocopy = O / l (16 bits), lse = m + log2(l) (log2 units; m is already in them).
+template <int HD, typename E>
+__device__ __forceinline__ void fwd_store(const float (&o)[HD / 2], float m0, float m1, float l0,
+                                          float l1, E *out, float *lse, E *ocopy, int b, int h,
+                                          int H, int T, int r0, int r1, int tg) {
+  constexpr int OD = HD / 2;
+  const long HDt = (long)H * HD;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  // o[i*4 + {0,1,2,3}] = (r0, d), (r0, d+1), (r1, d), (r1, d+1), d = i*8 + tg*2
+  if (r0 < T) {
+    const float inv = 1.0f / l0;
+    const long off = ((long)b * T + r0) * HDt + (long)h * HD;
+#pragma unroll
+    for (int i = 0; i < OD / 4; i++) {
+      const uint32_t v = mma<E>::pack(o[i * 4] * inv, o[i * 4 + 1] * inv);
+      *reinterpret_cast<uint32_t *>(out + off + i * 8 + tg * 2) = v;
+      *reinterpret_cast<uint32_t *>(ocopy + off + i * 8 + tg * 2) = v;
+    }
+    if (tg == 0) lse[((long)b * H + h) * T + r0] = m0 + log2f(l0);
+  }
+  if (r1 < T) {
+    const float inv = 1.0f / l1;
+    const long off = ((long)b * T + r1) * HDt + (long)h * HD;
+#pragma unroll
+    for (int i = 0; i < OD / 4; i++) {
+      const uint32_t v = mma<E>::pack(o[i * 4 + 2] * inv, o[i * 4 + 3] * inv);
+      *reinterpret_cast<uint32_t *>(out + off + i * 8 + tg * 2) = v;
+      *reinterpret_cast<uint32_t *>(ocopy + off + i * 8 + tg * 2) = v;
+    }
+    if (tg == 0) lse[((long)b * H + h) * T + r1] = m1 + log2f(l1);
+  }
+}
+
 template <int HD, typename E>
 __global__ void __launch_bounds__(NT, 1)
     fl3_fwd_kernel(E *out, float *lse, E *ocopy, const E *qkv, int T, int H, int KV, float sl2) {
@@ -313,7 +381,7 @@ __global__ void __launch_bounds__(NT, 1)
   char *Qs = sm, *Ks = Qs + (HD / 64) * QB, *Vs = Ks + 2 * (HD / 64) * KB;
   const int nqb = (T + BM - 1) / BM, qb = nqb - 1 - (int)blockIdx.y;
   const int b = (int)blockIdx.x / H, h = (int)blockIdx.x % H, kv = h / (H / KV);
-  const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
+  const long W3 = (long)(H + 2 * KV) * HD;
   const E *base = qkv + (long)b * T * W3;
   const E *qsrc = base + (long)h * HD, *ksrc = base + (long)(H + kv) * HD,
           *vsrc = base + (long)(H + KV + kv) * HD;
@@ -421,33 +489,7 @@ __global__ void __launch_bounds__(NT, 1)
     wg_wait0();
     fence_regs(o);
   }
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  // o[i*4 + {0,1,2,3}] = (r0, d), (r0, d+1), (r1, d), (r1, d+1), d = i*8 + tg*2
-  if (r0 < T) {
-    const float inv = 1.0f / l0;
-    const long off = ((long)b * T + r0) * HDt + (long)h * HD;
-#pragma unroll
-    for (int i = 0; i < OD / 4; i++) {
-      const uint32_t v = mma<E>::pack(o[i * 4] * inv, o[i * 4 + 1] * inv);
-      *reinterpret_cast<uint32_t *>(out + off + i * 8 + tg * 2) = v;
-      *reinterpret_cast<uint32_t *>(ocopy + off + i * 8 + tg * 2) = v;
-    }
-    if (tg == 0) lse[((long)b * H + h) * T + r0] = m0 + log2f(l0);
-  }
-  if (r1 < T) {
-    const float inv = 1.0f / l1;
-    const long off = ((long)b * T + r1) * HDt + (long)h * HD;
-#pragma unroll
-    for (int i = 0; i < OD / 4; i++) {
-      const uint32_t v = mma<E>::pack(o[i * 4 + 2] * inv, o[i * 4 + 3] * inv);
-      *reinterpret_cast<uint32_t *>(out + off + i * 8 + tg * 2) = v;
-      *reinterpret_cast<uint32_t *>(ocopy + off + i * 8 + tg * 2) = v;
-    }
-    if (tg == 0) lse[((long)b * H + h) * T + r1] = m1 + log2f(l1);
-  }
+  fwd_store<HD, E>(o, m0, m1, l0, l1, out, lse, ocopy, b, h, H, T, r0, r1, tg);
 }
 
 // Raises a kernel's dynamic shared memory limit once per device (*done: a bit per device).
@@ -1412,4 +1454,295 @@ extern "C" int ct_fl3_bwd2(int fp16, void *dqkv, float *ws, const void *dout, co
                            void *stream) {
   return fp16 ? bwd2<f16>(dqkv, ws, dout, qkv, lse, D, B, T, H, KV, hd, stream)
               : bwd2<bf16>(dqkv, ws, dout, qkv, lse, D, B, T, H, KV, hd, stream);
+}
+
+namespace {
+
+// ---- forward, form 2 (CT_FLASH3_FWD=2): a producer warp, TMA, 128-key tiles, S_{j+1} over softmax_j ----
+// STATUS: written without a GPU at hand (2026-11-30, session 8); compiles for sm_90a (ptxas: 0
+// spills, 0 stack; 168 registers at launch, the consumers' code reaching R183 at hd 128 and R151
+// at 64 under their setmaxnreg 240; no C7513 "wgmma serialized" warning; the SASS shows the loop's
+// order: wait 0, issue 8 + 8 HGMMA, wait 1, then the exponentials) and tools/sim_flash3.py
+// replays its indexing (TMA boxes, descriptors, masking, the deferred rescale of O, an eager
+// producer against the release points, the mbarrier rings under random interleavings) against
+// plain attention to 1e-15, but it has NEVER RUN. Next GPU session, in order:
+//   ninja -C build-gpu && build-gpu/tests/test_ops_cuda --op attention --attn flash3,flash3-fwd2
+//   compute-sanitizer build-gpu/tests/test_ops_cuda --small --op attention --attn flash3-fwd2
+//   ATTN=flash3,flash3-fwd2,cudnn bench/attention.sh build-gpu
+// A hang is a barrier phase or transaction count that does not add up (see the mbarriers below).
+// Form 1 (fl3_fwd_kernel) reached 60% of cuDNN at head dim 128 on an H200: its consumers load
+// K / V themselves and wait on each GEMM before the softmax, so the tensor cores idle while the
+// softmax runs. Form 2 follows FlashAttention-3's forward:
+// Block: 384 threads, one (b, h) and BM = 128 query rows (reversed order, as form 1). Warpgroups
+// 0 and 1 consume (64 rows each); warpgroup 2 produces: it gives its registers away (setmaxnreg:
+// 24 for it, 240 for the consumers, as backward form 2) and one thread of it issues every load:
+// Q once, then per key tile j the K and V tiles of F2N = 128 keys into a 2-stage ring, all by TMA
+// (one tensor map over qkv with boxes of 64 columns x 128 rows in the 128-byte swizzle that
+// load_tile writes; rows past T read as zeros). K and V have their own mbarriers so that K_j can
+// be refilled as soon as S_j is done, while V_j is still being read:
+//   fullk[s], fullv[s]    1 arrival (the producer's arrive.expect_tx) + the TMA bytes
+//   emptyk[s], emptyv[s]  256 arrivals, one per consumer thread once its wgmmas that read the
+//                         tile are done (parity starts at 1 for the producer, as backward form 2)
+//   qbar                  1 arrival + Q's bytes
+// Tile j uses stage j % 2, phase (j / 2) % 2; the producer issues K_0, then K_{j+1} before V_j.
+// Iteration j (>= 1) of a consumer warpgroup:
+//   wait for P_{j-2} V_{j-2} (wait_group 0), release V_{j-2}, rescale O by exp2(m_{j-2} -
+//     m_{j-1}), pack P_{j-1} into 16-bit A fragments
+//   issue S_j = Q K_j^T         wgmma m64n128k16, A and B from shared memory (as form 1)
+//   issue O += P_{j-1} V_{j-1}  wgmma m64n{HD}k16, P from registers (as form 1), k = 128 keys
+//   wait for S_j (wait_group 1: the PV group keeps running), release K_j
+//   softmax of S_j              mask (diagonal tile only), row max m_j, P_j = exp2(S sl2 - m_j)
+//                               in S's registers, row sums
+// so the exponentials of tile j overlap the tensor cores' P_{j-1} V_{j-1}; tile 0 comes before
+// the loop, the last PV after it. The PV wait sits at the top of the next iteration, not after the
+// softmax: ptxas hoists a wgmma wait within its basic block (it put one written after the softmax
+// before the exponentials), and the mbarrier waits' loops end the block before it.
+// No inter-warpgroup ping-pong yet (FA3 adds one with named barriers: a next step).
+// Tiles of 128 keys: S is 64 floats a thread, O HD / 2, P 32 registers: 160 + addresses at hd 128,
+// inside the consumers' 240; hd 64 keeps 128-key tiles too (S 64, O 32, P 32), halving the
+// tiles' fixed costs (barriers, row-max shuffles, O rescale). If hd 64 times slower than form 1
+// on the GPU, fl3_fwd_launch (ops_cuda.cu) can take form 2 at hd 128 only. Shared memory: Q BM x HD, 2 stages of K and V (F2N x HD): 160 KB at
+// hd 128, 80 KB at 64 (one block per SM either way: the registers allow one). F2N = BM, so a
+// block's key tiles are 0 .. qb and only the last one crosses the diagonal (there warpgroup 0's
+// rows see only half the keys: masked, not skipped; one tile of the block's qb + 1). Every row
+// sees key q0 in the diagonal tile and key 0 in the first, so every tile's row max is finite.
+// Outputs are fl3_fwd_kernel's (fwd_store), so either backward follows.
+constexpr int F2N = 128;       // keys per tile
+constexpr int F2T = NT + 128;  // two consumer warpgroups + the producer warpgroup
+static_assert(F2N == BM, "fl3_fwd2_kernel: the diagonal is the last key tile only if F2N == BM");
+
+// shared memory, byte offsets from the 1024-aligned base: Q, 2 stages of K, 2 of V, 9 mbarriers
+template <int HD> struct f2_smem {
+  static constexpr int NB = HD / 64, QBy = BM * 128, KBy = F2N * 128;
+  static constexpr int Q = 0, K = Q + NB * QBy, V = K + 2 * NB * KBy, bar = V + 2 * NB * KBy;
+  static constexpr int total = bar + 9 * 8;
+};
+template <int HD> constexpr size_t f2_smem_bytes() { return (size_t)f2_smem<HD>::total + 1024; }
+
+template <int HD, typename E>
+__global__ void __launch_bounds__(F2T, 1)
+    fl3_fwd2_kernel(const __grid_constant__ CUtensorMap tm, E *out, float *lse, E *ocopy, int T,
+                    int H, int KV, float sl2) {
+  using SL = f2_smem<HD>;
+  constexpr int NB = SL::NB, QBy = SL::QBy, KBy = SL::KBy, OD = HD / 2, SN = F2N / 2;
+  extern __shared__ char smem_raw[];
+  char *sm = (char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+  uint64_t *qbar = reinterpret_cast<uint64_t *>(sm + SL::bar), *fullk = qbar + 1,
+           *fullv = qbar + 3, *emptyk = qbar + 5, *emptyv = qbar + 7;
+  const int nqb = (T + BM - 1) / BM, qb = nqb - 1 - (int)blockIdx.y, q0 = qb * BM, nkv = qb + 1;
+  const int b = (int)blockIdx.x / H, h = (int)blockIdx.x % H, kv = h / (H / KV);
+  const int wg = (int)threadIdx.x >> 7, warp = ((int)threadIdx.x >> 5) & 3,
+            lane = (int)threadIdx.x & 31;
+  if (threadIdx.x == 0) {
+    mbar_init(qbar, 1);
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+      mbar_init(&fullk[s], 1);
+      mbar_init(&fullv[s], 1);
+      mbar_init(&emptyk[s], NT);
+      mbar_init(&emptyv[s], NT);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the TMA unit
+  }
+  __syncthreads(); // the last block-wide barrier: the producer's idle threads leave below
+  if (wg == NWG) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (threadIdx.x != NT) return;
+    mbar_arrive_tx(qbar, (uint32_t)BM * HD * 2);
+#pragma unroll
+    for (int cb = 0; cb < NB; cb++)
+      tma_load3(sm + SL::Q + cb * QBy, &tm, h * HD + cb * 64, q0, b, qbar);
+    // K runs one tile ahead of V: refilling K's stage needs only S_{j-1} done, V's needs
+    // P_{j-2} V_{j-2} done, which the consumers report one iteration later (see below)
+    auto load = [&](int t, bool v) {
+      const int s = t & 1;
+      uint64_t *full = v ? &fullv[s] : &fullk[s];
+      mbar_wait(v ? &emptyv[s] : &emptyk[s], ((t >> 1) & 1) ^ 1);
+      mbar_arrive_tx(full, (uint32_t)F2N * HD * 2);
+#pragma unroll
+      for (int cb = 0; cb < NB; cb++)
+        tma_load3(sm + (v ? SL::V : SL::K) + (s * NB + cb) * KBy, &tm,
+                  (v ? H + KV + kv : H + kv) * HD + cb * 64, t * F2N, b, full);
+    };
+    load(0, false);
+    for (int j = 0; j < nkv; j++) {
+      if (j + 1 < nkv) load(j + 1, false);
+      load(j, true);
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int g = lane >> 2, tg = lane & 3;
+  const int r0 = q0 + wg * 64 + warp * 16 + g, r1 = r0 + 8; // this thread's two rows
+  const char *Qs = sm + SL::Q + wg * 64 * 128;                // this warpgroup's 64 rows
+  float o[OD], s[SN];
+  uint32_t p[F2N / 16][4];
+#pragma unroll
+  for (int i = 0; i < OD; i++) o[i] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  // O += P V_t over 128 keys: P's A fragment of k-step kc comes from S's n-blocks 2kc, 2kc+1; V's
+  // k-step is 16 rows = 2048 bytes into each 64-column block, the blocks LBO = KBy apart
+  auto pv = [&](int t) {
+    const char *V = sm + SL::V + (t & 1) * NB * KBy;
+#pragma unroll
+    for (int kc = 0; kc < F2N / 16; kc++) mma<E>::pv(o, p[kc], desc(V + kc * 2048, KBy, 1024), 1);
+    wg_commit();
+  };
+  // S = Q K_t^T over HD / 16 k-steps (a k-step is 32 bytes into a 128-byte swizzled row), issued
+  auto qk = [&](int t) {
+    const char *K = sm + SL::K + (t & 1) * NB * KBy;
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++) {
+      const int cb = ks >> 2, kin = (ks & 3) * 32;
+      mma<E>::qk(s, desc(Qs + cb * QBy + kin, 16, 1024), desc(K + cb * KBy + kin, 16, 1024),
+                 ks > 0);
+    }
+    wg_commit();
+  };
+  // S_t -> P_t in s (unpacked): mask (the diagonal tile only), new row max (m0, m1), the factor
+  // (a0, a1) that takes the old max's units to the new one, row sums (l0, l1) rescaled and added
+  float a0, a1;
+  auto softmax = [&](int t) {
+    // s[nt*4 + {0,1,2,3}] = (r0, c), (r0, c+1), (r1, c), (r1, c+1), c = t*F2N + nt*8 + tg*2
+    if (t == nkv - 1) {
+#pragma unroll
+      for (int nt = 0; nt < SN / 4; nt++) {
+        const int key = t * F2N + nt * 8 + tg * 2;
+        if (key > r0) s[nt * 4 + 0] = -INFINITY;
+        if (key + 1 > r0) s[nt * 4 + 1] = -INFINITY;
+        if (key > r1) s[nt * 4 + 2] = -INFINITY;
+        if (key + 1 > r1) s[nt * 4 + 3] = -INFINITY;
+      }
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < SN / 4; nt++) {
+      mx0 = fmaxf(mx0, fmaxf(s[nt * 4], s[nt * 4 + 1]));
+      mx1 = fmaxf(mx1, fmaxf(s[nt * 4 + 2], s[nt * 4 + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float n0 = fmaxf(m0, mx0 * sl2), n1 = fmaxf(m1, mx1 * sl2);
+    a0 = ex2(m0 - n0);
+    a1 = ex2(m1 - n1);
+    m0 = n0;
+    m1 = n1;
+    float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < SN / 4; nt++) {
+      s[nt * 4 + 0] = ex2(fmaf(s[nt * 4 + 0], sl2, -n0));
+      s[nt * 4 + 1] = ex2(fmaf(s[nt * 4 + 1], sl2, -n0));
+      s[nt * 4 + 2] = ex2(fmaf(s[nt * 4 + 2], sl2, -n1));
+      s[nt * 4 + 3] = ex2(fmaf(s[nt * 4 + 3], sl2, -n1));
+      ls0 += s[nt * 4 + 0] + s[nt * 4 + 1];
+      ls1 += s[nt * 4 + 2] + s[nt * 4 + 3];
+    }
+    l0 = l0 * a0 + ls0;
+    l1 = l1 * a1 + ls1;
+  };
+  // P_t's A fragments: k-step kc from n-blocks 2kc and 2kc+1 (16-bit pairs)
+  auto pack = [&]() {
+#pragma unroll
+    for (int kc = 0; kc < F2N / 16; kc++) {
+      const float *c0 = s + 8 * kc, *c1 = s + 8 * kc + 4;
+      p[kc][0] = mma<E>::pack(c0[0], c0[1]);
+      p[kc][1] = mma<E>::pack(c0[2], c0[3]);
+      p[kc][2] = mma<E>::pack(c1[0], c1[1]);
+      p[kc][3] = mma<E>::pack(c1[2], c1[3]);
+    }
+  };
+  // O (after the last PV) in the units of the max before softmax(t), to those of softmax(t)'s
+  auto rescale = [&]() {
+#pragma unroll
+    for (int i = 0; i < OD / 4; i++) {
+      o[i * 4 + 0] *= a0;
+      o[i * 4 + 1] *= a0;
+      o[i * 4 + 2] *= a1;
+      o[i * 4 + 3] *= a1;
+    }
+  };
+  // Tile 0 alone: nothing to overlap yet (O is zero; softmax(0)'s factors are 0).
+  mbar_wait(qbar, 0);
+  mbar_wait(&fullk[0], 0);
+  fence_regs(s);
+  wg_fence();
+  qk(0);
+  wg_wait0();
+  fence_regs(s);
+  mbar_arrive(&emptyk[0]); // this thread's reads of K_0 are done
+  softmax(0);
+  // Iteration j: O += P_{j-2} V_{j-2} has been running since iteration j - 1; wait for it at the
+  // top of the iteration (after the mbarrier waits: ptxas keeps the wgmma wait inside its basic
+  // block but hoists it within one, so a wait written after the softmax would land before the
+  // exponentials), then S_j and P_{j-1} V_{j-1} go to the tensor cores while softmax(j) runs.
+  for (int j = 1; j < nkv; j++) {
+    const int st = j & 1, sp = st ^ 1;
+    mbar_wait(&fullk[st], (j >> 1) & 1);
+    mbar_wait(&fullv[sp], ((j - 1) >> 1) & 1);
+    wg_wait0(); // P_{j-2} V_{j-2} (nothing pending at j = 1)
+    fence_regs(o);
+    keep_regs(p); // that PV read them until the wait above
+    if (j > 1) mbar_arrive(&emptyv[st]); // this thread's reads of V_{j-2} (stage j % 2) are done
+    rescale();
+    pack(); // P_{j-1}
+    fence_regs(o);
+    wg_fence(); // orders the register writes above (O's rescale, P's packing) before the wgmmas
+    qk(j);
+    pv(j - 1);
+    wg_wait1(); // S_j done; P_{j-1} V_{j-1} may still run
+    fence_regs(s);
+    mbar_arrive(&emptyk[st]); // this thread's reads of K_j are done
+    softmax(j);
+  }
+  wg_wait0(); // P_{nkv-2} V_{nkv-2}
+  fence_regs(o);
+  keep_regs(p);
+  rescale();
+  pack(); // P_{nkv-1}
+  mbar_wait(&fullv[(nkv - 1) & 1], ((nkv - 1) >> 1) & 1);
+  fence_regs(o);
+  wg_fence();
+  pv(nkv - 1);
+  wg_wait0();
+  fence_regs(o);
+  keep_regs(p);
+  fwd_store<HD, E>(o, m0, m1, l0, l1, out, lse, ocopy, b, h, H, T, r0, r1, tg);
+}
+
+template <int HD, typename E>
+int launch_fwd2(E *out, float *lse, E *ocopy, const E *qkv, int B, int T, int H, int KV,
+                cudaStream_t st) {
+  const encode_tiled_fn fn = encode_tiled();
+  if (!fn) return -1;
+  CUtensorMap tm; // Q, K and V alike: boxes of 64 columns x 128 rows (BM = F2N)
+  if (!tmap_rows(&tm, fn, std::is_same<E, f16>::value, qkv, (long)(H + 2 * KV) * HD, T, B, BM))
+    return -1;
+  constexpr size_t smem = f2_smem_bytes<HD>();
+  static int attr;
+  if (!smem_once(fl3_fwd2_kernel<HD, E>, smem, &attr)) return -2;
+  const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
+  const dim3 grid((unsigned)(B * H), (unsigned)((T + BM - 1) / BM));
+  fl3_fwd2_kernel<HD, E><<<grid, F2T, smem, st>>>(tm, out, lse, ocopy, T, H, KV, sl2);
+  return cudaGetLastError() == cudaSuccess ? 0 : -2;
+}
+
+template <typename E>
+int fwd2(void *out, float *lse, void *ocopy, const void *qkv, int B, int T, int H, int KV, int hd,
+         void *stream) {
+  cudaStream_t st = (cudaStream_t)stream;
+  if (hd == 64)
+    return launch_fwd2<64, E>((E *)out, lse, (E *)ocopy, (const E *)qkv, B, T, H, KV, st);
+  if (hd == 128)
+    return launch_fwd2<128, E>((E *)out, lse, (E *)ocopy, (const E *)qkv, B, T, H, KV, st);
+  return -1;
+}
+
+} // namespace
+
+extern "C" int ct_fl3_fwd2(int fp16, void *out, float *lse, void *ocopy, const void *qkv, int B,
+                           int T, int H, int KV, int hd, void *stream) {
+  return fp16 ? fwd2<f16>(out, lse, ocopy, qkv, B, T, H, KV, hd, stream)
+              : fwd2<bf16>(out, lse, ocopy, qkv, B, T, H, KV, hd, stream);
 }

@@ -16,6 +16,14 @@ extern "C" {
 int ct_fl3_fwd(int fp16, void *out, float *lse, void *ocopy, const void *qkv, int B, int T, int H,
                int KV, int hd, void *stream);
 
+/* Forward form 2 (CT_FLASH3_FWD=2, opt-in, not yet run on a GPU: see flash_hopper.cu's STATUS at
+ * fl3_fwd2_kernel): the same causal attention forward and the same outputs (out, lse, ocopy) as
+ * ct_fl3_fwd, with a producer warp loading Q, K and V by TMA into a 2-stage mbarrier ring and
+ * 128-key tiles whose QK^T overlaps the previous tile's softmax. Returns as ct_fl3_fwd, and -1
+ * too where the driver has no tensor-map encoder (the caller then uses ct_fl3_fwd). */
+int ct_fl3_fwd2(int fp16, void *out, float *lse, void *ocopy, const void *qkv, int B, int T, int H,
+                int KV, int hd, void *stream);
+
 /* The dK / dV half of the backward: adds dK and dV into the key and
  * value columns of dqkv rows (B, T, (H + 2 KV) hd) from dout (B, T, H hd), qkv, the forward's lse
  * (B, H, T) and D = rowsum(dout * out) (B, H, T). Returns as ct_fl3_fwd. */

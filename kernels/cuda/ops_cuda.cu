@@ -3840,6 +3840,27 @@ bool fl3_bwd2() {
   return !(d && d[0] && strcmp(d, "0") != 0);
 }
 
+// CT_FLASH3_FWD=2 asks for forward form 2 (flash_hopper.cu's fl3_fwd2_kernel: a producer warp
+// loading Q, K and V by TMA into an mbarrier ring, 128-key tiles whose QK^T overlaps the previous
+// tile's softmax), written without a GPU and opt-in until it has passed test_ops_cuda and been
+// timed against form 1 on one. Same outputs as form 1, so either backward follows it. Read at
+// every call, so a test can compare the forms in one process.
+bool fl3_fwd2() {
+  const char *v = getenv("CT_FLASH3_FWD");
+  return v && !strcmp(v, "2");
+}
+
+// flash3's forward: form 2 when asked for and the driver has a tensor-map encoder (ct_fl3_fwd2
+// returns -1 otherwise), else form 1. 0 when queued, as ct_fl3_fwd.
+int fl3_fwd_launch(int fp16, void *out, float *lse, void *ocopy, const void *qkv, int B, int T,
+                   int H, int KV, int hd) {
+  if (fl3_fwd2()) {
+    const int r = ct_fl3_fwd2(fp16, out, lse, ocopy, qkv, B, T, H, KV, hd, g.stream);
+    if (r != -1) return r;
+  }
+  return ct_fl3_fwd(fp16, out, lse, ocopy, qkv, B, T, H, KV, hd, g.stream);
+}
+
 // flash3's backward: D = rowsum(dO * O) here, then the Hopper kernels (flash_hopper.cu), reading
 // the forward's lse and D: with fl3_dq_atomic(), one fused dK / dV / dQ kernel whose fp32 dQ
 // workspace (B * H * hd * T floats, T rounded up to 64) follows D in the scratch buffer; by
@@ -4080,7 +4101,7 @@ int attn_auto_pick(E *out, float *state, const E *qkv, int B, int T, int H, int 
       float *lse = state;
       E *oc = (E *)(state + flash_lse_floats(B, T, H));
       r.flash3_ms =
-          time_best3([&] { ct_fl3_fwd(f16t, out, lse, oc, qkv, B, T, H, KV, hd, g.stream); }) +
+          time_best3([&] { fl3_fwd_launch(f16t, out, lse, oc, qkv, B, T, H, KV, hd); }) +
           time_best3([&] {
             if (hd == 64) fl3_bwd_launch<64, E>(dq, out, qkv, state, B, T, H, KV);
             else fl3_bwd_launch<128, E>(dq, out, qkv, state, B, T, H, KV);
@@ -4138,8 +4159,10 @@ void cu_attention_fwd_16(void *out, float *state, const void *qkv, int B, int T,
   if (v == ATTN_FLASH3 && g.cc == 90) {
     float *lse = state;
     E *oc = (E *)(state + flash_lse_floats(B, T, H));
-    if (ct_fl3_fwd(std::is_same<E, f16>::value, out, lse, oc, qkv, B, T, H, KV, hd, g.stream) != 0)
-      CK_LAUNCH(fl3_fwd_kernel);
+    if (fl3_fwd_launch(std::is_same<E, f16>::value, out, lse, oc, qkv, B, T, H, KV, hd) != 0) {
+      if (fl3_fwd2()) CK_LAUNCH(fl3_fwd2_kernel);
+      else CK_LAUNCH(fl3_fwd_kernel);
+    }
     return;
   }
 #endif

@@ -21,7 +21,8 @@
  *                            the Hopper kernels flash3 (backward form 1, two kernels:
  *                            CT_FLASH3_BWD=1), flash3-fused (form 1 fused, dQ by atomics:
  *                            CT_FLASH3_DQ_ATOMIC=1), flash3-bwd2 (backward form 2, producer warp +
- *                            TMA: flash3's default); perf
+ *                            TMA: flash3's default), flash3-fwd2 (forward form 2, producer
+ *                            warp + TMA: CT_FLASH3_FWD=2, with the default backward); perf
  *                            skips "default", which is timed as the variant it names; cudnn is
  *                            skipped, with a message, in builds without cuDNN attention)
  * Builds with cuDNN attention also compare the cudnn variant with flash2 on the same inputs
@@ -1362,8 +1363,9 @@ static int is_att(const family *f) { return f == &fam_att_fwd || f == &fam_att_b
 #if CT_HAVE_FLASH3 /* the Hopper wgmma kernels (kernels/cuda/flash_hopper.cu): flash3 with its
                      * two-kernel backward, flash3-fused with the fused one (dQ by atomics),
                      * flash3-bwd2 with backward form 2 (flash3's default since it ran on an
-                     * H200; CT_FLASH3_BWD=1 asks for form 1) */
-#define FLASH3_LIST ",flash3,flash3-fused,flash3-bwd2"
+                     * H200; CT_FLASH3_BWD=1 asks for form 1), flash3-fwd2 with forward form 2
+                     * (CT_FLASH3_FWD=2) and the default backward */
+#define FLASH3_LIST ",flash3,flash3-fused,flash3-bwd2,flash3-fwd2"
 #else
 #define FLASH3_LIST ""
 #endif
@@ -1504,17 +1506,23 @@ static void run_selected(size_t i, int perf) {
         if (!said++) printf("  %s\n", NO_CUDNN_MSG);
         continue;
       }
-      /* flash3's backward form is two environment switches that ops_cuda.cu reads at every
-       * call: set for flash3 (two kernels), flash3-fused and flash3-bwd2 alike, then put back */
+      /* flash3's forward and backward forms are three environment switches that ops_cuda.cu
+       * reads at every call: set for flash3 (two kernels), flash3-fused, flash3-bwd2 and
+       * flash3-fwd2 (CT_FLASH3_BWD unset: the default backward) alike, then put back */
       const int fused = !strcmp(v, "flash3-fused"), bwd2 = !strcmp(v, "flash3-bwd2");
-      const int fl3 = fused || bwd2 || !strcmp(v, "flash3");
-      char prev[16] = "", prev2[16] = "";
+      const int fwd2 = !strcmp(v, "flash3-fwd2");
+      const int fl3 = fused || bwd2 || fwd2 || !strcmp(v, "flash3");
+      char prev[16] = "", prev2[16] = "", prev3[16] = "";
       const int had = fl3 && getenv("CT_FLASH3_DQ_ATOMIC");
       const int had2 = fl3 && getenv("CT_FLASH3_BWD");
+      const int had3 = fl3 && getenv("CT_FLASH3_FWD");
       if (had) snprintf(prev, sizeof prev, "%s", getenv("CT_FLASH3_DQ_ATOMIC"));
       if (had2) snprintf(prev2, sizeof prev2, "%s", getenv("CT_FLASH3_BWD"));
+      if (had3) snprintf(prev3, sizeof prev3, "%s", getenv("CT_FLASH3_FWD"));
       if (fl3) setenv("CT_FLASH3_DQ_ATOMIC", fused ? "1" : "0", 1);
-      if (fl3) setenv("CT_FLASH3_BWD", bwd2 ? "2" : "1", 1);
+      if (fwd2) unsetenv("CT_FLASH3_BWD");
+      else if (fl3) setenv("CT_FLASH3_BWD", bwd2 ? "2" : "1", 1);
+      if (fl3) setenv("CT_FLASH3_FWD", fwd2 ? "2" : "1", 1);
       if (ct_cuda_set_variant("attention", fl3 ? "flash3" : v) != 0)
         CHECK_MSG(0, "--attn: unknown attention variant %s", v);
       else {
@@ -1527,6 +1535,8 @@ static void run_selected(size_t i, int perf) {
       else if (fl3) unsetenv("CT_FLASH3_DQ_ATOMIC");
       if (had2) setenv("CT_FLASH3_BWD", prev2, 1);
       else if (fl3) unsetenv("CT_FLASH3_BWD");
+      if (had3) setenv("CT_FLASH3_FWD", prev3, 1);
+      else if (fl3) unsetenv("CT_FLASH3_FWD");
     }
     ct_cuda_set_variant("attention", "default");
   } else if (!dev_is_cpu && g_act16 && c->fam == &fam_mm_fwd && !(c->flags & NOBIAS)) {
