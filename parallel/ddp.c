@@ -41,7 +41,7 @@ struct ct_ddp {
 
   /* the copy-engine all-reduce (parallel.ce_allreduce); ce NULL: off or not applicable */
   ct_comm_ce *ce;
-  int ce_buckets;          /* issued through it in this backward */
+  int ce_buckets, reduces; /* all-reduces of this backward through it; all of them */
   bool planning;           /* replaying the hooks to learn the buckets: record, reduce nothing */
   ct_comm_ce_bucket *plan; /* (nplan) the buckets learned, elements of the gradient buffer */
   int nplan, plan_cap;
@@ -80,6 +80,7 @@ static ct_status plan_add(ct_ddp *d, size_t off, size_t k) {
  * mirrors them): the copy-engine all-reduce when it has the bucket, else the group's own. */
 static ct_status reduce_bucket(ct_ddp *d, void *p, size_t flat, size_t k, ct_dtype dt) {
   if (d->planning) return flat == NOT_FLAT ? CT_OK : plan_add(d, flat, k);
+  d->reduces++;
   const int b = flat == NOT_FLAT ? -1 : ct_comm_ce_find(d->ce, flat, k);
   if (b >= 0) {
     d->ce_buckets++;
@@ -324,7 +325,7 @@ void ct_ddp_destroy(ct_ddp *d) {
 ct_status ct_ddp_arm(ct_ddp *d, bool reduce, const int32_t *tokens, int n) {
   d->armed = reduce;
   d->lo = d->hi = ct_model_numel(d->m);
-  d->buckets = d->ce_buckets = 0;
+  d->buckets = d->ce_buckets = d->reduces = 0;
   d->rows_queued = false;
   if (d->emb) ct_model_set_embed_grad(d->m, reduce ? d->emb : NULL);
   if (!reduce) return CT_OK;
@@ -352,6 +353,9 @@ ct_status ct_ddp_finish(ct_ddp *d) {
 
 int ct_ddp_buckets(const ct_ddp *d) { return d->buckets; }
 
-int ct_ddp_ce_buckets(const ct_ddp *d) { return d->ce_buckets; }
+int ct_ddp_ce_buckets(const ct_ddp *d, int *of) {
+  if (of) *of = d->reduces;
+  return d->ce_buckets;
+}
 
 int ct_ddp_sparse_rows(const ct_ddp *d) { return d->emb ? d->nrows : -1; }

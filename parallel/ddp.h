@@ -91,9 +91,10 @@ ct_status ct_ddp_arm(ct_ddp *d, bool reduce, const int32_t *tokens, int n);
 ct_status ct_ddp_finish(ct_ddp *d);
 /* Buckets issued by the last armed backward (for the log and tests), the packed rows included. */
 int ct_ddp_buckets(const ct_ddp *d);
-/* Of those, the ones the copy-engine all-reduce took (0 when parallel.ce_allreduce is off or
- * fell back). */
-int ct_ddp_ce_buckets(const ct_ddp *d);
+/* All-reduces of the last armed backward that the copy-engine all-reduce took (0 when
+ * parallel.ce_allreduce is off or fell back); *of (if not NULL): all of its gradient all-reduces
+ * (a bucket range above bucket_floats is several). */
+int ct_ddp_ce_buckets(const ct_ddp *d, int *of);
 /* Embedding rows the last armed backward reduced as the lookup's share; -1 when the sparse
  * embedding gradient is off (or before the first armed backward). */
 int ct_ddp_sparse_rows(const ct_ddp *d);

@@ -640,9 +640,11 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
           ct_log_info("ddp: gradients all-reduced in %d buckets of %s (parallel.bucket_mb = %g) as"
                       " backward produced them", ct_ddp_buckets(r.ddp), cfg->parallel.reduce_dtype,
                       cfg->parallel.bucket_mb);
-        if (step == start_step && cfg->parallel.ce_allreduce)
+        if (step == start_step && cfg->parallel.ce_allreduce) {
+          int of = 0, k = ct_ddp_ce_buckets(r.ddp, &of);
           ct_log_info("ddp: %d of the %d buckets went through the copy-engine all-reduce "
-                      "(parallel.ce_allreduce)", ct_ddp_ce_buckets(r.ddp), ct_ddp_buckets(r.ddp));
+                      "(parallel.ce_allreduce)", k, of);
+        }
         if (step == start_step && ct_ddp_sparse_rows(r.ddp) >= 0)
           ct_log_info("ddp: the embedding lookup's gradient reduced as the %d of %d rows the step's"
                       " tokens use (parallel.sparse_embedding_grad)", ct_ddp_sparse_rows(r.ddp),
