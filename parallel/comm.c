@@ -395,6 +395,17 @@ ct_status ct_comm_ce_all_reduce(ct_comm *c, ct_comm_ce *ce, int bucket, ct_redop
 #endif
 }
 
+ct_status ct_comm_ce_finish(ct_comm *c, ct_comm_ce *ce) {
+  static const char call[] = "ct_comm_ce_finish";
+  CT_TRY(check_comm(c, call));
+  if (!ce) return CT_OK;
+#if CT_HAVE_NCCL
+  return after(c, ct_comm_ce_end(ce));
+#else
+  return ct_set_error(CT_ERR_USAGE, "%s: this build has no NCCL", call);
+#endif
+}
+
 void ct_comm_ce_destroy(ct_comm_ce *ce) {
 #if CT_HAVE_NCCL
   ct_comm_ce_close(ce);

@@ -182,6 +182,9 @@ ct_status ct_comm_use_lean(ct_comm *c, bool on);
  * summed; with 2 ranks bit-equal to NCCL's all-reduce for f32 and bf16). Collective: every rank
  * reduces the same buckets in the same order. After a timeout the group is aborted as for NCCL
  * and the stuck stream waits are released (their results are garbage; the job must stop).
+ * Each all-reduce leaves its all-gather's wait to the next one (so the stream does not stop for
+ * the slowest peer between buckets): ct_comm_ce_finish queues the last one; call it after a
+ * backward's last all-reduce, before the buffer is read or written again.
  * ct_comm_ce_destroy: waits (bounded by the group's timeout) for its last all-reduce, unmaps
  * and frees; call it before destroying the group. NULL is ignored. */
 typedef struct ct_comm_ce ct_comm_ce;
@@ -193,6 +196,7 @@ ct_status ct_comm_ce_create(ct_comm *c, void *buf, size_t count, ct_dtype dt,
                             size_t why_len);
 int ct_comm_ce_find(const ct_comm_ce *ce, size_t offset, size_t count);
 ct_status ct_comm_ce_all_reduce(ct_comm *c, ct_comm_ce *ce, int bucket, ct_redop op);
+ct_status ct_comm_ce_finish(ct_comm *c, ct_comm_ce *ce);
 void ct_comm_ce_destroy(ct_comm_ce *ce);
 
 /* Frees the group and closes its connections. Not collective; NULL is ignored. */
@@ -264,6 +268,7 @@ ct_status ct_comm_ce_open(void *nccl_impl, ct_store *store, int rank, int size,
                           char *why, size_t why_len);
 int ct_comm_ce_lookup(const ct_comm_ce *ce, size_t offset, size_t count);
 ct_status ct_comm_ce_run(ct_comm_ce *ce, int bucket, ct_redop op);
+ct_status ct_comm_ce_end(ct_comm_ce *ce);
 void ct_comm_ce_close(ct_comm_ce *ce);
 
 #ifdef __cplusplus

@@ -335,6 +335,7 @@ ct_status ct_ddp_arm(ct_ddp *d, bool reduce, const int32_t *tokens, int n) {
 
 ct_status ct_ddp_finish(ct_ddp *d) {
   ct_status st = flush(d, true); /* a backward that stopped early leaves a pending range */
+  if (st == CT_OK && d->ce) st = ct_comm_ce_finish(d->c, d->ce); /* the last all-gather's wait */
   d->armed = false;
   if (d->emb) ct_model_set_embed_grad(d->m, NULL);
   ct_status off = ct_comm_set_overlap(d->c, false); /* joins the side stream */

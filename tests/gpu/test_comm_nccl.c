@@ -835,6 +835,7 @@ static void ce_case(ct_comm *c, ct_dtype dt) {
       CHECK_MSG(ct_comm_all_reduce(c, ref + bk[b].offset * es, bk[b].count, dt, op) == CT_OK,
                 "all_reduce: %s", ct_last_error());
     }
+    CHECK_MSG(ct_comm_ce_finish(c, ce) == CT_OK, "ce finish: %s", ct_last_error());
     if (round == 2) CHECK(ct_comm_set_overlap(c, false) == CT_OK);
     if (!fetch(c, a, buf, count * es) || !fetch(c, r, ref, count * es)) break;
     for (int b = 0; b < nb; b++)
@@ -874,6 +875,7 @@ static void ce_case(ct_comm *c, ct_dtype dt) {
         if (k) CHECK(ct_comm_ce_all_reduce(c, ce, 3, CT_AVG) == CT_OK);
         else CHECK(ct_comm_all_reduce(c, ref + bk[3].offset * es, bk[3].count, dt, CT_AVG) == CT_OK);
       }
+      CHECK(ct_comm_ce_finish(c, ce) == CT_OK);
       CHECK(ct_comm_sync(c) == CT_OK);
       if (me == 0)
         printf("[%s] %s all_reduce of %zu MiB f32: %.1f us\n", scenario, k ? "ce" : "nccl",
@@ -914,6 +916,7 @@ static void ce_watchdog_scenario(ct_store *s, int me, int n) {
             "ct_comm_ce_create: %s %s", ct_last_error(), why);
   if (!ce) return;
   CHECK_MSG(ct_comm_ce_all_reduce(c, ce, 0, CT_SUM) == CT_OK, "%s", ct_last_error());
+  CHECK_MSG(ct_comm_ce_finish(c, ce) == CT_OK, "%s", ct_last_error());
   CHECK_MSG(ct_comm_sync(c) == CT_OK, "%s", ct_last_error());
   CHECK_MSG(ct_comm_barrier(c) == CT_OK, "%s", ct_last_error());
   char key[64];
@@ -928,6 +931,7 @@ static void ce_watchdog_scenario(ct_store *s, int me, int n) {
   } else {
     double t0 = ct_now();
     ct_status st = ct_comm_ce_all_reduce(c, ce, 0, CT_SUM);
+    if (st == CT_OK) st = ct_comm_ce_finish(c, ce);
     if (st == CT_OK) st = ct_comm_sync(c);
     double dt = ct_now() - t0;
     CHECK_MSG(st == CT_ERR_RUNTIME && strstr(ct_last_error(), "ce all_reduce") &&
