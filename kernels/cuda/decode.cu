@@ -108,8 +108,11 @@ bool v2_on() {
 //                           against 1,176 tokens/s; the GEMVs already keep DRAM busy, so their
 //                           prefetches only move bytes around)
 //   CT_DECODE_PREFETCH=att  only the attention kernels take theirs (the layer's output
-//                           projection and gate/up weights, trainer/model.c): DRAM idles while
-//                           attention runs, so that prefetch is the one that can pay
+//                           projection and gate/up weights, trainer/model.c), since DRAM idles
+//                           while attention runs; measured slower too: 1,325-1,338 against
+//                           1,360 tokens/s at batch 1, 4,272-4,281 against 4,396 at 8
+//                           (bench/results/call17_5dbda21.txt). So the GEMVs that follow are not
+//                           waiting on DRAM for their first bytes; their cost is elsewhere.
 struct l2_hint_t {
   const void *p;
   size_t bytes;

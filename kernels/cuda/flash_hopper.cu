@@ -3,10 +3,10 @@
 // backward. The forward writes flash2's state (log2-unit log-sum-exp per row, then a copy of the
 // output; ops_cuda.cu flash_state_floats), so either backward can follow either forward.
 // The forward in two forms (ops_cuda.cu's fl3_fwd2 picks):
-//   form 1 (ct_fl3_fwd, the default): fl3_fwd_kernel, described below.
-//   form 2 (ct_fl3_fwd2, opt-in with CT_FLASH3_FWD=2, NOT YET RUN ON A GPU: see its STATUS at the
-//     end of this file): FA3's forward, a producer warp loading Q, K, V by TMA into an mbarrier
-//     ring, 128-key tiles, S_{j+1} = Q K^T on the tensor cores while softmax_j runs.
+//   form 1 (ct_fl3_fwd; head dim 64 below T = 4096): fl3_fwd_kernel, described below.
+//   form 2 (ct_fl3_fwd2; head dim 128, and 64 from T = 4096; see its STATUS at the end of this
+//     file): FA3's forward, a producer warp loading Q, K, V by TMA into an mbarrier ring,
+//     128-key tiles, S_{j+1} = Q K^T on the tensor cores while softmax_j runs.
 //
 // The backward is here too, after ops_cuda.cu's D = rowsum(dO * O) kernel, in two forms
 // (ops_cuda.cu's fl3_bwd2 picks):
@@ -1458,17 +1458,18 @@ extern "C" int ct_fl3_bwd2(int fp16, void *dqkv, float *ws, const void *dout, co
 
 namespace {
 
-// ---- forward, form 2 (CT_FLASH3_FWD=2): a producer warp, TMA, 128-key tiles, S_{j+1} over softmax_j ----
+// ---- forward, form 2 (head dim 128, and 64 from T = 4096): a producer warp, TMA, 128-key tiles, S_{j+1} over softmax_j ----
 // STATUS: written without a GPU at hand (2026-11-30, session 8); compiles for sm_90a (ptxas: 0
 // spills, 0 stack; 168 registers at launch, the consumers' code reaching R183 at hd 128 and R151
 // at 64 under their setmaxnreg 240; no C7513 "wgmma serialized" warning; the SASS shows the loop's
 // order: wait 0, issue 8 + 8 HGMMA, wait 1, then the exponentials) and tools/sim_flash3.py
-// replays its indexing (TMA boxes, descriptors, masking, the deferred rescale of O, an eager
-// producer against the release points, the mbarrier rings under random interleavings) against
-// plain attention to 1e-15, but it has NEVER RUN. Next GPU session, in order:
-//   ninja -C build-gpu && build-gpu/tests/test_ops_cuda --op attention --attn flash3,flash3-fwd2
-//   compute-sanitizer build-gpu/tests/test_ops_cuda --small --op attention --attn flash3-fwd2
-//   ATTN=flash3,flash3-fwd2,cudnn bench/attention.sh build-gpu
+// replays its indexing against plain attention to 1e-15. On its first GPU run (H200, the same
+// day) it passed test_ops_cuda's attention checks against the CPU reference and took 0.62-0.85x
+// form 1's time at hd 128 (486-586 TFLOP/s from T 2048, cuDNN 470-604) and 0.85-0.93x at hd 64
+// from T 4096, but 1.07-1.17x at hd 64 and T 1024-2048
+// (bench/results/attention_2026-11-30_NVIDIA_H200_5dbda21.txt): ops_cuda.cu's fl3_fwd2 picks it
+// by that table. Next: ping-pong between the two consumer warpgroups (named barriers), which
+// FA3 adds on top of the in-warpgroup overlap, for hd 64's short sequences.
 // A hang is a barrier phase or transaction count that does not add up (see the mbarriers below).
 // Form 1 (fl3_fwd_kernel) reached 60% of cuDNN at head dim 128 on an H200: its consumers load
 // K / V themselves and wait on each GEMM before the softmax, so the tensor cores idle while the
