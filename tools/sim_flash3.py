@@ -509,7 +509,9 @@ def b2_dqn(HD):
     return 64 if HD == 128 else 32
 
 
-def b2_smem(HD):
+def b2_smem(HD, ndq=1):
+    """fl3_bwd2_kernel's shared memory; ndq = 2 dQ^T staging buffers per warpgroup with
+    CT_FLASH3_BWD2_OPT bit 1"""
     KBy, QBy, NB = BK * 128, B2Q * 128, HD // 64
     o = dict(KBy=KBy, QBy=QBy, NB=NB, K=0)
     o["V"] = o["K"] + NB * KBy
@@ -517,7 +519,8 @@ def b2_smem(HD):
     o["dO"] = o["Q"] + 2 * NB * QBy
     o["dS"] = o["dO"] + 2 * NB * QBy
     o["dQ"] = o["dS"] + 2 * 2 * QBy
-    o["L"] = o["dQ"] + NWG * 64 * b2_dqn(HD) * 4
+    o["DQBy"] = 64 * b2_dqn(HD) * 4
+    o["L"] = o["dQ"] + NWG * ndq * o["DQBy"]
     o["Dd"] = o["L"] + 2 * B2Q * 4
     o["bar"] = o["Dd"] + 2 * B2Q * 4
     o["total"] = o["bar"] + 8 * 8
@@ -536,14 +539,63 @@ def tma_load3(sm, dst, src, x, y, rows, T):
         sm[swz(addr) // 2] = vals
 
 
-def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by):
-    """fl3_bwd2_kernel: the producer's TMA loads and lse / D stores, then both consumer
-    warpgroups' steps (dQ^T parts stored in fragment order and bulk-added into ws)."""
-    SL = b2_smem(HD)
+class WgmmaGroups:
+    """One warpgroup's wgmma commit groups: wait_group(n) retires all but the n most recent;
+    reading an accumulator asserts that the group writing it has retired."""
+
+    def __init__(self):
+        self.live = []
+
+    def commit(self, *accs):
+        self.live.append(set(accs))
+
+    def wait(self, n):
+        self.live = self.live[len(self.live) - n:] if n else []
+
+    def read(self, acc):
+        assert not any(acc in g for g in self.live), "%s read before its wgmma group retired" % acc
+
+
+class BulkGroups:
+    """One thread's cp.reduce.async.bulk groups: each reads its shared buffer when it completes,
+    which may be any time after its issue (completion is forced by wait_group.read n: all but the
+    n most recent); `chaos` completes random ones early. A store into a buffer that a pending group
+    has yet to read is the race the wait discipline must rule out."""
+
+    def __init__(self, rng):
+        self.rng, self.pending = rng, []
+
+    def issue(self, buf, fn):
+        self.pending.append((buf, fn))
+
+    def complete(self, i):
+        self.pending.pop(i)[1]()
+
+    def chaos(self):
+        while self.pending and self.rng.random() < 0.5:
+            self.complete(int(self.rng.integers(len(self.pending))))
+
+    def wait_read(self, n):
+        while len(self.pending) > n:
+            self.complete(0)
+
+    def store(self, buf):
+        assert all(b != buf for b, _ in self.pending), "dQs buffer %d overwritten before read" % buf
+
+
+def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by, opt=0, rng=None):
+    """fl3_bwd2_kernel<OPT = opt>: the producer's TMA loads and lse / D stores, then both consumer
+    warpgroups' steps (dQ^T parts stored in fragment order and bulk-added into ws, the adds read
+    at random times within the wait discipline), wgmma groups as the variant commits them."""
+    DB, SPLIT = bool(opt & 1), bool(opt & 2)
+    SL = b2_smem(HD, 2 if DB else 1)
     KBy, QBy, NB = SL["KBy"], SL["QBy"], SL["NB"]
     SN, OD, DQN = B2Q // 2, HD // 2, b2_dqn(HD)
     DQA = DQN // 2
-    assert SL["total"] + 1024 <= 227 * 1024
+    assert SL["total"] + 1024 <= 232448  # 227 KB: sm_90's most dynamic shared memory per block
+    rng = rng or np.random.default_rng(0)
+    bulk = [BulkGroups(rng) for _ in range(NWG)]
+    wgg = [WgmmaGroups() for _ in range(NWG)]
     sm = np.zeros(SL["L"] // 2)
     Ls = np.zeros(2 * B2Q)
     Ds = np.zeros(2 * B2Q)
@@ -567,7 +619,7 @@ def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by):
     warp, lane = t // 32, t % 32
     g, tg = lane // 4, lane % 4
     acc = [dict(dk=np.zeros((128, OD)), dv=np.zeros((128, OD))) for _ in range(NWG)]
-    dQs = [np.full(64 * DQN, np.nan) for _ in range(NWG)]
+    dQs = [[np.full(64 * DQN, np.nan) for _ in range(2 if DB else 1)] for _ in range(NWG)]
     for it in range(total):
         # producer (the ring's ordering is checked by sim_bwd2_barriers)
         stg, h, q0 = it & 1, kv * grp + it // nq, (i0 + it % nq) * B2Q
@@ -603,6 +655,16 @@ def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by):
                 bd = read_kmajor(sm, dO + cb * QBy + kin, B2Q)
                 stm += read_kmajor(sm, SL["K"] + cb * KBy + wg * 64 * 128 + kin, 64) @ bq.T
                 dpm += read_kmajor(sm, SL["V"] + cb * KBy + wg * 64 * 128 + kin, 64) @ bd.T
+            wq = wgg[wg]
+            if SPLIT:  # S^T and dP^T committed apart; wait 1 for P, wait 0 for dS
+                wq.commit("st")
+                wq.commit("dpt")
+                wq.wait(1)
+                wq.read("st")
+            else:
+                wq.commit("st", "dpt")
+                wq.wait(0)
+                wq.read("st")
             st = to_frag(stm, SN)
             dpt = to_frag(dpm, SN)
             diag = qbase < w0 + 63
@@ -617,9 +679,16 @@ def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by):
                     p[1] = np.where(q + 1 < k0, 0.0, p[1])
                     p[2] = np.where(q < k1, 0.0, p[2])
                     p[3] = np.where(q + 1 < k1, 0.0, p[3])
-                for c, dd in ((0, d0), (1, d1), (2, d0), (3, d1)):
+                for c in range(4):
                     st[:, nt * 4 + c] = p[c]
-                    dpt[:, nt * 4 + c] = p[c] * (dpt[:, nt * 4 + c] - dd)
+            if SPLIT:
+                wq.wait(0)
+            wq.read("dpt")
+            for nt in range(B2Q // 8):
+                ql = nt * 8 + tg * 2
+                d0, d1 = Dd[ql], Dd[ql + 1]
+                for c, dd in ((0, d0), (1, d1), (2, d0), (3, d1)):
+                    dpt[:, nt * 4 + c] = st[:, nt * 4 + c] * (dpt[:, nt * 4 + c] - dd)
             dvm = from_frag(acc[wg]["dv"], OD, HD)
             dkm = from_frag(acc[wg]["dk"], OD, HD)
             for kc in range(B2Q // 16):
@@ -636,7 +705,13 @@ def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by):
                 dkm += a_from_regs(pack_a(dpt, kc)) @ read_mnmajor(sm, Q + kc * 2048, HD, QBy)
             acc[wg]["dv"] = to_frag(dvm, OD)
             acc[wg]["dk"] = to_frag(dkm, OD)
-        # bar.sync 1, 256; then dQ^T per warpgroup, its fragments to dQs, one bulk add each
+            wq.commit("dv", "dk")
+        # (double-buffered: tid 0's wait_group.read 1, then) bar.sync 1, 256; then dQ^T per
+        # warpgroup, its fragments to dQs (buffer it % 2 when double-buffered), one bulk add each
+        for wg in range(NWG):
+            bulk[wg].chaos()
+            if DB:
+                bulk[wg].wait_read(1)
         on1 = kb0 + 64 < T and qbase + B2Q - 1 >= kb0 + 64
         for wg in range(NWG):
             mt, n0 = (wg, 0) if HD == 128 else (0, wg * 32)
@@ -646,8 +721,17 @@ def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by):
                 a = read_mnmajor(sm, SL["K"] + mt * KBy + ks * 2048, 64, KBy).T
                 bm = read_kmajor(sm, dSs + cb * QBy + n0 * 128 + kin, DQN)
                 dqm += a @ bm.T
+            wgg[wg].commit("dq")
+            wgg[wg].wait(0)
+            for a in ("dv", "dk", "dq"):
+                wgg[wg].read(a)
             dq = to_frag(dqm, DQA)
-            buf = dQs[wg]
+            if not DB:
+                bulk[wg].wait_read(0)
+            bi = it & 1 if DB else 0
+            bulk[wg].chaos()
+            bulk[wg].store(bi)
+            buf = dQs[wg][bi]
             buf[:] = np.nan
             for j in range(DQA // 4):
                 for tid in range(128):
@@ -655,7 +739,12 @@ def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by):
             h = kv * grp + it // nq
             dst = (((b * H + h) * ntile + qt) * NWG + wg) * 64 * DQN
             assert dst % 4 == 0 and (64 * DQN * 4) % 16 == 0
-            ws[dst:dst + 64 * DQN] += buf  # cp.reduce.async.bulk .add.f32
+            def add(dst=dst, buf=buf):  # cp.reduce.async.bulk .add.f32, reading buf when it runs
+                ws[dst:dst + 64 * DQN] += buf
+            bulk[wg].issue(bi, add)
+            bulk[wg].chaos()
+    for wg in range(NWG):
+        bulk[wg].wait_read(0)  # bulk_wait0 before the block's shared memory goes
     koff, voff = (H + kv) * HD, (H + KV + kv) * HD
     for wg in range(NWG):
         w0 = kb0 + wg * 64
@@ -783,7 +872,28 @@ def sim_bwd2_barriers(total, seed):
     return False  # no progress in 100000 moves: a deadlock
 
 
-def run_bwd2(B_, T, H, KV, HD, seed):
+def bulk_selftest():
+    """The dQs race check can fail: one buffer with wait_group.read 1 (the double buffer's wait
+    without its second buffer) must be caught."""
+    rng = np.random.default_rng(7)
+    caught = False
+    for _ in range(50):
+        bg = BulkGroups(rng)
+        try:
+            for it in range(6):
+                bg.wait_read(1)
+                bg.store(0)
+                bg.issue(0, lambda: None)
+                bg.chaos()
+        except AssertionError:
+            caught = True
+            break
+    print("%s backward form 2: a single dQs buffer waited with wait_group.read 1 is caught" %
+          ("ok  " if caught else "FAIL"))
+    return caught
+
+
+def run_bwd2(B_, T, H, KV, HD, seed, opt=0):
     rng = np.random.default_rng(seed)
     qkv = rng.standard_normal((B_, T, (H + 2 * KV) * HD))
     dout = rng.standard_normal((B_, T, H * HD))
@@ -795,7 +905,7 @@ def run_bwd2(B_, T, H, KV, HD, seed):
     ws = np.zeros(B_ * H * HD * ws_rows(T))
     for bx in range(B_ * KV):
         for by in range((T + BK - 1) // BK):
-            bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by)
+            bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by, opt, rng)
     untouched = np.abs(dqkv[:, :, :H * HD]).max() == 0 and not np.isnan(ws).any()
     dq_out2(ws, dqkv, B_, T, H, KV, HD)
     rq, rk, rv = reference_grads(qkv, dout, B_, T, H, KV, HD)
@@ -803,8 +913,9 @@ def run_bwd2(B_, T, H, KV, HD, seed):
     ek = np.abs(dqkv[:, :, H * HD:(H + KV) * HD] - rk).max()
     ev = np.abs(dqkv[:, :, (H + KV) * HD:] - rv).max()
     ok = eq < 1e-9 and ek < 1e-9 and ev < 1e-9 and untouched
-    print("%s backward form 2 (CT_FLASH3_BWD=2) B%d T%d H%d KV%d hd%d: max |dQ - ref| %.2e, "
-          "|dK - ref| %.2e, |dV - ref| %.2e" % ("ok  " if ok else "FAIL", B_, T, H, KV, HD, eq, ek, ev))
+    print("%s backward form 2 (CT_FLASH3_BWD=2, OPT %d) B%d T%d H%d KV%d hd%d: max |dQ - ref| %.2e, "
+          "|dK - ref| %.2e, |dV - ref| %.2e" % ("ok  " if ok else "FAIL", opt, B_, T, H, KV, HD, eq, ek,
+                                                ev))
     return ok
 
 
@@ -1191,7 +1302,8 @@ if __name__ == "__main__":
     good = all([run(*c) for c in cases])
     good = all([run_bwd(*c) for c in cases]) and good
     good = all([run_bwd(*c, fused=True) for c in cases]) and good
-    good = all([run_bwd2(*c) for c in cases]) and good
+    good = all([run_bwd2(*c, opt=o) for o in (0, 1, 2, 3) for c in cases]) and good
+    good = bulk_selftest() and good
     bars = all(sim_bwd2_barriers(total, seed) for total in (1, 2, 3, 7, 20) for seed in range(50))
     print("%s backward form 2: mbarrier ring, 250 random interleavings of 1-20 steps" %
           ("ok  " if bars else "FAIL"))

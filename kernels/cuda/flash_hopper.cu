@@ -1029,6 +1029,32 @@ namespace {
 // cuDNN reaches 205-358 and 256-441 (bench/results/attention_2026-11-30_NVIDIA_H200_0f6490c.txt).
 // So it became flash3's backward. A hang would be a barrier phase or transaction count that does
 // not add up (see the mbarriers below).
+// Variants (template OPT, CT_FLASH3_BWD2_OPT read at every call by ops_cuda.cu; 0, the default,
+// is the kernel above unchanged), written without a GPU (2026-11-30, session 9) because the
+// backward still took 1.5-1.7x cuDNN's time (bench/results/attention_2026-11-30_NVIDIA_H200_
+// 5dbda21.txt: hd 128 B2 T8192 H16 KV8 ~4560 us against ~2810, hd 64 B16 T1024 ~645 against 372):
+//   bit 1  two dQ^T staging buffers per warpgroup, step it using buffer it % 2: thread 0 waits
+//          with cp.async.bulk.wait_group.read 1 (step it - 2's add, the last from that buffer, has
+//          read it) before the bar.sync 1 that the step already has, which replaces the extra
+//          named barrier and the wait for the previous step's add. Shared memory: 231488 bytes at
+//          hd 128 (of sm_90's 232448), 133184 at 64 (OPT 0: 198720 and 116800).
+//   bit 2  S^T and dP^T as two wgmma groups: wait_group 1, the exponentials of P, then
+//          wait_group 0 and dS, so P's MUFU work runs while dP^T is on the tensor cores. ptxas
+//          hoisted the second wait above the exponentials within the basic block (as forward form
+//          2 found; ptxas deleted an asm loop on a never-zero argument, and sank the exponentials
+//          below a redundant mbarrier wait's loop), so the diagonal mask is one branch after all
+//          the exponentials, whose region ptxas keeps them above.
+//   bit 4  (not written: issue dQ^T of step it with step it + 1's S^T / dP^T) for the next session.
+// All 8 instantiations (hd 64 / 128 x OPT 0-3, per type): 0 spills, 0 stack, 168 registers at
+// launch, no C7513; the consumers' code reaches R235 / R237 / R225 / R225 at hd 128 for OPT
+// 0 / 1 / 2 / 3 and R180 / R180 / R161 / R160 at 64. The SASS shows, with bit 2, wait_group 1,
+// the 32 MUFU.EX2, then wait_group 0; with bit 1, wait_group.read 1 before the step's bar.sync 1
+// and one named barrier fewer before the bulk add.
+// tools/sim_flash3.py replays OPT 0-3 (wgmma group discipline, dQs buffers read by bulk adds
+// completing at random times within the waits). To do on a GPU: build-gpu/tests/test_ops_cuda
+// --op attention --attn flash3-bwd2o1,flash3-bwd2o2,flash3-bwd2o3, then
+// ATTN=flash3-bwd2,flash3-bwd2o1,flash3-bwd2o2,flash3-bwd2o3,cudnn bench/attention.sh build-gpu;
+// promote the fastest by making it the default OPT (or the only one).
 //
 // The design follows FlashAttention-3's backward on Hopper, in one pass over the key blocks:
 // Block: 384 threads. Warpgroups 0 and 1 consume (64 keys each, BK = 128 keys of one (b, kv
@@ -1062,14 +1088,21 @@ template <int HD> __host__ __device__ constexpr int b2_dqn() { return HD == 128 
 // shared memory, byte offsets from the 1024-aligned base: K, V (BK rows), 2 stages of Q and dO
 // (B2Q rows), 2 buffers of dS^T (B2Q rows x 128 keys), the dQ^T staging of the two warpgroups,
 // 2 stages of lse and D, 5 mbarriers
-template <int HD> struct b2_smem {
-  static constexpr int KBy = BK * 128, QBy = B2Q * 128, NB = HD / 64;
+// (NDQ = 2 dQ^T staging buffers per warpgroup with CT_FLASH3_BWD2_OPT bit 1, else 1)
+template <int HD, int NDQ = 1> struct b2_smem {
+  static constexpr int KBy = BK * 128, QBy = B2Q * 128, NB = HD / 64, DQBy = 64 * b2_dqn<HD>() * 4;
   static constexpr int K = 0, V = K + NB * KBy, Q = V + NB * KBy, dO = Q + 2 * NB * QBy;
   static constexpr int dS = dO + 2 * NB * QBy, dQ = dS + 2 * 2 * QBy;
-  static constexpr int L = dQ + NWG * 64 * b2_dqn<HD>() * 4, Dd = L + 2 * B2Q * 4;
+  static constexpr int L = dQ + NWG * NDQ * DQBy, Dd = L + 2 * B2Q * 4;
   static constexpr int bar = Dd + 2 * B2Q * 4, total = bar + 8 * 8;
 };
-template <int HD> constexpr size_t b2_smem_bytes() { return (size_t)b2_smem<HD>::total + 1024; }
+template <int HD, int NDQ = 1> constexpr size_t b2_smem_bytes() {
+  return (size_t)b2_smem<HD, NDQ>::total + 1024;
+}
+// 227 KB, the most dynamic shared memory a block may have on sm_90: hd 128 with two dQ^T
+// buffers takes 231488 bytes of the 232448 (1024 of them the alignment slack)
+static_assert(b2_smem_bytes<128, 2>() <= 232448 && b2_smem_bytes<64, 2>() <= 232448,
+              "fl3_bwd2_kernel's shared memory");
 
 __device__ __forceinline__ uint32_t sa_of(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
@@ -1113,6 +1146,10 @@ __device__ __forceinline__ void bulk_reduce_add(float *dst, const void *src, uin
 __device__ __forceinline__ void bulk_wait_read0() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
+// all but this thread's most recent bulk group have finished reading their shared memory
+__device__ __forceinline__ void bulk_wait_read1() {
+  asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+}
 __device__ __forceinline__ void bulk_wait0() {
   asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
@@ -1126,12 +1163,13 @@ template <int N> __device__ __forceinline__ void keep_regs(uint32_t (&r)[N][4]) 
     for (int j = 0; j < 4; j++) asm volatile("" : "+r"(r[i][j])::"memory");
 }
 
-template <int HD, typename E>
+template <int HD, typename E, int OPT>
 __global__ void __launch_bounds__(B2T, 1)
     fl3_bwd2_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tkv,
                     const __grid_constant__ CUtensorMap tdo, E *dqkv, float *ws, const float *lse,
                     const float *D, int T, int H, int KV, float sl2, float scale) {
-  using SL = b2_smem<HD>;
+  constexpr bool DB = OPT & 1, SPLIT = OPT & 2; // CT_FLASH3_BWD2_OPT's bits (see STATUS)
+  using SL = b2_smem<HD, DB ? 2 : 1>;
   constexpr int SN = B2Q / 2, OD = HD / 2, DQN = b2_dqn<HD>(), DQA = DQN / 2;
   constexpr int KBy = SL::KBy, QBy = SL::QBy, NB = SL::NB;
   extern __shared__ char smem_raw[];
@@ -1193,7 +1231,7 @@ __global__ void __launch_bounds__(B2T, 1)
   const int mt = HD == 128 ? wg : 0, n0 = HD == 128 ? 0 : wg * 32;
   const long ntile = ws_rows(T) / 64;
   const char *Ks = sm + SL::K, *Vs = sm + SL::V;
-  char *dQs = sm + SL::dQ + wg * 64 * DQN * 4;
+  char *dQw = sm + SL::dQ + wg * (DB ? 2 : 1) * SL::DQBy; // this warpgroup's dQ^T buffer(s)
   float dk[OD], dv[OD], st[SN], dpt[SN], dq[DQA];
   uint32_t pa[B2Q / 16][4], sa[B2Q / 16][4];
 #pragma unroll
@@ -1213,40 +1251,102 @@ __global__ void __launch_bounds__(B2T, 1)
       fence_regs(st);
       fence_regs(dpt);
       wg_fence();
-#pragma unroll
-      for (int ks = 0; ks < HD / 16; ks++) {
-        const int cb = ks >> 2, kin = (ks & 3) * 32;
-        const uint64_t dbq = desc(Q + cb * QBy + kin, 16, 1024);
-        const uint64_t dd = desc(dO + cb * QBy + kin, 16, 1024);
-        mma<E>::qk(st, desc(Ks + cb * KBy + wg * 64 * 128 + kin, 16, 1024), dbq, ks > 0);
-        mma<E>::qk(dpt, desc(Vs + cb * KBy + wg * 64 * 128 + kin, 16, 1024), dd, ks > 0);
-      }
-      wg_commit();
-      wg_wait0();
-      fence_regs(st);
-      fence_regs(dpt);
       // st[nt*4 + {0,1,2,3}] = (k0, q), (k0, q+1), (k1, q), (k1, q+1), q = qbase + nt*8 + tg*2
       const bool diag = qbase < w0 + 63;
+      auto probs = [&] { // P = exp2(S sl2 - lse) in st's registers, masked on the diagonal
 #pragma unroll
-      for (int nt = 0; nt < B2Q / 8; nt++) {
-        const int ql = nt * 8 + tg * 2, q = qbase + ql;
-        const float l0 = L[ql], l1 = L[ql + 1], d0 = Dd[ql], d1 = Dd[ql + 1];
-        float p0 = ex2(fmaf(st[nt * 4 + 0], sl2, -l0)), p1 = ex2(fmaf(st[nt * 4 + 1], sl2, -l1));
-        float p2 = ex2(fmaf(st[nt * 4 + 2], sl2, -l0)), p3 = ex2(fmaf(st[nt * 4 + 3], sl2, -l1));
-        if (diag) {
-          if (q < k0) p0 = 0.0f;
-          if (q + 1 < k0) p1 = 0.0f;
-          if (q < k1) p2 = 0.0f;
-          if (q + 1 < k1) p3 = 0.0f;
+        for (int nt = 0; nt < B2Q / 8; nt++) {
+          const int ql = nt * 8 + tg * 2;
+          const float l0 = L[ql], l1 = L[ql + 1];
+          st[nt * 4 + 0] = ex2(fmaf(st[nt * 4 + 0], sl2, -l0));
+          st[nt * 4 + 1] = ex2(fmaf(st[nt * 4 + 1], sl2, -l1));
+          st[nt * 4 + 2] = ex2(fmaf(st[nt * 4 + 2], sl2, -l0));
+          st[nt * 4 + 3] = ex2(fmaf(st[nt * 4 + 3], sl2, -l1));
         }
-        st[nt * 4 + 0] = p0;
-        st[nt * 4 + 1] = p1;
-        st[nt * 4 + 2] = p2;
-        st[nt * 4 + 3] = p3;
-        dpt[nt * 4 + 0] = p0 * (dpt[nt * 4 + 0] - d0);
-        dpt[nt * 4 + 1] = p1 * (dpt[nt * 4 + 1] - d1);
-        dpt[nt * 4 + 2] = p2 * (dpt[nt * 4 + 2] - d0);
-        dpt[nt * 4 + 3] = p3 * (dpt[nt * 4 + 3] - d1);
+        // the mask as one branch after all the exponentials: ptxas keeps instructions above such
+        // a branch's region (it sank those below an mbarrier wait's loop, see below)
+        if (diag) {
+#pragma unroll
+          for (int nt = 0; nt < B2Q / 8; nt++) {
+            const int q = qbase + nt * 8 + tg * 2;
+            if (q < k0) st[nt * 4 + 0] = 0.0f;
+            if (q + 1 < k0) st[nt * 4 + 1] = 0.0f;
+            if (q < k1) st[nt * 4 + 2] = 0.0f;
+            if (q + 1 < k1) st[nt * 4 + 3] = 0.0f;
+          }
+        }
+      };
+      auto dsoft = [&] { // dS = P (dP - D) in dpt's registers
+#pragma unroll
+        for (int nt = 0; nt < B2Q / 8; nt++) {
+          const int ql = nt * 8 + tg * 2;
+          const float d0 = Dd[ql], d1 = Dd[ql + 1];
+          dpt[nt * 4 + 0] = st[nt * 4 + 0] * (dpt[nt * 4 + 0] - d0);
+          dpt[nt * 4 + 1] = st[nt * 4 + 1] * (dpt[nt * 4 + 1] - d1);
+          dpt[nt * 4 + 2] = st[nt * 4 + 2] * (dpt[nt * 4 + 2] - d0);
+          dpt[nt * 4 + 3] = st[nt * 4 + 3] * (dpt[nt * 4 + 3] - d1);
+        }
+      };
+      if constexpr (SPLIT) {
+        // S^T and dP^T as two wgmma groups: the exponentials run while dP^T is on the tensor cores
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++) {
+          const int cb = ks >> 2, kin = (ks & 3) * 32;
+          mma<E>::qk(st, desc(Ks + cb * KBy + wg * 64 * 128 + kin, 16, 1024),
+                     desc(Q + cb * QBy + kin, 16, 1024), ks > 0);
+        }
+        wg_commit();
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++) {
+          const int cb = ks >> 2, kin = (ks & 3) * 32;
+          mma<E>::qk(dpt, desc(Vs + cb * KBy + wg * 64 * 128 + kin, 16, 1024),
+                     desc(dO + cb * QBy + kin, 16, 1024), ks > 0);
+        }
+        wg_commit();
+        wg_wait1(); // S^T done, dP^T may still run
+        fence_regs(st);
+        probs();
+        fence_regs(st);
+        // ptxas hoists a wgmma wait within its basic block (forward form 2's lesson; here it put
+        // this one before the exponentials, and a second wait on full[stg] placed here did not
+        // help: ptxas sank 28 of the 32 exponentials below its try_wait loop)
+        wg_wait0();
+        fence_regs(dpt);
+        dsoft();
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++) {
+          const int cb = ks >> 2, kin = (ks & 3) * 32;
+          const uint64_t dbq = desc(Q + cb * QBy + kin, 16, 1024);
+          const uint64_t dd = desc(dO + cb * QBy + kin, 16, 1024);
+          mma<E>::qk(st, desc(Ks + cb * KBy + wg * 64 * 128 + kin, 16, 1024), dbq, ks > 0);
+          mma<E>::qk(dpt, desc(Vs + cb * KBy + wg * 64 * 128 + kin, 16, 1024), dd, ks > 0);
+        }
+        wg_commit();
+        wg_wait0();
+        fence_regs(st);
+        fence_regs(dpt);
+#pragma unroll
+        for (int nt = 0; nt < B2Q / 8; nt++) { // probs and dsoft in one loop, as before the variants
+          const int ql = nt * 8 + tg * 2, q = qbase + ql;
+          const float l0 = L[ql], l1 = L[ql + 1], d0 = Dd[ql], d1 = Dd[ql + 1];
+          float p0 = ex2(fmaf(st[nt * 4 + 0], sl2, -l0)), p1 = ex2(fmaf(st[nt * 4 + 1], sl2, -l1));
+          float p2 = ex2(fmaf(st[nt * 4 + 2], sl2, -l0)), p3 = ex2(fmaf(st[nt * 4 + 3], sl2, -l1));
+          if (diag) {
+            if (q < k0) p0 = 0.0f;
+            if (q + 1 < k0) p1 = 0.0f;
+            if (q < k1) p2 = 0.0f;
+            if (q + 1 < k1) p3 = 0.0f;
+          }
+          st[nt * 4 + 0] = p0;
+          st[nt * 4 + 1] = p1;
+          st[nt * 4 + 2] = p2;
+          st[nt * 4 + 3] = p3;
+          dpt[nt * 4 + 0] = p0 * (dpt[nt * 4 + 0] - d0);
+          dpt[nt * 4 + 1] = p1 * (dpt[nt * 4 + 1] - d1);
+          dpt[nt * 4 + 2] = p2 * (dpt[nt * 4 + 2] - d0);
+          dpt[nt * 4 + 3] = p3 * (dpt[nt * 4 + 3] - d1);
+        }
       }
 #pragma unroll
       for (int kc = 0; kc < B2Q / 16; kc++) {
@@ -1279,6 +1379,9 @@ __global__ void __launch_bounds__(B2T, 1)
       }
       wg_commit();
     }
+    // double-buffered dQs: step it - 2's bulk add (the last from buffer it % 2) has read it, made
+    // known to this warpgroup's threads by the barrier below
+    if (DB && tid == 0) bulk_wait_read1();
     bar_sync(1, NT); // both consumer warpgroups' dS^T are in dSs (the producer is not counted)
     // dQ^T = K^T dS^T over the block's 128 keys (64 when warpgroup 1's keys see none of the tile)
     const bool on1 = kb0 + 64 < T && qbase + B2Q - 1 >= kb0 + 64;
@@ -1304,8 +1407,11 @@ __global__ void __launch_bounds__(B2T, 1)
     mbar_arrive(&empty[stg]); // this thread's reads of stage stg are done
     // dQ^T part -> dQs in fragment order (float4 j of thread tid at (j * 128 + tid) * 16 bytes:
     // a warp's stores are 512 contiguous bytes), then one bulk add into the workspace
-    if (tid == 0) bulk_wait_read0(); // the previous step's bulk add has read dQs
-    bar_sync(2 + wg, 128);
+    char *dQs = dQw + (DB ? (it & 1) * SL::DQBy : 0);
+    if (!DB) {
+      if (tid == 0) bulk_wait_read0(); // the previous step's bulk add has read dQs
+      bar_sync(2 + wg, 128);
+    }
 #pragma unroll
     for (int j = 0; j < DQA / 4; j++)
       reinterpret_cast<float4 *>(dQs)[j * 128 + tid] =
@@ -1410,7 +1516,7 @@ bool tmap_rows(CUtensorMap *m, encode_tiled_fn fn, int fp16, const void *p, long
 
 template <int HD, typename E>
 int launch_bwd2(E *dqkv, float *ws, const E *dout, const E *qkv, const float *lse, const float *D,
-                int B, int T, int H, int KV, cudaStream_t st) {
+                int B, int T, int H, int KV, int opt, cudaStream_t st) {
   const encode_tiled_fn fn = encode_tiled();
   if (!fn) return -1;
   const int half16 = std::is_same<E, f16>::value;
@@ -1419,16 +1525,28 @@ int launch_bwd2(E *dqkv, float *ws, const E *dout, const E *qkv, const float *ls
   if (!tmap_rows(&tq, fn, half16, qkv, W3, T, B, B2Q) || !tmap_rows(&tkv, fn, half16, qkv, W3, T, B, BK) ||
       !tmap_rows(&tdo, fn, half16, dout, (long)H * HD, T, B, B2Q))
     return -1;
-  constexpr size_t smem = b2_smem_bytes<HD>();
-  static int attr;
-  if (!smem_once(fl3_bwd2_kernel<HD, E>, smem, &attr)) return -2;
   if (cudaMemsetAsync(ws, 0, sizeof(float) * (size_t)B * H * HD * ws_rows(T), st) != cudaSuccess)
     return -2;
   const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
   const dim3 grid((unsigned)(B * KV), (unsigned)((T + BK - 1) / BK));
-  fl3_bwd2_kernel<HD, E><<<grid, B2T, smem, st>>>(tq, tkv, tdo, dqkv, ws, lse, D, T, H, KV, sl2,
-                                                  scale);
-  if (cudaGetLastError() != cudaSuccess) return -2;
+  // one instantiation per combination of bits 1 and 2 (compile time: 4 per head dim and type)
+  auto go = [&](auto o) {
+    constexpr int OPT = decltype(o)::value;
+    constexpr size_t smem = b2_smem_bytes<HD, (OPT & 1) ? 2 : 1>();
+    static int attr;
+    if (!smem_once(fl3_bwd2_kernel<HD, E, OPT>, smem, &attr)) return false;
+    fl3_bwd2_kernel<HD, E, OPT><<<grid, B2T, smem, st>>>(tq, tkv, tdo, dqkv, ws, lse, D, T, H, KV,
+                                                         sl2, scale);
+    return cudaGetLastError() == cudaSuccess;
+  };
+  bool ok;
+  switch (opt & 3) {
+  case 1: ok = go(std::integral_constant<int, 1>()); break;
+  case 2: ok = go(std::integral_constant<int, 2>()); break;
+  case 3: ok = go(std::integral_constant<int, 3>()); break;
+  default: ok = go(std::integral_constant<int, 0>()); break;
+  }
+  if (!ok) return -2;
   const dim3 g2((unsigned)(B * H), (unsigned)(ws_rows(T) / 64));
   fl3_dq_out2_kernel<HD, E><<<g2, 256, 0, st>>>(dqkv, ws, T, H, KV, scale);
   return cudaGetLastError() == cudaSuccess ? 0 : -2;
@@ -1436,14 +1554,14 @@ int launch_bwd2(E *dqkv, float *ws, const E *dout, const E *qkv, const float *ls
 
 template <typename E>
 int bwd2(void *dqkv, float *ws, const void *dout, const void *qkv, const float *lse,
-         const float *D, int B, int T, int H, int KV, int hd, void *stream) {
+         const float *D, int B, int T, int H, int KV, int hd, int opt, void *stream) {
   cudaStream_t st = (cudaStream_t)stream;
   if (hd == 64)
     return launch_bwd2<64, E>((E *)dqkv, ws, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV,
-                              st);
+                              opt, st);
   if (hd == 128)
     return launch_bwd2<128, E>((E *)dqkv, ws, (const E *)dout, (const E *)qkv, lse, D, B, T, H,
-                               KV, st);
+                               KV, opt, st);
   return -1;
 }
 
@@ -1451,9 +1569,9 @@ int bwd2(void *dqkv, float *ws, const void *dout, const void *qkv, const float *
 
 extern "C" int ct_fl3_bwd2(int fp16, void *dqkv, float *ws, const void *dout, const void *qkv,
                            const float *lse, const float *D, int B, int T, int H, int KV, int hd,
-                           void *stream) {
-  return fp16 ? bwd2<f16>(dqkv, ws, dout, qkv, lse, D, B, T, H, KV, hd, stream)
-              : bwd2<bf16>(dqkv, ws, dout, qkv, lse, D, B, T, H, KV, hd, stream);
+                           int opt, void *stream) {
+  return fp16 ? bwd2<f16>(dqkv, ws, dout, qkv, lse, D, B, T, H, KV, hd, opt, stream)
+              : bwd2<bf16>(dqkv, ws, dout, qkv, lse, D, B, T, H, KV, hd, opt, stream);
 }
 
 namespace {

@@ -3840,6 +3840,14 @@ bool fl3_bwd2() {
   return !(d && d[0] && strcmp(d, "0") != 0);
 }
 
+// backward form 2's kernel variant, CT_FLASH3_BWD2_OPT (a bitmask, default 0: the measured kernel;
+// 1 double-buffered dQ staging, 2 split S^T / dP^T wgmma waits; see fl3_bwd2_kernel's STATUS in
+// flash_hopper.cu). Variants written without a GPU, to be timed against 0; read at every call.
+int fl3_bwd2_opt() {
+  const char *v = getenv("CT_FLASH3_BWD2_OPT");
+  return v ? atoi(v) : 0;
+}
+
 // flash3's forward form: 2 (flash_hopper.cu's fl3_fwd2_kernel: a producer warp loading Q, K and
 // V by TMA into an mbarrier ring, 128-key tiles whose QK^T overlaps the previous tile's softmax)
 // at head dim 128 and from T = 4096 at 64, else 1; CT_FLASH3_FWD=1 / =2 force one. Measured on an
@@ -3882,7 +3890,8 @@ void fl3_bwd_launch(E *dqkv, const E *dout, const E *qkv, const float *state, in
     if (!D) return;
     float *ws = (float *)((char *)D + d_bytes);
     if (fl3_bwd2()) {
-      const int r = ct_fl3_bwd2(half16, dqkv, ws, dout, qkv, lse, D, B, T, H, KV, HD, g.stream);
+      const int r = ct_fl3_bwd2(half16, dqkv, ws, dout, qkv, lse, D, B, T, H, KV, HD,
+                                  fl3_bwd2_opt(), g.stream);
       if (r == 0) return;
       if (r != -1) { // -1: no tensor-map encoder in this driver; the fused form below instead
         CK_LAUNCH(fl3_bwd2_kernel);

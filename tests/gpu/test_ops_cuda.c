@@ -22,7 +22,9 @@
  *                            CT_FLASH3_BWD=1), flash3-fused (form 1 fused, dQ by atomics:
  *                            CT_FLASH3_DQ_ATOMIC=1), flash3-bwd2 (backward form 2, producer warp +
  *                            TMA: flash3's default), flash3-fwd2 (forward form 2, producer
- *                            warp + TMA: CT_FLASH3_FWD=2, with the default backward); perf
+ *                            warp + TMA: CT_FLASH3_FWD=2, with the default backward); not in
+ *                            the default list: flash3-bwd2o1, -bwd2o2, -bwd2o3 (form 2's kernel
+ *                            variants, CT_FLASH3_BWD2_OPT=1 / 2 / 3, to time against -bwd2); perf
  *                            skips "default", which is timed as the variant it names; cudnn is
  *                            skipped, with a message, in builds without cuDNN attention)
  * Builds with cuDNN attention also compare the cudnn variant with flash2 on the same inputs
@@ -1506,23 +1508,29 @@ static void run_selected(size_t i, int perf) {
         if (!said++) printf("  %s\n", NO_CUDNN_MSG);
         continue;
       }
-      /* flash3's forward and backward forms are three environment switches that ops_cuda.cu
-       * reads at every call: set for flash3 (two kernels), flash3-fused, flash3-bwd2 and
-       * flash3-fwd2 (CT_FLASH3_BWD unset: the default backward) alike, then put back */
-      const int fused = !strcmp(v, "flash3-fused"), bwd2 = !strcmp(v, "flash3-bwd2");
+      /* flash3's forward and backward forms are four environment switches that ops_cuda.cu
+       * reads at every call: set for flash3 (two kernels), flash3-fused, flash3-bwd2,
+       * flash3-bwd2o<N> (backward form 2 with CT_FLASH3_BWD2_OPT=N, its kernel variants; 0
+       * for the others) and flash3-fwd2 (CT_FLASH3_BWD unset: the default backward) alike,
+       * then put back */
+      const int bwd2o = !strncmp(v, "flash3-bwd2o", 12) && v[12] >= '0' && v[12] <= '9';
+      const int fused = !strcmp(v, "flash3-fused"), bwd2 = bwd2o || !strcmp(v, "flash3-bwd2");
       const int fwd2 = !strcmp(v, "flash3-fwd2");
       const int fl3 = fused || bwd2 || fwd2 || !strcmp(v, "flash3");
-      char prev[16] = "", prev2[16] = "", prev3[16] = "";
+      char prev[16] = "", prev2[16] = "", prev3[16] = "", prev4[16] = "";
       const int had = fl3 && getenv("CT_FLASH3_DQ_ATOMIC");
       const int had2 = fl3 && getenv("CT_FLASH3_BWD");
       const int had3 = fl3 && getenv("CT_FLASH3_FWD");
+      const int had4 = fl3 && getenv("CT_FLASH3_BWD2_OPT");
       if (had) snprintf(prev, sizeof prev, "%s", getenv("CT_FLASH3_DQ_ATOMIC"));
       if (had2) snprintf(prev2, sizeof prev2, "%s", getenv("CT_FLASH3_BWD"));
       if (had3) snprintf(prev3, sizeof prev3, "%s", getenv("CT_FLASH3_FWD"));
+      if (had4) snprintf(prev4, sizeof prev4, "%s", getenv("CT_FLASH3_BWD2_OPT"));
       if (fl3) setenv("CT_FLASH3_DQ_ATOMIC", fused ? "1" : "0", 1);
       if (fwd2) unsetenv("CT_FLASH3_BWD");
       else if (fl3) setenv("CT_FLASH3_BWD", bwd2 ? "2" : "1", 1);
       if (fl3) setenv("CT_FLASH3_FWD", fwd2 ? "2" : "1", 1);
+      if (fl3) setenv("CT_FLASH3_BWD2_OPT", bwd2o ? v + 12 : "0", 1);
       if (ct_cuda_set_variant("attention", fl3 ? "flash3" : v) != 0)
         CHECK_MSG(0, "--attn: unknown attention variant %s", v);
       else {
@@ -1537,6 +1545,8 @@ static void run_selected(size_t i, int perf) {
       else if (fl3) unsetenv("CT_FLASH3_BWD");
       if (had3) setenv("CT_FLASH3_FWD", prev3, 1);
       else if (fl3) unsetenv("CT_FLASH3_FWD");
+      if (had4) setenv("CT_FLASH3_BWD2_OPT", prev4, 1);
+      else if (fl3) unsetenv("CT_FLASH3_BWD2_OPT");
     }
     ct_cuda_set_variant("attention", "default");
   } else if (!dev_is_cpu && g_act16 && c->fam == &fam_mm_fwd && !(c->flags & NOBIAS)) {
