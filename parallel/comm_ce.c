@@ -2,15 +2,17 @@
  *
  * STATUS: written without a local GPU, then run on a lent 2 x H200 machine the same day
  * (2026-11-30, bench/results/ce_allreduce_2026-11-30_2xH200.txt): test_comm_nccl's ce scenarios
- * pass (f32 and
- * bf16 bit-equal to NCCL's all-reduce; a 12 MiB f32 bucket alone 67 us against NCCL's 137 us; a
- * skipped one times out after 5 s and cleans up), tests/gpu/ddp_ce.sh passes (losses identical).
- * GPT-2 124M ddp: backward drops from ~79.5 to ~77.7 ms (1 GPU: 77.1), so NCCL's kernels did
- * slow backward's GEMMs, but the tail after backward grows from ~1.3 to ~1.5-2.5 ms (likely
- * because each bucket waits for its all-gather flags before the next starts: 31 round trips), and tokens/s is within
- * run-to-run noise (1.105-1.118 M both ways). Next: wait for the all-gather flags once, before
- * the join (ct_ddp_finish), instead of per bucket. Rerun: build-gpu/tests/test_comm_nccl;
- * tests/gpu/ddp_ce.sh build-gpu/ctrain; EXTRA=parallel.ce_allreduce=true bench/ddp_probe.sh.
+ * pass (f32 and bf16 bit-equal to NCCL's all-reduce; a 12 MiB f32 bucket alone 67 us against
+ * NCCL's 137 us; a skipped one times out after 5 s and cleans up), tests/gpu/ddp_ce.sh passes
+ * (losses identical). GPT-2 124M ddp: backward drops from ~79.5 to ~77.7 ms (1 GPU: 77.1), so
+ * NCCL's kernels did slow backward's GEMMs, but the tail after backward grows from ~1.3 to
+ * ~1.5-2.5 ms and tokens/s is within run-to-run noise (1.105-1.118 M both ways). Putting each
+ * all-gather wait off to the next bucket (below) did not change that: tail 1.8-2.1 ms against
+ * NCCL's 1.1-1.2, backward 77.5-77.7 against 78.3-78.9, 1.114 M tokens/s against 1.115-1.118 M
+ * (bench/results/call17_5dbda21.txt). So the tail is not the waits; next, time the last bucket
+ * (the embedding's, ~154 MB in f32) on its own. Opt-in (parallel.ce_allreduce). Rerun:
+ * build-gpu/tests/test_comm_nccl; tests/gpu/ddp_ce.sh build-gpu/ctrain;
+ * EXTRA=parallel.ce_allreduce=true bench/ddp_probe.sh.
  *
  * Why: NCCL's all-reduce kernels overlapped with backward take multiprocessors from its GEMMs
  * (2 H200s, GPT-2 124M: backward +2.5 ms of ~80 ms). Here the copy engines move the bytes over

@@ -1029,8 +1029,8 @@ namespace {
 // cuDNN reaches 205-358 and 256-441 (bench/results/attention_2026-11-30_NVIDIA_H200_0f6490c.txt).
 // So it became flash3's backward. A hang would be a barrier phase or transaction count that does
 // not add up (see the mbarriers below).
-// Variants (template OPT, CT_FLASH3_BWD2_OPT read at every call by ops_cuda.cu; 0, the default,
-// is the kernel above unchanged), written without a GPU (2026-11-30, session 9) because the
+// Variants (template OPT, CT_FLASH3_BWD2_OPT read at every call by ops_cuda.cu; 0 is the kernel
+// above unchanged, 2 the default since its GPU run), written without a GPU (2026-11-30) because the
 // backward still took 1.5-1.7x cuDNN's time (bench/results/attention_2026-11-30_NVIDIA_H200_
 // 5dbda21.txt: hd 128 B2 T8192 H16 KV8 ~4560 us against ~2810, hd 64 B16 T1024 ~645 against 372):
 //   bit 1  two dQ^T staging buffers per warpgroup, step it using buffer it % 2: thread 0 waits
@@ -1051,10 +1051,12 @@ namespace {
 // the 32 MUFU.EX2, then wait_group 0; with bit 1, wait_group.read 1 before the step's bar.sync 1
 // and one named barrier fewer before the bulk add.
 // tools/sim_flash3.py replays OPT 0-3 (wgmma group discipline, dQs buffers read by bulk adds
-// completing at random times within the waits). To do on a GPU: build-gpu/tests/test_ops_cuda
-// --op attention --attn flash3-bwd2o1,flash3-bwd2o2,flash3-bwd2o3, then
-// ATTN=flash3-bwd2,flash3-bwd2o1,flash3-bwd2o2,flash3-bwd2o3,cudnn bench/attention.sh build-gpu;
-// promote the fastest by making it the default OPT (or the only one).
+// completing at random times within the waits). On an H200 the same day all four passed
+// test_ops_cuda (2080 checks) and, forward + backward against OPT 0, 2 ran 1.0-2.4% faster at hd
+// 64 and 0-0.6% at 128, 1 within +-1%, 3 like 2
+// (bench/results/attention_2026-11-30_NVIDIA_H200_b795bbc.txt): 2 is the default. Neither the
+// bulk add nor the exponentials were what a step waited on; the backward is still 1.5-1.7x
+// cuDNN's. Next: bit 4, and a profile (ncu is on the lent machine) before more guessing.
 //
 // The design follows FlashAttention-3's backward on Hopper, in one pass over the key blocks:
 // Block: 384 threads. Warpgroups 0 and 1 consume (64 keys each, BK = 128 keys of one (b, kv

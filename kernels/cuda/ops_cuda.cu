@@ -3840,12 +3840,15 @@ bool fl3_bwd2() {
   return !(d && d[0] && strcmp(d, "0") != 0);
 }
 
-// backward form 2's kernel variant, CT_FLASH3_BWD2_OPT (a bitmask, default 0: the measured kernel;
-// 1 double-buffered dQ staging, 2 split S^T / dP^T wgmma waits; see fl3_bwd2_kernel's STATUS in
-// flash_hopper.cu). Variants written without a GPU, to be timed against 0; read at every call.
+// backward form 2's kernel variant, CT_FLASH3_BWD2_OPT (a bitmask: 1 double-buffered dQ staging,
+// 2 split S^T / dP^T wgmma waits; see fl3_bwd2_kernel's STATUS in flash_hopper.cu); read at every
+// call. All four passed test_ops_cuda on an H200; forward + backward times against 0
+// (bench/results/attention_2026-11-30_NVIDIA_H200_b795bbc.txt): 2 is 1.0-2.4% faster at hd 64 and
+// 0-0.6% at 128, 1 within +-1% (the bulk add was not what a step waited on), 3 like 2. So 2 is the
+// default.
 int fl3_bwd2_opt() {
   const char *v = getenv("CT_FLASH3_BWD2_OPT");
-  return v ? atoi(v) : 0;
+  return v ? atoi(v) : 2;
 }
 
 // flash3's forward form: 2 (flash_hopper.cu's fl3_fwd2_kernel: a producer warp loading Q, K and
