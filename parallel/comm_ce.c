@@ -531,17 +531,19 @@ typedef struct run_args {
   ct_redop op;
 } run_args;
 
+/* A failed stream memory operation on rank `who`'s flag of (bucket b, phase), as an error. */
+static ct_status flag_err(ct_comm_ce *ce, const char *call, int who, int b, int phase, CUresult r) {
+  char what[96];
+  snprintf(what, sizeof what, "%s (rank %d's %s flag, bucket %d)", call, who,
+           phase == RS ? "reduce-scatter" : "all-gather", b);
+  return drv_err(ce, what, r);
+}
+
 static ct_status write_flag(ct_comm_ce *ce, cudaStream_t s, int peer, int b, int phase,
                             uint32_t seq) {
   CUdeviceptr a = (CUdeviceptr)(uintptr_t)(ce->pflags[peer] + flag_idx(ce, b, phase, ce->rank));
   CUresult r = drv.write32((CUstream)s, a, seq, CU_STREAM_WRITE_VALUE_DEFAULT);
-  if (r != CUDA_SUCCESS) {
-    char what[96];
-    snprintf(what, sizeof what, "cuStreamWriteValue32 (rank %d's %s flag, bucket %d)", peer,
-             phase == RS ? "reduce-scatter" : "all-gather", b);
-    return drv_err(ce, what, r);
-  }
-  return CT_OK;
+  return r == CUDA_SUCCESS ? CT_OK : flag_err(ce, "cuStreamWriteValue32", peer, b, phase, r);
 }
 
 static ct_status wait_flags(ct_comm_ce *ce, cudaStream_t s, int b, int phase, uint32_t seq) {
@@ -549,12 +551,7 @@ static ct_status wait_flags(ct_comm_ce *ce, cudaStream_t s, int b, int phase, ui
     if (j == ce->rank) continue;
     CUdeviceptr a = (CUdeviceptr)(uintptr_t)(ce->flags + flag_idx(ce, b, phase, j));
     CUresult r = drv.wait32((CUstream)s, a, seq, CU_STREAM_WAIT_VALUE_GEQ);
-    if (r != CUDA_SUCCESS) {
-      char what[96];
-      snprintf(what, sizeof what, "cuStreamWaitValue32 (rank %d's %s flag, bucket %d)", j,
-               phase == RS ? "reduce-scatter" : "all-gather", b);
-      return drv_err(ce, what, r);
-    }
+    if (r != CUDA_SUCCESS) return flag_err(ce, "cuStreamWaitValue32", j, b, phase, r);
   }
   return CT_OK;
 }
