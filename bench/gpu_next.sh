@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # What the next GPU session should run first, in priority order (each PART well under the
 # 10-minute call limit on 2 x H200; CUDA build in build-gpu with cuDNN attention; pass COMMIT):
-#   new      the two kernels written without a GPU in session 7, first: test_decode_cuda (the
-#            thread-block-cluster attention merge, CT_DECODE_CLUSTER=1, against the counter merge
-#            bit for bit) and its tokens/s at batch 1 and 8; the FA3-style flash3 backward
-#            (CT_FLASH3_BWD=2: TMA producer warp, 128 keys a block, dQ by bulk reductions) against
-#            the CPU reference (test_ops_cuda --attn flash3-bwd2), then its TFLOP/s beside flash3
-#            and cuDNN (bench/attention.sh). Make whichever wins the default.
+#   prof     Nsight Compute (ncu is on the lent machine, nsys is not) on the two kernels that are
+#            furthest from their targets: flash3's backward form 2 (fl3_bwd2_kernel, 1.5-1.7x
+#            cuDNN's time: issue #7) and the batch-1 decode kernels (gemv_kernel and
+#            attention_decode_rope_kernel, 41% of the bandwidth bound: issue #8). Read the stall
+#            reasons before writing the next variant: session 8's blind ones gained 0-2%.
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
 #   decode   bench/gpu_decode.sh on the default path (against Transformers), then the variants
-#            (CT_DECODE_CLUSTER=1, CT_DECODE_FUSED_ATT=0, CT_DECODE_STAGE=1)
+#            (CT_DECODE_CLUSTER=0, CT_DECODE_FUSED_ATT=0, CT_DECODE_STAGE=1, CT_DECODE_PREFETCH=att)
 #   null     what each decode kernel costs (CT_DECODE_NULL runs, see the results of cc0e9f0)
 #   ddp      bench/ddp_probe.sh with parallel.sparse_embedding_grad on and off, parallel.ce_allreduce
 #            (the copy-engine all-reduce) on, and the step marks
-#   perf     bench/gpt2_124m.sh, bench/attention.sh with flash3 and flash3-bwd2
+#   perf     bench/gpt2_124m.sh, bench/attention.sh with flash3's forms (flash3: both forms 1;
+#            flash3-fwd2: forward form 2 + the default backward; flash3-bwd2o2: the default backward)
 #   llama    bench/qwen3_0p6b.sh (use_kernels on/off vs torch.compile)
 #   dist     bench/gpu_dist.sh equiv ckpt fault
 # On a 4- or 8-GPU machine (nvidia-h200-x4 / -x8, issues #10 and #11): bench/gpu_scale.sh, one part per call.
@@ -33,17 +33,13 @@ for part in "$@"; do
   {
   echo "# bench/gpu_next.sh $part, $(date -u +%FT%TZ), commit $COMMIT, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x $ngpu"
   case $part in
-    new)
-      timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | grep -E "cluster|FAIL|^test:"
-      G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
-      for e in X=1 CT_DECODE_CLUSTER=1 X=1 CT_DECODE_CLUSTER=1; do
-        env $e timeout 60 $G --batch 1,1,8 2>&1 >/dev/null | grep '^stats' | sed -n '2,3p' | sed "s/^/$e /"
-      done
-      a=$(CT_DECODE_CLUSTER=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum)
-      c=$(timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum)
-      echo "cluster merge qwen3-0.6b tokens = default: $([ "$a" = "$c" ] && echo ok || echo DIFF)"
-      timeout 300 build-gpu/tests/test_ops_cuda --op attention --attn flash3,flash3-bwd2 2>&1 | grep -E "FAIL|MISMATCH|^test:" | head -20
-      ATTN=flash3,flash3-bwd2,cudnn timeout 300 bench/attention.sh build-gpu ;;
+    prof)
+      NCU="/usr/local/cuda/bin/ncu --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
+      timeout 240 $NCU -k regex:fl3_bwd2_kernel -c 2 build-gpu/tests/test_ops_cuda --perf --dtype bf16 \
+        --op attention --attn flash3-bwd2o2 2>&1 | tail -160
+      timeout 240 $NCU -k regex:'gemv_kernel|attention_decode_rope_kernel' -s 200 -c 10 $CT generate \
+        --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 8 --ignore_eos --greedy \
+        --precision bf16 --cuda_graphs off --batch 1 2>&1 | tail -400 ;;
     checks)
       CT_TEST_BACKEND=cuda timeout 100 build-gpu/tests/test_golden 2>&1 | tail -1
       timeout 300 build-gpu/tests/test_ops_cuda 2>&1 | grep -E "FAIL|MISMATCH|^test:"
@@ -55,7 +51,7 @@ for part in "$@"; do
     decode)
       CTRAIN=$CT COMPILE_BATCHES=1 timeout 300 bash bench/gpu_decode.sh
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16"
-      for e in CT_DECODE_CLUSTER=0 CT_DECODE_FUSED_ATT=0 CT_DECODE_STAGE=1 CT_DECODE_PREFETCH=1 CT_DECODE_PREFETCH=att; do
+      for e in CT_DECODE_CLUSTER=0 CT_DECODE_FUSED_ATT=0 CT_DECODE_STAGE=1 CT_DECODE_PREFETCH=att; do
         env $e timeout 90 $G --batch 1,1,8,64 --cuda_graphs auto 2>&1 >/dev/null | grep '^stats' | sed "s/^/$e /"
       done
       a=$(CT_DECODE_STAGE=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs on 2>/dev/null | md5sum)
@@ -86,10 +82,10 @@ for part in "$@"; do
           train.sample_tokens=0 train.warmup_steps=5 train.precision=bf16 train.micro_batch=64 \
           train.checkpoint_every=100000 train.out_dir=/tmp/ctas$n 2>&1 | grep -A6 "rank0.*step marks" | sed "s/^/ctas $n: /"
       done ;;
-    perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-bwd2,cudnn,auto bench/attention.sh build-gpu ;;
+    perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-fwd2,flash3-bwd2o2,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
-    *) echo "unknown part $part (new checks decode null ddp perf llama dist)"; exit 2 ;;
+    *) echo "unknown part $part (prof checks decode null ddp perf llama dist)"; exit 2 ;;
   esac
   } 2>&1 | tee "$OUT/gpu_next_${part}_$tag.txt"
 done
