@@ -10,8 +10,8 @@
 #   decode   bench/gpu_decode.sh on the default path (against Transformers), then the variants
 #            (CT_DECODE_CLUSTER=0, CT_DECODE_FUSED_ATT=0, CT_DECODE_STAGE=1, CT_DECODE_PREFETCH=att)
 #   null     what each decode kernel costs (CT_DECODE_NULL runs, see the results of cc0e9f0)
-#   ddp      bench/ddp_probe.sh with parallel.sparse_embedding_grad on and off, parallel.ce_allreduce
-#            (the copy-engine all-reduce) on, and the step marks
+#   ddp      bench/ddp_probe.sh with parallel.ce_allreduce (the copy-engine all-reduce) on, and
+#            the step marks of ce alone and with CT_CE_TAIL_NCCL=1
 #   perf     bench/gpt2_124m.sh, bench/attention.sh with flash3's forms (flash3: both forms 1;
 #            flash3-fwd2: forward form 2 + the default backward; flash3-bwd2o2: the default backward)
 #   llama    bench/qwen3_0p6b.sh (use_kernels on/off vs torch.compile)
@@ -66,21 +66,16 @@ for part in "$@"; do
       done ;;
     ddp)
       # parallel.ce_allreduce: the copy-engine bucket all-reduce (parallel/comm_ce.c; run
-      # tests/gpu/ddp_ce.sh and test_comm_nccl's ce scenarios first), tokens/s and step marks
-      MARKS=1 EXTRA="parallel.sparse_embedding_grad=true parallel.ce_allreduce=true" ENVS="NCCL_MAX_CTAS=2" \
-        timeout 500 bench/ddp_probe.sh build-gpu
-      CT_STEP_MARKS=1 timeout 60 build-gpu/ctrain-launch --nproc_per_node 2 --standalone \
-        configs/smoke.toml model.n_layer=12 model.d_model=768 model.n_head=12 model.vocab_size=50257 \
-        model.max_seq_len=1024 train.seq_len=1024 train.max_steps=23 train.eval_every=0 data.val= \
-        train.sample_tokens=0 train.warmup_steps=5 train.precision=bf16 train.micro_batch=64 \
-        train.checkpoint_every=100000 parallel.ce_allreduce=true train.out_dir=/tmp/ce_marks 2>&1 |
-        grep -E "copy-engine|copy engines|does not apply|rank0.*step marks" -A6 | sed "s/^/ce: /"
-      for n in 2 4; do
-        NCCL_MAX_CTAS=$n CT_STEP_MARKS=1 timeout 60 build-gpu/ctrain-launch --nproc_per_node 2 --standalone \
+      # tests/gpu/ddp_ce.sh and test_comm_nccl's ce scenarios first), tokens/s and step marks,
+      # alone and with CT_CE_TAIL_NCCL=1 (the end-of-backward range through NCCL)
+      MARKS=1 EXTRA="parallel.ce_allreduce=true" timeout 300 bench/ddp_probe.sh build-gpu
+      for e in X=1 CT_CE_TAIL_NCCL=1 X=1 CT_CE_TAIL_NCCL=1; do
+        env $e CT_STEP_MARKS=1 timeout 60 build-gpu/ctrain-launch --nproc_per_node 2 --standalone \
           configs/smoke.toml model.n_layer=12 model.d_model=768 model.n_head=12 model.vocab_size=50257 \
           model.max_seq_len=1024 train.seq_len=1024 train.max_steps=23 train.eval_every=0 data.val= \
           train.sample_tokens=0 train.warmup_steps=5 train.precision=bf16 train.micro_batch=64 \
-          train.checkpoint_every=100000 train.out_dir=/tmp/ctas$n 2>&1 | grep -A6 "rank0.*step marks" | sed "s/^/ctas $n: /"
+          train.checkpoint_every=100000 parallel.ce_allreduce=true train.out_dir=/tmp/ce_$RANDOM 2>&1 |
+          grep -E "copy-engine|copy engines|does not apply|rank0.*step marks|tok/s" -A6 | tail -12 | sed "s/^/ce $e: /"
       done ;;
     perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-fwd2,flash3-bwd2o2,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;

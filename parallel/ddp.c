@@ -42,6 +42,9 @@ struct ct_ddp {
   /* the copy-engine all-reduce (parallel.ce_allreduce); ce NULL: off or not applicable */
   ct_comm_ce *ce;
   int ce_buckets, reduces; /* all-reduces of this backward through it; all of them */
+  bool tail_nccl;          /* CT_CE_TAIL_NCCL=1: the range left at the end of backward goes
+                            * through NCCL (see issue) */
+  bool in_tail;            /* the buckets being issued are that range */
   bool planning;           /* replaying the hooks to learn the buckets: record, reduce nothing */
   ct_comm_ce_bucket *plan; /* (nplan) the buckets learned, elements of the gradient buffer */
   int nplan, plan_cap;
@@ -81,7 +84,7 @@ static ct_status plan_add(ct_ddp *d, size_t off, size_t k) {
 static ct_status reduce_bucket(ct_ddp *d, void *p, size_t flat, size_t k, ct_dtype dt) {
   if (d->planning) return flat == NOT_FLAT ? CT_OK : plan_add(d, flat, k);
   d->reduces++;
-  const int b = flat == NOT_FLAT ? -1 : ct_comm_ce_find(d->ce, flat, k);
+  const int b = flat == NOT_FLAT || d->in_tail ? -1 : ct_comm_ce_find(d->ce, flat, k);
   if (b >= 0) {
     d->ce_buckets++;
     return ct_comm_ce_all_reduce(d->c, d->ce, b, CT_AVG);
@@ -112,8 +115,14 @@ static ct_status reduce_floats(ct_ddp *d, float *g, uint16_t *w, size_t n, size_
  * communicator takes it. */
 static ct_status issue(ct_ddp *d, size_t lo, size_t n, bool last) {
   if (d->lean && !d->planning) CT_TRY(ct_comm_use_lean(d->c, !last));
+  /* CT_CE_TAIL_NCCL=1 (a measurement switch, not yet run on a GPU): with the copy-engine
+   * all-reduce, the range left at the end of backward (the embedding's gradient, ~154 MB in f32
+   * for GPT-2) goes through NCCL, which moves large buffers faster (297 against ~190 GB/s on 2
+   * H200s) and has no GEMMs left to slow down; the overlapped buckets keep the copy engines. */
+  d->in_tail = last && d->tail_nccl && !d->planning;
   float *g = ct_model_grads(d->m) + lo;
   ct_status st = reduce_floats(d, g, d->wire ? (uint16_t *)d->wire + lo : NULL, n, lo);
+  d->in_tail = false;
   if (st != CT_OK) return ct_add_context(st, "overlapped ddp (elements %zu..%zu): ", lo, lo + n);
   d->buckets++;
   return CT_OK;
@@ -288,6 +297,8 @@ ct_status ct_ddp_create(ct_model *model, ct_comm *c, const ct_ddp_cfg *cfg, ct_d
   if (cfg->sparse_embedding && ct_model_tp_size(model) == 1)
     CT_TRY_GOTO(sparse_init(d, cfg->reduce_dtype == CT_BF16), fail);
   if (cfg->ce_allreduce) {
+    const char *tn = getenv("CT_CE_TAIL_NCCL");
+    d->tail_nccl = tn && !strcmp(tn, "1");
     st = ce_init(d);
     if (st != CT_OK) {
       ct_add_context(st, "ddp (parallel.ce_allreduce = true): ");
