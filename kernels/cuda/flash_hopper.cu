@@ -67,6 +67,14 @@ constexpr int BN = 64;         // keys per tile
 constexpr int NT = 128 * NWG;  // threads per block
 
 // shared memory: Q (BM x HD), then 2 stages of K (BN x HD) and V (BN x HD), + 1024 for alignment
+// f(std::integral_constant<int, hd>()) for the head dims the kernels have (64, 128), else -1: the
+// host entry points' one dispatch from a run-time head dim to the templates.
+template <typename F> int by_hd(int hd, F f) {
+  if (hd == 64) return f(std::integral_constant<int, 64>());
+  if (hd == 128) return f(std::integral_constant<int, 128>());
+  return -1;
+}
+
 template <int HD> constexpr size_t smem_bytes() {
   return (size_t)2 * (BM * HD + 4 * BN * HD) + 1024;
 }
@@ -520,11 +528,9 @@ template <typename E>
 int fwd(void *out, float *lse, void *ocopy, const void *qkv, int B, int T, int H, int KV, int hd,
         void *stream) {
   cudaStream_t st = (cudaStream_t)stream;
-  if (hd == 64)
-    return launch<64, E>((E *)out, lse, (E *)ocopy, (const E *)qkv, B, T, H, KV, st);
-  if (hd == 128)
-    return launch<128, E>((E *)out, lse, (E *)ocopy, (const E *)qkv, B, T, H, KV, st);
-  return -1;
+  return by_hd(hd, [&](auto h) {
+    return launch<h(), E>((E *)out, lse, (E *)ocopy, (const E *)qkv, B, T, H, KV, st);
+  });
 }
 
 } // namespace
@@ -810,13 +816,10 @@ template <typename E>
 int dkdv(void *dqkv, const void *dout, const void *qkv, const float *lse, const float *D, int B,
          int T, int H, int KV, int hd, void *stream) {
   cudaStream_t st = (cudaStream_t)stream;
-  if (hd == 64)
-    return launch_dkdv<64, E, false>((E *)dqkv, NULL, (const E *)dout, (const E *)qkv, lse, D, B,
-                                     T, H, KV, st);
-  if (hd == 128)
-    return launch_dkdv<128, E, false>((E *)dqkv, NULL, (const E *)dout, (const E *)qkv, lse, D, B,
+  return by_hd(hd, [&](auto h) {
+    return launch_dkdv<h(), E, false>((E *)dqkv, NULL, (const E *)dout, (const E *)qkv, lse, D, B,
                                       T, H, KV, st);
-  return -1;
+  });
 }
 
 template <int HD, typename E>
@@ -835,13 +838,10 @@ template <typename E>
 int fused(void *dqkv, float *ws, const void *dout, const void *qkv, const float *lse,
           const float *D, int B, int T, int H, int KV, int hd, void *stream) {
   cudaStream_t st = (cudaStream_t)stream;
-  if (hd == 64)
-    return launch_fused<64, E>((E *)dqkv, ws, (const E *)dout, (const E *)qkv, lse, D, B, T, H,
-                               KV, st);
-  if (hd == 128)
-    return launch_fused<128, E>((E *)dqkv, ws, (const E *)dout, (const E *)qkv, lse, D, B, T, H,
+  return by_hd(hd, [&](auto h) {
+    return launch_fused<h(), E>((E *)dqkv, ws, (const E *)dout, (const E *)qkv, lse, D, B, T, H,
                                 KV, st);
-  return -1;
+  });
 }
 
 } // namespace
@@ -1003,11 +1003,9 @@ template <typename E>
 int dqk(void *dqkv, const void *dout, const void *qkv, const float *lse, const float *D, int B,
         int T, int H, int KV, int hd, void *stream) {
   cudaStream_t st = (cudaStream_t)stream;
-  if (hd == 64)
-    return launch_dq<64, E>((E *)dqkv, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV, st);
-  if (hd == 128)
-    return launch_dq<128, E>((E *)dqkv, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV, st);
-  return -1;
+  return by_hd(hd, [&](auto h) {
+    return launch_dq<h(), E>((E *)dqkv, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV, st);
+  });
 }
 
 } // namespace
@@ -1558,13 +1556,10 @@ template <typename E>
 int bwd2(void *dqkv, float *ws, const void *dout, const void *qkv, const float *lse,
          const float *D, int B, int T, int H, int KV, int hd, int opt, void *stream) {
   cudaStream_t st = (cudaStream_t)stream;
-  if (hd == 64)
-    return launch_bwd2<64, E>((E *)dqkv, ws, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV,
-                              opt, st);
-  if (hd == 128)
-    return launch_bwd2<128, E>((E *)dqkv, ws, (const E *)dout, (const E *)qkv, lse, D, B, T, H,
-                               KV, opt, st);
-  return -1;
+  return by_hd(hd, [&](auto h) {
+    return launch_bwd2<h(), E>((E *)dqkv, ws, (const E *)dout, (const E *)qkv, lse, D, B, T, H, KV,
+                               opt, st);
+  });
 }
 
 } // namespace
@@ -1853,11 +1848,9 @@ template <typename E>
 int fwd2(void *out, float *lse, void *ocopy, const void *qkv, int B, int T, int H, int KV, int hd,
          void *stream) {
   cudaStream_t st = (cudaStream_t)stream;
-  if (hd == 64)
-    return launch_fwd2<64, E>((E *)out, lse, (E *)ocopy, (const E *)qkv, B, T, H, KV, st);
-  if (hd == 128)
-    return launch_fwd2<128, E>((E *)out, lse, (E *)ocopy, (const E *)qkv, B, T, H, KV, st);
-  return -1;
+  return by_hd(hd, [&](auto h) {
+    return launch_fwd2<h(), E>((E *)out, lse, (E *)ocopy, (const E *)qkv, B, T, H, KV, st);
+  });
 }
 
 } // namespace
