@@ -4,7 +4,7 @@
 #   prof     Nsight Compute (ncu is on the lent machine, nsys is not) on the two kernels that are
 #            furthest from their targets: flash3's backward form 2 (fl3_bwd2_kernel, 1.5-1.7x
 #            cuDNN's time: issue #7) and the batch-1 decode kernels (gemv_kernel and
-#            attention_decode_rope_kernel, 41% of the bandwidth bound: issue #8). Read the stall
+#            attention_decode_rope_kernel, 40% of the bandwidth bound: issue #8). Read the stall
 #            reasons before writing the next variant: session 8's blind ones gained 0-2%.
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
 #   decode   bench/gpu_decode.sh on the default path (against Transformers), then the variants
