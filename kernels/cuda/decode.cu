@@ -143,7 +143,7 @@ void cu_l2_hint(const void *p, size_t bytes) {
 // kernel (att) or another. With CT_DECODE_PREFETCH=att the others leave it pending.
 l2_hint_t take_hint(bool att = false) {
   const int dev = hint_dev();
-  if (dev < 0) return l2_hint_t{NULL, 0};
+  if (dev < 0 || !hints[dev].p) return l2_hint_t{NULL, 0}; // prefetch off: no getenv per launch
   if (!att && prefetch_mode() == 2) return l2_hint_t{NULL, 0};
   const l2_hint_t h = hints[dev];
   hints[dev] = l2_hint_t{NULL, 0};
