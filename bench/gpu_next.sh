@@ -34,12 +34,31 @@ for part in "$@"; do
   echo "# bench/gpu_next.sh $part, $(date -u +%FT%TZ), commit $COMMIT, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x $ngpu"
   case $part in
     prof)
-      NCU="/usr/local/cuda/bin/ncu --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
-      timeout 240 $NCU -k regex:fl3_bwd2_kernel -c 2 build-gpu/tests/test_ops_cuda --perf --dtype bf16 \
-        --op attention --attn flash3-bwd2o2 2>&1 | tail -160
-      timeout 240 $NCU -k regex:'gemv_kernel|attention_decode_rope_kernel' -s 200 -c 10 $CT generate \
-        --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 8 --ignore_eos --greedy \
-        --precision bf16 --cuda_graphs off --batch 1 2>&1 | tail -400 ;;
+      # --clock-control none: ncu would otherwise lock the clocks to base (METHOD.md: leave them).
+      # Each report is kept ($OUT/ncu_*.ncu-rep) and printed three ways: the details page with
+      # every section body, the raw metrics (stall reasons by name) and the SASS source page
+      # with the warp-stall samples of each instruction.
+      ncu=/usr/local/cuda/bin/ncu
+      prof1() { # name, kernel regex, launch skip, count, command...
+        local name=$1 k=$2 s=$3 c=$4; shift 4
+        timeout 300 $ncu --clock-control none --set full --import-source no -k "regex:$k" -s "$s" -c "$c" \
+          -f -o "$OUT/ncu_$name" "$@" > "$OUT/ncu_${name}_run.txt" 2>&1 || echo "$name: ncu rc $?"
+        tail -3 "$OUT/ncu_${name}_run.txt"
+        $ncu -i "$OUT/ncu_$name.ncu-rep" --page details --print-details all > "$OUT/ncu_${name}_details.txt" 2>&1
+        $ncu -i "$OUT/ncu_$name.ncu-rep" --page raw --csv > "$OUT/ncu_${name}_raw.csv" 2>&1
+        $ncu -i "$OUT/ncu_$name.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu_${name}_sass.csv" 2>&1
+        grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|DRAM Throughput" \
+          "$OUT/ncu_${name}_details.txt" | head -60
+      }
+      T=build-gpu/tests/test_ops_cuda
+      prof1 bwd2_hd128 fl3_bwd2_kernel 0 1 $T --perf --dtype bf16 --op attention --case "bench B4 T4096 H16 KV8 hd128" --attn flash3-bwd2
+      prof1 bwd2_hd64 fl3_bwd2_kernel 0 1 $T --perf --dtype bf16 --op attention --case "bench B4 T4096 H16 KV16 hd64" --attn flash3-bwd2
+      prof1 cudnn_hd128 'sdpa|fmha|flash|attn' 0 4 $T --perf --dtype bf16 --op attention --case "bench B4 T4096 H16 KV8 hd128" --attn cudnn
+      prof1 fwd2_hd64 fl3_fwd2_kernel 0 1 $T --perf --dtype bf16 --op attention --case "bench B8 T2048 H16 KV16 hd64" --attn flash3-fwd2
+      prof1 fwd1_hd64 fl3_fwd_kernel 0 1 $T --perf --dtype bf16 --op attention --case "bench B8 T2048 H16 KV16 hd64" --attn flash3
+      # one decode step's kernels at batch 1 (no graphs, so each launch is seen), after warm-up
+      prof1 decode . 3000 60 $CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 64 \
+        --ignore_eos --greedy --precision bf16 --cuda_graphs off --batch 1 ;;
     checks)
       CT_TEST_BACKEND=cuda timeout 100 build-gpu/tests/test_golden 2>&1 | tail -1
       timeout 300 build-gpu/tests/test_ops_cuda 2>&1 | grep -E "FAIL|MISMATCH|^test:"

@@ -15,6 +15,7 @@
  *                            on the cases marked perf (realistic shapes); no CPU reference
  *   test_ops_cuda --small    correctness on the small cases only (for compute-sanitizer runs)
  *   test_ops_cuda --op NAME  only the ops whose name contains NAME (with any mode)
+ *   test_ops_cuda --case S   only the cases whose shape name contains S (one shape under ncu)
  *   test_ops_cuda --dtype D  only the fp32, bf16 or fp16 table (default all three)
  *   test_ops_cuda --attn L   the attention variants a 16-bit table runs, comma-separated (default
  *                            batched,flash,flash2,flash2b,cudnn,auto,default, and in builds with
@@ -1565,16 +1566,17 @@ static void run_selected(size_t i, int perf) {
 
 int main(int argc, char **argv) {
   int perf = 0, small = 0;
-  const char *only = NULL, *dtype = "all";
+  const char *only = NULL, *dtype = "all", *only_case = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--perf")) perf = 1;
     else if (!strcmp(argv[i], "--small")) small = 1;
     else if (!strcmp(argv[i], "--op") && i + 1 < argc) only = argv[++i];
+    else if (!strcmp(argv[i], "--case") && i + 1 < argc) only_case = argv[++i];
     else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dtype = argv[++i];
     else if (!strcmp(argv[i], "--attn") && i + 1 < argc) g_attn_list = argv[++i];
     else if (!strcmp(argv[i], "--cpu")) dev_is_cpu = 1;
     else {
-      fprintf(stderr, "usage: %s [--perf | --small] [--op NAME] [--dtype fp32|bf16|fp16|all] [--attn LIST] [--cpu]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--perf | --small] [--op NAME] [--case SHAPE] [--dtype fp32|bf16|fp16|all] [--attn LIST] [--cpu]\n", argv[0]);
       return 2;
     }
   }
@@ -1616,7 +1618,9 @@ int main(int argc, char **argv) {
     if (perf) {
       printf("  %-22s %-32s %13s %14s %16s\n", "op", "shape", "time", "bandwidth", "compute");
       for (size_t i = 0; i < NCASES; i++)
-        if (cases[i].perf && (!only || strstr(cases[i].fam->op, only))) run_selected(i, 1);
+        if (cases[i].perf && (!only || strstr(cases[i].fam->op, only)) &&
+            (!only_case || strstr(cases[i].shape, only_case)))
+          run_selected(i, 1);
       printf("  (GB/s counts each buffer once, read+write for accumulated ones; attention TFLOP/s"
              " counts the causal half)\n");
       continue;
@@ -1633,7 +1637,8 @@ int main(int argc, char **argv) {
 #endif
     }
     for (size_t i = 0; i < NCASES; i++)
-      if ((!small || !cases[i].perf) && cases[i].perf != 2 && (!only || strstr(cases[i].fam->op, only)))
+      if ((!small || !cases[i].perf) && cases[i].perf != 2 && (!only || strstr(cases[i].fam->op, only)) &&
+          (!only_case || strstr(cases[i].shape, only_case)))
         run_selected(i, 0);
     printf("\nworst normalized error per op (cases), %s table%s:\n", dev->name,
            g_act16 ? (g_fp16 ? " (fp16 tolerance " : " (bf16 tolerance ") : "");
