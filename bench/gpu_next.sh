@@ -35,30 +35,37 @@ for part in "$@"; do
   case $part in
     prof)
       # --clock-control none: ncu would otherwise lock the clocks to base (METHOD.md: leave them).
-      # Each report is kept ($OUT/ncu_*.ncu-rep) and printed three ways: the details page with
-      # every section body, the raw metrics (stall reasons by name) and the SASS source page
-      # with the warp-stall samples of each instruction.
-      ncu=/usr/local/cuda/bin/ncu
+      # Each report is printed three ways: the details page with every section body, the raw
+      # metrics (stall reasons by name) and the SASS source page with each instruction's warp-stall
+      # samples; all of it goes into one $OUT/ncu_prof_*.tar.xz (at most 8 files come back from
+      # the lent machine). PROF names the profiles (default: all of them).
+      ncu=/usr/local/cuda/bin/ncu T=build-gpu/tests/test_ops_cuda P=$(mktemp -d)
       prof1() { # name, kernel regex, launch skip, count, command...
         local name=$1 k=$2 s=$3 c=$4; shift 4
         timeout 300 $ncu --clock-control none --set full --import-source no -k "regex:$k" -s "$s" -c "$c" \
-          -f -o "$OUT/ncu_$name" "$@" > "$OUT/ncu_${name}_run.txt" 2>&1 || echo "$name: ncu rc $?"
-        tail -3 "$OUT/ncu_${name}_run.txt"
-        $ncu -i "$OUT/ncu_$name.ncu-rep" --page details --print-details all > "$OUT/ncu_${name}_details.txt" 2>&1
-        $ncu -i "$OUT/ncu_$name.ncu-rep" --page raw --csv > "$OUT/ncu_${name}_raw.csv" 2>&1
-        $ncu -i "$OUT/ncu_$name.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu_${name}_sass.csv" 2>&1
-        grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Warp Cycles Per Issued|Achieved Occupancy|Registers Per|DRAM Throughput" \
-          "$OUT/ncu_${name}_details.txt" | head -60
+          -f -o "$P/$name" "$@" > "$P/${name}_run.txt" 2>&1 || echo "$name: ncu rc $?"
+        $ncu -i "$P/$name.ncu-rep" --page details --print-details all > "$P/${name}_details.txt" 2>&1
+        $ncu -i "$P/$name.ncu-rep" --page raw --csv > "$P/${name}_raw.csv" 2>&1
+        $ncu -i "$P/$name.ncu-rep" --page source --print-source sass --csv > "$P/${name}_sass.csv" 2>&1
+        rm -f "$P/$name.ncu-rep"
+        grep -E "^  [a-zA-Z_].*\(|    Duration|DRAM Throughput  |Compute \(SM\) Throughput|Pipe Tensor Cycles|L2 Hit Rate  " \
+          "$P/${name}_details.txt" | head -40
       }
-      T=build-gpu/tests/test_ops_cuda
-      prof1 bwd2_hd128 fl3_bwd2_kernel 0 1 $T --perf --dtype bf16 --op attention --case "bench B4 T4096 H16 KV8 hd128" --attn flash3-bwd2
-      prof1 bwd2_hd64 fl3_bwd2_kernel 0 1 $T --perf --dtype bf16 --op attention --case "bench B4 T4096 H16 KV16 hd64" --attn flash3-bwd2
-      prof1 cudnn_hd128 'sdpa|fmha|flash|attn' 0 4 $T --perf --dtype bf16 --op attention --case "bench B4 T4096 H16 KV8 hd128" --attn cudnn
-      prof1 fwd2_hd64 fl3_fwd2_kernel 0 1 $T --perf --dtype bf16 --op attention --case "bench B8 T2048 H16 KV16 hd64" --attn flash3-fwd2
-      prof1 fwd1_hd64 fl3_fwd_kernel 0 1 $T --perf --dtype bf16 --op attention --case "bench B8 T2048 H16 KV16 hd64" --attn flash3
-      # one decode step's kernels at batch 1 (no graphs, so each launch is seen), after warm-up
-      prof1 decode . 3000 60 $CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 64 \
-        --ignore_eos --greedy --precision bf16 --cuda_graphs off --batch 1 ;;
+      att() { A=("$T" --perf --dtype bf16 --op attention --case "$1" --attn "$2"); }
+      for n in ${PROF:-bwd2_hd128 bwd2_hd64 cudnn_hd128 fwd2_hd64 fwd1_hd64 decode}; do
+        echo "-- $n"
+        case $n in
+          bwd2_hd128) att "bench B4 T4096 H16 KV8 hd128" flash3-bwd2; prof1 $n fl3_bwd2_kernel 0 1 "${A[@]}" ;;
+          bwd2_hd64) att "bench B4 T4096 H16 KV16 hd64" flash3-bwd2; prof1 $n fl3_bwd2_kernel 0 1 "${A[@]}" ;;
+          cudnn_hd128) att "bench B4 T4096 H16 KV8 hd128" cudnn; prof1 $n 'sdpa.*bprop|bprop.*sdpa' 0 1 "${A[@]}" ;;
+          fwd2_hd64) att "bench B8 T2048 H16 KV16 hd64" flash3-fwd2; prof1 $n fl3_fwd2_kernel 0 1 "${A[@]}" ;;
+          fwd1_hd64) att "bench B8 T2048 H16 KV16 hd64" flash3; prof1 $n fl3_fwd_kernel 0 1 "${A[@]}" ;;
+          # one decode step's kernels at batch 1 (no graphs, so each launch is seen), after warm-up
+          decode) prof1 $n . 3000 60 $CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 \
+                    --max_new_tokens 64 --ignore_eos --greedy --precision bf16 --cuda_graphs off --batch 1 ;;
+        esac
+      done
+      tar cJf "$OUT/ncu_prof_$tag.tar.xz" -C "$P" . && rm -rf "$P" ;;
     checks)
       CT_TEST_BACKEND=cuda timeout 100 build-gpu/tests/test_golden 2>&1 | tail -1
       timeout 300 build-gpu/tests/test_ops_cuda 2>&1 | grep -E "FAIL|MISMATCH|^test:"

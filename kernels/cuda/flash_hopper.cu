@@ -75,6 +75,21 @@ template <typename F> int by_hd(int hd, F f) {
   return -1;
 }
 
+// Block order. The grid is one-dimensional and the tiles (query or key blocks) of one (batch,
+// head) are consecutive in it, so the blocks resident at the same time share that head's K and V
+// (forward) or Q, dO and dQ's fp32 workspace (backward) in L2, as FlashAttention-2's grid does.
+// Heads fastest, as the kernels had it before, put 132 different heads side by side: ncu on
+// fl3_bwd2_kernel (B4 T4096 H16 KV8 hd128) read 5.0 GB from DRAM for a 2.2 ms kernel with 24% L2
+// hits, DRAM 67% busy and the tensor pipe 32%; the consumers' biggest stall was waiting on the
+// producer's loads. Tile t of head bh: t = blockIdx.x % ntiles, bh = blockIdx.x / ntiles.
+struct tile_id {
+  int t, bh;
+};
+__device__ __forceinline__ tile_id tile_of(int ntiles) {
+  return {(int)(blockIdx.x % (unsigned)ntiles), (int)(blockIdx.x / (unsigned)ntiles)};
+}
+inline dim3 tile_grid(int ntiles, int heads) { return dim3((unsigned)ntiles * (unsigned)heads); }
+
 template <int HD> constexpr size_t smem_bytes() {
   return (size_t)2 * (BM * HD + 4 * BN * HD) + 1024;
 }
@@ -262,6 +277,31 @@ template <> struct mma<f16> {
   }
 };
 
+// dst[c, c + 1] += (a[r], a[r + 1]) * sc for one thread's row of an m64 x HD accumulator
+// (c = i * 8 + tg * 2, r = i * 4 + half * 2, i < HD / 8), R rows at once: every old value is
+// loaded before the first store, so the 2 * R * HD / 8 read-modify-writes cost one round trip
+// instead of one each (ncu: fl3_bwd2_kernel's dK / dV epilogue, a load waiting on the store
+// before it, drew 12% of its stall samples)
+template <int HD, int R, typename E>
+__device__ __forceinline__ void add_rows(E *const (&dst)[R], const float *const (&a)[R],
+                                         const float (&sc)[R], int half, int tg) {
+  constexpr int N = HD / 8;
+  uint32_t old[R][N];
+#pragma unroll
+  for (int j = 0; j < R; j++)
+#pragma unroll
+    for (int i = 0; i < N; i++) old[j][i] = *reinterpret_cast<const uint32_t *>(dst[j] + i * 8 + tg * 2);
+#pragma unroll
+  for (int j = 0; j < R; j++)
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+      const float2 o = mma<E>::unpack(old[j][i]);
+      const int r = i * 4 + half * 2;
+      *reinterpret_cast<uint32_t *>(dst[j] + i * 8 + tg * 2) =
+          mma<E>::pack(o.x + a[j][r] * sc[j], o.y + a[j][r + 1] * sc[j]);
+    }
+}
+
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -387,8 +427,9 @@ __global__ void __launch_bounds__(NT, 1)
   extern __shared__ char smem_raw[];
   char *sm = (char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   char *Qs = sm, *Ks = Qs + (HD / 64) * QB, *Vs = Ks + 2 * (HD / 64) * KB;
-  const int nqb = (T + BM - 1) / BM, qb = nqb - 1 - (int)blockIdx.y;
-  const int b = (int)blockIdx.x / H, h = (int)blockIdx.x % H, kv = h / (H / KV);
+  const int nqb = (T + BM - 1) / BM;
+  const tile_id ti = tile_of(nqb);
+  const int qb = nqb - 1 - ti.t, b = ti.bh / H, h = ti.bh % H, kv = h / (H / KV);
   const long W3 = (long)(H + 2 * KV) * HD;
   const E *base = qkv + (long)b * T * W3;
   const E *qsrc = base + (long)h * HD, *ksrc = base + (long)(H + kv) * HD,
@@ -519,7 +560,7 @@ int launch(E *out, float *lse, E *ocopy, const E *qkv, int B, int T, int H, int 
   static int attr;
   if (!smem_once(fl3_fwd_kernel<HD, E>, smem, &attr)) return -2;
   const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
-  const dim3 grid((unsigned)(B * H), (unsigned)((T + BM - 1) / BM));
+  const dim3 grid = tile_grid((T + BM - 1) / BM, B * H);
   fl3_fwd_kernel<HD, E><<<grid, NT, smem, st>>>(out, lse, ocopy, qkv, T, H, KV, sl2);
   return cudaGetLastError() == cudaSuccess ? 0 : -2;
 }
@@ -589,8 +630,8 @@ __global__ void __launch_bounds__(NT, 1)
   char *Ks = sm, *Vs = Ks + (HD / 64) * KBy, *Qs = Vs + (HD / 64) * KBy;
   char *dOs = Qs + 2 * (HD / 64) * QBy, *dSs = dOs + 2 * (HD / 64) * QBy; // dSs: DQ only
   float *Ls = reinterpret_cast<float *>(dSs + (DQ ? 2 * QBy : 0)), *Ds = Ls + 2 * BQ;
-  const int nkb = (T + BK - 1) / BK, kb = nkb - 1 - (int)blockIdx.y;
-  const int b = (int)blockIdx.x / KV, kv = (int)blockIdx.x % KV, grp = H / KV;
+  const tile_id ti = tile_of((T + BK - 1) / BK); // key block 0, which sees every query, first
+  const int kb = ti.t, b = ti.bh / KV, kv = ti.bh % KV, grp = H / KV;
   const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
   const E *base = qkv + (long)b * T * W3;
   const E *dbase = dout + (long)b * T * HDt;
@@ -760,15 +801,7 @@ __global__ void __launch_bounds__(NT, 1)
     const int key = half ? k1 : k0;
     if (key >= T) continue;
     E *d = dqkv + ((long)b * T + key) * W3;
-#pragma unroll
-    for (int i = 0; i < OD / 4; i++) {
-      const int c = i * 8 + tg * 2, r = i * 4 + half * 2;
-      uint32_t *pk = reinterpret_cast<uint32_t *>(d + koff + c);
-      uint32_t *pv = reinterpret_cast<uint32_t *>(d + voff + c);
-      const float2 ok = mma<E>::unpack(*pk), ov = mma<E>::unpack(*pv);
-      *pk = mma<E>::pack(ok.x + dk[r] * scale, ok.y + dk[r + 1] * scale);
-      *pv = mma<E>::pack(ov.x + dv[r], ov.y + dv[r + 1]);
-    }
+    add_rows<HD, 2, E>({d + koff, d + voff}, {dk, dv}, {scale, 1.0f}, half, tg);
   }
 }
 
@@ -806,7 +839,7 @@ int launch_dkdv(E *dqkv, float *ws, const E *dout, const E *qkv, const float *ls
   static int attr;
   if (!smem_once(fl3_dkdv_kernel<HD, E, DQ>, smem, &attr)) return -2;
   const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
-  const dim3 grid((unsigned)(B * KV), (unsigned)((T + BK - 1) / BK));
+  const dim3 grid = tile_grid((T + BK - 1) / BK, B * KV);
   fl3_dkdv_kernel<HD, E, DQ><<<grid, NT, smem, st>>>(dqkv, ws, dout, qkv, lse, D, T, H, KV, sl2,
                                                       scale);
   return cudaGetLastError() == cudaSuccess ? 0 : -2;
@@ -887,8 +920,9 @@ __global__ void __launch_bounds__(NT, 1)
   char *sm = (char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   char *Qs = sm, *dOs = Qs + (HD / 64) * QB, *Ks = dOs + (HD / 64) * QB;
   char *Vs = Ks + 2 * (HD / 64) * KB;
-  const int nqb = (T + BM - 1) / BM, qb = nqb - 1 - (int)blockIdx.y;
-  const int b = (int)blockIdx.x / H, h = (int)blockIdx.x % H, kv = h / (H / KV);
+  const int nqb = (T + BM - 1) / BM;
+  const tile_id ti = tile_of(nqb);
+  const int qb = nqb - 1 - ti.t, b = ti.bh / H, h = ti.bh % H, kv = h / (H / KV);
   const long W3 = (long)(H + 2 * KV) * HD, HDt = (long)H * HD;
   const E *base = qkv + (long)b * T * W3;
   const E *ksrc = base + (long)(H + kv) * HD, *vsrc = base + (long)(H + KV + kv) * HD;
@@ -977,13 +1011,7 @@ __global__ void __launch_bounds__(NT, 1)
     const int row = half ? r1 : r0;
     if (row >= T) continue;
     E *d = dqkv + ((long)b * T + row) * W3 + (long)h * HD;
-#pragma unroll
-    for (int i = 0; i < OD / 4; i++) {
-      const int c = i * 8 + tg * 2, r = i * 4 + half * 2;
-      uint32_t *pq = reinterpret_cast<uint32_t *>(d + c);
-      const float2 o = mma<E>::unpack(*pq);
-      *pq = mma<E>::pack(o.x + dq[r] * scale, o.y + dq[r + 1] * scale);
-    }
+    add_rows<HD, 1, E>({d}, {dq}, {scale}, half, tg);
   }
 }
 
@@ -994,7 +1022,7 @@ int launch_dq(E *dqkv, const E *dout, const E *qkv, const float *lse, const floa
   static int attr;
   if (!smem_once(fl3_dq_kernel<HD, E>, smem, &attr)) return -2;
   const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
-  const dim3 grid((unsigned)(B * H), (unsigned)((T + BM - 1) / BM));
+  const dim3 grid = tile_grid((T + BM - 1) / BM, B * H);
   fl3_dq_kernel<HD, E><<<grid, NT, smem, st>>>(dqkv, dout, qkv, lse, D, T, H, KV, sl2, scale);
   return cudaGetLastError() == cudaSuccess ? 0 : -2;
 }
@@ -1175,8 +1203,8 @@ __global__ void __launch_bounds__(B2T, 1)
   extern __shared__ char smem_raw[];
   char *sm = (char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   uint64_t *full = reinterpret_cast<uint64_t *>(sm + SL::bar), *empty = full + 2, *kvb = full + 4;
-  const int nkb = (T + BK - 1) / BK, kb = nkb - 1 - (int)blockIdx.y;
-  const int b = (int)blockIdx.x / KV, kv = (int)blockIdx.x % KV, grp = H / KV;
+  const tile_id ti = tile_of((T + BK - 1) / BK); // key block 0, which sees every query, first
+  const int kb = ti.t, b = ti.bh / KV, kv = ti.bh % KV, grp = H / KV;
   const int kb0 = kb * BK, i0 = kb0 / B2Q, nq = (T + B2Q - 1) / B2Q - i0, total = grp * nq;
   const int wg = (int)threadIdx.x >> 7, warp = ((int)threadIdx.x >> 5) & 3,
             lane = (int)threadIdx.x & 31;
@@ -1433,15 +1461,7 @@ __global__ void __launch_bounds__(B2T, 1)
     const int key = half ? k1 : k0;
     if (key >= T) continue;
     E *d = dqkv + ((long)b * T + key) * W3;
-#pragma unroll
-    for (int i = 0; i < OD / 4; i++) {
-      const int c = i * 8 + tg * 2, r = i * 4 + half * 2;
-      uint32_t *pk = reinterpret_cast<uint32_t *>(d + koff + c);
-      uint32_t *pv = reinterpret_cast<uint32_t *>(d + voff + c);
-      const float2 ok = mma<E>::unpack(*pk), ov = mma<E>::unpack(*pv);
-      *pk = mma<E>::pack(ok.x + dk[r] * scale, ok.y + dk[r + 1] * scale);
-      *pv = mma<E>::pack(ov.x + dv[r], ov.y + dv[r + 1]);
-    }
+    add_rows<HD, 2, E>({d + koff, d + voff}, {dk, dv}, {scale, 1.0f}, half, tg);
   }
 }
 
@@ -1528,7 +1548,7 @@ int launch_bwd2(E *dqkv, float *ws, const E *dout, const E *qkv, const float *ls
   if (cudaMemsetAsync(ws, 0, sizeof(float) * (size_t)B * H * HD * ws_rows(T), st) != cudaSuccess)
     return -2;
   const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
-  const dim3 grid((unsigned)(B * KV), (unsigned)((T + BK - 1) / BK));
+  const dim3 grid = tile_grid((T + BK - 1) / BK, B * KV);
   // one instantiation per combination of bits 1 and 2 (compile time: 4 per head dim and type)
   auto go = [&](auto o) {
     constexpr int OPT = decltype(o)::value;
@@ -1645,8 +1665,10 @@ __global__ void __launch_bounds__(F2T, 1)
   char *sm = (char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   uint64_t *qbar = reinterpret_cast<uint64_t *>(sm + SL::bar), *fullk = qbar + 1,
            *fullv = qbar + 3, *emptyk = qbar + 5, *emptyv = qbar + 7;
-  const int nqb = (T + BM - 1) / BM, qb = nqb - 1 - (int)blockIdx.y, q0 = qb * BM, nkv = qb + 1;
-  const int b = (int)blockIdx.x / H, h = (int)blockIdx.x % H, kv = h / (H / KV);
+  const int nqb = (T + BM - 1) / BM;
+  const tile_id ti = tile_of(nqb);
+  const int qb = nqb - 1 - ti.t, q0 = qb * BM, nkv = qb + 1;
+  const int b = ti.bh / H, h = ti.bh % H, kv = h / (H / KV);
   const int wg = (int)threadIdx.x >> 7, warp = ((int)threadIdx.x >> 5) & 3,
             lane = (int)threadIdx.x & 31;
   if (threadIdx.x == 0) {
@@ -1839,7 +1861,7 @@ int launch_fwd2(E *out, float *lse, E *ocopy, const E *qkv, int B, int T, int H,
   static int attr;
   if (!smem_once(fl3_fwd2_kernel<HD, E>, smem, &attr)) return -2;
   const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
-  const dim3 grid((unsigned)(B * H), (unsigned)((T + BM - 1) / BM));
+  const dim3 grid = tile_grid((T + BM - 1) / BM, B * H);
   fl3_fwd2_kernel<HD, E><<<grid, F2T, smem, st>>>(tm, out, lse, ocopy, T, H, KV, sl2);
   return cudaGetLastError() == cudaSuccess ? 0 : -2;
 }
