@@ -4,7 +4,8 @@
 # bf16. ctrain with use_kernels on and off (and with the fused head + cross-entropy in chunks),
 # and in the same run PyTorch (Transformers Qwen3ForCausalLM, bf16 autocast, SDPA, fused AdamW,
 # torch.compile). tokens/s, MFU and the ratios.
-#   usage: bench/qwen3_0p6b.sh [BUILD_DIR]    env: B (8), STEPS (20), OUT, COMMIT
+#   usage: bench/qwen3_0p6b.sh [BUILD_DIR]    env: B (8), STEPS (20), OUT, COMMIT, TORCH (1; 0 skips
+#   the PyTorch runs, whose torch.compile alone takes about two minutes: ctrain's variants only)
 set -uo pipefail
 BUILD=${1:-build-gpu}
 B=${B:-8}; T=2048; STEPS=${STEPS:-20}
@@ -34,7 +35,10 @@ PY
 run "ctrain use_kernels=true"
 run "ctrain use_kernels=false" kernels.use_kernels=false
 run "ctrain + head_chunk=4096" kernels.head_chunk=4096
-for c in "" --compile; do
+# own Hopper attention instead of auto's per-shape pick (cuDNN's where it is faster)
+nvidia-smi --query-gpu=compute_cap --format=csv,noheader | grep -q '^9' &&
+  run "ctrain attention=flash3" kernels.cuda.train.attention=flash3
+[ "${TORCH:-1}" = 0 ] || for c in "" --compile; do
   python3 bench/ref/torch_train.py --arch qwen3 --n_layer 28 --d_model 1024 --n_head 16 --n_kv_head 8 \
     --head_dim 128 --d_ff 3072 --vocab_size 151936 --seq_len $T --micro_batch $B --steps $STEPS \
     --warmup 5 --precision bf16 --tie --rope_theta 1e6 $c 2>"$tmp/t.err" | tee -a "$out" || tail -2 "$tmp/t.err"

@@ -3,8 +3,8 @@
 // backward. The forward writes flash2's state (log2-unit log-sum-exp per row, then a copy of the
 // output; ops_cuda.cu flash_state_floats), so either backward can follow either forward.
 // The forward in two forms (ops_cuda.cu's fl3_fwd2 picks):
-//   form 1 (ct_fl3_fwd; head dim 64 below T = 4096): fl3_fwd_kernel, described below.
-//   form 2 (ct_fl3_fwd2; head dim 128, and 64 from T = 4096; see its STATUS at the end of this
+//   form 1 (ct_fl3_fwd; CT_FLASH3_FWD=1): fl3_fwd_kernel, described below.
+//   form 2 (ct_fl3_fwd2; the default at every shape since 2cc4359; see its STATUS at the end of this
 //     file): FA3's forward, a producer warp loading Q, K, V by TMA into an mbarrier ring,
 //     128-key tiles, S_{j+1} = Q K^T on the tensor cores while softmax_j runs.
 //
@@ -81,12 +81,18 @@ template <typename F> int by_hd(int hd, F f) {
 // Heads fastest, as the kernels had it before, put 132 different heads side by side: ncu on
 // fl3_bwd2_kernel (B4 T4096 H16 KV8 hd128) read 5.0 GB from DRAM for a 2.2 ms kernel with 24% L2
 // hits, DRAM 67% busy and the tensor pipe 32%; the consumers' biggest stall was waiting on the
-// producer's loads. Tile t of head bh: t = blockIdx.x % ntiles, bh = blockIdx.x / ntiles.
+// producer's loads. The forward kernels take a group size gh: within a group of gh heads the
+// heads are fastest (gh = 1: one head's tiles after the other; gh >= heads: heads fastest), so
+// the blocks that run together stream gh heads' K and V instead of all reading one head's tile 0
+// at once (see fwd_group). Block L: group L / (gh * ntiles), then head (L % span) % n and tile
+// (L % span) / n, n being the group's head count (the last group may have fewer).
 struct tile_id {
   int t, bh;
 };
-__device__ __forceinline__ tile_id tile_of(int ntiles) {
-  return {(int)(blockIdx.x % (unsigned)ntiles), (int)(blockIdx.x / (unsigned)ntiles)};
+__device__ __forceinline__ tile_id tile_of(int ntiles, int nheads = 1, int gh = 1) {
+  const unsigned L = blockIdx.x, span = (unsigned)gh * (unsigned)ntiles, grp = L / span,
+                 r = L % span, n = min((unsigned)gh, (unsigned)nheads - grp * (unsigned)gh);
+  return {(int)(r / n), (int)(grp * (unsigned)gh + r % n)};
 }
 inline dim3 tile_grid(int ntiles, int heads) { return dim3((unsigned)ntiles * (unsigned)heads); }
 
@@ -421,14 +427,15 @@ __device__ __forceinline__ void fwd_store(const float (&o)[HD / 2], float m0, fl
 
 template <int HD, typename E>
 __global__ void __launch_bounds__(NT, 1)
-    fl3_fwd_kernel(E *out, float *lse, E *ocopy, const E *qkv, int T, int H, int KV, float sl2) {
+    fl3_fwd_kernel(E *out, float *lse, E *ocopy, const E *qkv, int T, int H, int KV, float sl2,
+                   int nbh, int gh) {
   constexpr int OD = HD / 2;                      // O accumulators per thread (m64 x HD)
   constexpr int QB = BM * 128, KB = BN * 128;     // bytes of one 64-column block of Q, K or V
   extern __shared__ char smem_raw[];
   char *sm = (char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   char *Qs = sm, *Ks = Qs + (HD / 64) * QB, *Vs = Ks + 2 * (HD / 64) * KB;
   const int nqb = (T + BM - 1) / BM;
-  const tile_id ti = tile_of(nqb);
+  const tile_id ti = tile_of(nqb, nbh, gh);
   const int qb = nqb - 1 - ti.t, b = ti.bh / H, h = ti.bh % H, kv = h / (H / KV);
   const long W3 = (long)(H + 2 * KV) * HD;
   const E *base = qkv + (long)b * T * W3;
@@ -553,6 +560,16 @@ template <typename K> bool smem_once(K kernel, size_t bytes, int *done) {
   return true;
 }
 
+// The forward kernels' head-group size (tile_of): CT_FLASH3_FWD_GROUP=N forces N (read at every
+// call, so bench runs can compare), else the measured choice below.
+int fwd_group(int form, int hd, int T) {
+  const char *v = getenv("CT_FLASH3_FWD_GROUP");
+  if (v && atoi(v) > 0) return atoi(v);
+  (void)hd;
+  (void)T;
+  return form == 1 ? 1 << 20 : 1;
+}
+
 template <int HD, typename E>
 int launch(E *out, float *lse, E *ocopy, const E *qkv, int B, int T, int H, int KV,
            cudaStream_t st) {
@@ -561,7 +578,8 @@ int launch(E *out, float *lse, E *ocopy, const E *qkv, int B, int T, int H, int 
   if (!smem_once(fl3_fwd_kernel<HD, E>, smem, &attr)) return -2;
   const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
   const dim3 grid = tile_grid((T + BM - 1) / BM, B * H);
-  fl3_fwd_kernel<HD, E><<<grid, NT, smem, st>>>(out, lse, ocopy, qkv, T, H, KV, sl2);
+  fl3_fwd_kernel<HD, E><<<grid, NT, smem, st>>>(out, lse, ocopy, qkv, T, H, KV, sl2, B * H,
+                                                 std::min(fwd_group(1, HD, T), B * H));
   return cudaGetLastError() == cudaSuccess ? 0 : -2;
 }
 
@@ -1083,6 +1101,16 @@ namespace {
 // (bench/results/attention_2026-11-30_NVIDIA_H200_b795bbc.txt): 2 is the default. Neither the
 // bulk add nor the exponentials were what a step waited on; the backward is still 1.5-1.7x
 // cuDNN's. Next: bit 4, and a profile (ncu is on the lent machine) before more guessing.
+// The profile (ncu, B4 T4096 H16 KV8 hd128, 2026-11-30): with the (b, kv head) pairs fastest in
+// the grid the kernel took 2.23 ms, read 5.0 GB from DRAM (67% busy, L2 hits 24%: Q, dO and dQ's
+// workspace re-read by each of 132 different heads at once), the tensor pipe 32% busy; the
+// consumers' top stall (24% of samples) was the wait on the producer's full[] barrier, and the
+// dK / dV epilogue's load-then-store pairs drew 12%. With the key blocks of a head consecutive
+// and longest first (tile_of) and every epilogue load before its stores (add_rows): 1.66 ms,
+// DRAM 8% busy, L2 hits 90%, tensor pipe 43% (cuDNN's backward: 1.30 ms, 59%); forward +
+// backward 0.70-0.76x the time before at hd 128 and 0.76-0.80x at 64
+// (bench/results/attention_2026-11-30_NVIDIA_H200_2cc4359.txt). What stalls now is the wgmma
+// waits (15%) and the bar.sync 1 between the consumer warpgroups (7%), as in cuDNN's kernel.
 //
 // The design follows FlashAttention-3's backward on Hopper, in one pass over the key blocks:
 // Block: 384 threads. Warpgroups 0 and 1 consume (64 keys each, BK = 128 keys of one (b, kv
@@ -1593,7 +1621,7 @@ extern "C" int ct_fl3_bwd2(int fp16, void *dqkv, float *ws, const void *dout, co
 
 namespace {
 
-// ---- forward, form 2 (head dim 128, and 64 from T = 4096): a producer warp, TMA, 128-key tiles, S_{j+1} over softmax_j ----
+// ---- forward, form 2 (the default): a producer warp, TMA, 128-key tiles, S_{j+1} over softmax_j ----
 // STATUS: written without a GPU at hand (2026-11-30, session 8); compiles for sm_90a (ptxas: 0
 // spills, 0 stack; 168 registers at launch, the consumers' code reaching R183 at hd 128 and R151
 // at 64 under their setmaxnreg 240; no C7513 "wgmma serialized" warning; the SASS shows the loop's
@@ -1602,9 +1630,13 @@ namespace {
 // day) it passed test_ops_cuda's attention checks against the CPU reference and took 0.62-0.85x
 // form 1's time at hd 128 (486-586 TFLOP/s from T 2048, cuDNN 470-604) and 0.85-0.93x at hd 64
 // from T 4096, but 1.07-1.17x at hd 64 and T 1024-2048
-// (bench/results/attention_2026-11-30_NVIDIA_H200_5dbda21.txt): ops_cuda.cu's fl3_fwd2 picks it
-// by that table. Next: ping-pong between the two consumer warpgroups (named barriers), which
-// FA3 adds on top of the in-warpgroup overlap, for hd 64's short sequences.
+// (bench/results/attention_2026-11-30_NVIDIA_H200_5dbda21.txt). With the heads' tiles consecutive
+// in the grid (tile_of, 2cc4359; ncu had shown it 44% DRAM-busy re-reading K and V) it takes
+// 0.72-0.80x form 1's time at hd 64 as well and 0.57-0.77x at 128, from 209 (hd 64, T 1024) to
+// 613 TFLOP/s (hd 128, T 8192; cuDNN 611 there), so it is the default at every shape
+// (bench/results/attention_2026-11-30_NVIDIA_H200_2cc4359.txt). Next: ping-pong between the two
+// consumer warpgroups (named barriers), which FA3 adds on top of the in-warpgroup overlap; at hd
+// 64 ncu shows the tensor pipe 31% busy (B8 T2048).
 // A hang is a barrier phase or transaction count that does not add up (see the mbarriers below).
 // Form 1 (fl3_fwd_kernel) reached 60% of cuDNN at head dim 128 on an H200: its consumers load
 // K / V themselves and wait on each GEMM before the softmax, so the tensor cores idle while the
@@ -1658,7 +1690,7 @@ template <int HD> constexpr size_t f2_smem_bytes() { return (size_t)f2_smem<HD>:
 template <int HD, typename E>
 __global__ void __launch_bounds__(F2T, 1)
     fl3_fwd2_kernel(const __grid_constant__ CUtensorMap tm, E *out, float *lse, E *ocopy, int T,
-                    int H, int KV, float sl2) {
+                    int H, int KV, float sl2, int nbh, int gh) {
   using SL = f2_smem<HD>;
   constexpr int NB = SL::NB, QBy = SL::QBy, KBy = SL::KBy, OD = HD / 2, SN = F2N / 2;
   extern __shared__ char smem_raw[];
@@ -1666,7 +1698,7 @@ __global__ void __launch_bounds__(F2T, 1)
   uint64_t *qbar = reinterpret_cast<uint64_t *>(sm + SL::bar), *fullk = qbar + 1,
            *fullv = qbar + 3, *emptyk = qbar + 5, *emptyv = qbar + 7;
   const int nqb = (T + BM - 1) / BM;
-  const tile_id ti = tile_of(nqb);
+  const tile_id ti = tile_of(nqb, nbh, gh);
   const int qb = nqb - 1 - ti.t, q0 = qb * BM, nkv = qb + 1;
   const int b = ti.bh / H, h = ti.bh % H, kv = h / (H / KV);
   const int wg = (int)threadIdx.x >> 7, warp = ((int)threadIdx.x >> 5) & 3,
@@ -1862,7 +1894,8 @@ int launch_fwd2(E *out, float *lse, E *ocopy, const E *qkv, int B, int T, int H,
   if (!smem_once(fl3_fwd2_kernel<HD, E>, smem, &attr)) return -2;
   const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
   const dim3 grid = tile_grid((T + BM - 1) / BM, B * H);
-  fl3_fwd2_kernel<HD, E><<<grid, F2T, smem, st>>>(tm, out, lse, ocopy, T, H, KV, sl2);
+  fl3_fwd2_kernel<HD, E><<<grid, F2T, smem, st>>>(tm, out, lse, ocopy, T, H, KV, sl2, B * H,
+                                                   std::min(fwd_group(2, HD, T), B * H));
   return cudaGetLastError() == cudaSuccess ? 0 : -2;
 }
 

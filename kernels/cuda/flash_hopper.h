@@ -16,7 +16,7 @@ extern "C" {
 int ct_fl3_fwd(int fp16, void *out, float *lse, void *ocopy, const void *qkv, int B, int T, int H,
                int KV, int hd, void *stream);
 
-/* Forward form 2 (at head dim 128 and from T = 4096 at 64: ops_cuda.cu's fl3_fwd2; see
+/* Forward form 2 (the default at every shape: ops_cuda.cu's fl3_fwd2; see
  * flash_hopper.cu's STATUS at fl3_fwd2_kernel): the same causal attention forward and the same
  * outputs (out, lse, ocopy) as ct_fl3_fwd, with a producer warp loading Q, K and V by TMA into a
  * 2-stage mbarrier ring and 128-key tiles whose QK^T overlaps the previous tile's softmax. Returns as ct_fl3_fwd, and -1

@@ -3853,23 +3853,23 @@ int fl3_bwd2_opt() {
 
 // flash3's forward form: 2 (flash_hopper.cu's fl3_fwd2_kernel: a producer warp loading Q, K and
 // V by TMA into an mbarrier ring, 128-key tiles whose QK^T overlaps the previous tile's softmax)
-// at head dim 128 and from T = 4096 at 64, else 1; CT_FLASH3_FWD=1 / =2 force one. Measured on an
-// H200 (bench/results/attention_2026-11-30_NVIDIA_H200_5dbda21.txt, B*T = 16k, causal, bf16):
-// at hd 128 form 2 takes 0.62-0.85x form 1's time (939 against 1505 us at T 8192, cuDNN 909); at
-// hd 64 0.85-0.93x from T 4096, but 1.07-1.17x at T 1024-2048. Same outputs as form 1, so either
-// backward follows it. Read at every call, so a test can compare the forms in one process.
-bool fl3_fwd2(int hd, int T) {
+// at every shape; CT_FLASH3_FWD=1 / =2 force one. Until 2cc4359 form 2 ran only at hd 128 and from
+// T = 4096 at hd 64: at hd 64, T 1024-2048, it took 1.07-1.17x form 1's time. With the tiles of
+// one head consecutive in the grid (2cc4359, flash_hopper.cu's tile_of) it takes 0.72-0.80x form
+// 1's time at hd 64 too (164 vs 204 us at B16 T1024, 245 vs 338 at B8 T2048) and 0.57-0.77x at
+// hd 128 (bench/results/attention_2026-11-30_NVIDIA_H200_2cc4359.txt, B*T = 16k, causal, bf16).
+// Same outputs as form 1, so either backward follows it. Read at every call, so a test can
+// compare the forms in one process.
+bool fl3_fwd2() {
   const char *v = getenv("CT_FLASH3_FWD");
-  if (v && !strcmp(v, "1")) return false;
-  if (v && !strcmp(v, "2")) return true;
-  return hd == 128 || T >= 4096;
+  return !(v && !strcmp(v, "1"));
 }
 
 // flash3's forward: form 2 where fl3_fwd2 picks it and the driver has a tensor-map encoder
 // (ct_fl3_fwd2 returns -1 otherwise), else form 1. 0 when queued, as ct_fl3_fwd.
 int fl3_fwd_launch(int fp16, void *out, float *lse, void *ocopy, const void *qkv, int B, int T,
                    int H, int KV, int hd) {
-  if (fl3_fwd2(hd, T)) {
+  if (fl3_fwd2()) {
     const int r = ct_fl3_fwd2(fp16, out, lse, ocopy, qkv, B, T, H, KV, hd, g.stream);
     if (r != -1) return r;
   }
@@ -4176,7 +4176,7 @@ void cu_attention_fwd_16(void *out, float *state, const void *qkv, int B, int T,
     float *lse = state;
     E *oc = (E *)(state + flash_lse_floats(B, T, H));
     if (fl3_fwd_launch(std::is_same<E, f16>::value, out, lse, oc, qkv, B, T, H, KV, hd) != 0) {
-      if (fl3_fwd2(hd, T)) CK_LAUNCH(fl3_fwd2_kernel);
+      if (fl3_fwd2()) CK_LAUNCH(fl3_fwd2_kernel);
       else CK_LAUNCH(fl3_fwd_kernel);
     }
     return;
