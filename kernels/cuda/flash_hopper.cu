@@ -426,7 +426,10 @@ __device__ __forceinline__ void fwd_store(const float (&o)[HD / 2], float m0, fl
 }
 
 template <int HD, typename E>
-__global__ void __launch_bounds__(NT, 1)
+// hd 64: two blocks a multiprocessor (at most 128 registers a thread). 2cc4359's tile_of took it
+// to 130 registers and one block, and its forward to 1.33-1.45x the time (204 against 150 us at
+// B16 T1024 H16).
+__global__ void __launch_bounds__(NT, HD == 64 ? 2 : 1)
     fl3_fwd_kernel(E *out, float *lse, E *ocopy, const E *qkv, int T, int H, int KV, float sl2,
                    int nbh, int gh) {
   constexpr int OD = HD / 2;                      // O accumulators per thread (m64 x HD)
@@ -565,9 +568,11 @@ template <typename K> bool smem_once(K kernel, size_t bytes, int *done) {
 int fwd_group(int form, int hd, int T) {
   const char *v = getenv("CT_FLASH3_FWD_GROUP");
   if (v && atoi(v) > 0) return atoi(v);
-  (void)hd;
-  (void)T;
-  return form == 1 ? 1 << 20 : 1;
+  // H200, forward form 2 (bench/results/call21_ceeb4d7.txt, B*T = 16k, H 16): 8 heads a group
+  // took 0.93-0.97x the time of 1 at T 1024-4096 and 0.65-0.91x heads fastest; at hd 128 from T
+  // 4096, 1 was 3-5% faster than 8 (530 against 549 us, 918 against 965). Form 1: 8 at every
+  // shape (0.95-0.99x heads fastest).
+  return form == 2 && hd == 128 && T >= 4096 ? 1 : 8;
 }
 
 template <int HD, typename E>
