@@ -29,7 +29,11 @@
 // with `kernels.cuda.train.attention = "flash3"` or CT_CUDA_ATTN=flash3, and timed by auto
 // beside flash2 and cudnn (it wins where cuDNN is missing, on most hd 128 shapes). Those were
 // form 1's two kernels (7 GEMMs a tile); with form 2 (session 8) forward + backward is 130-276
-// TFLOP/s, 63-75% of PyTorch's best (its cuDNN backend) on the same shapes in the same run.
+// TFLOP/s, 63-75% of PyTorch's best (its cuDNN backend) on the same shapes in the same run. With
+// the block order of tile_of (session 9, found with ncu) forms 2 reach 149-378 TFLOP/s, 76-97% of
+// PyTorch's best in two runs (bench/results/attention_2026-11-30_NVIDIA_H200_{2cc4359,cc145e4}.txt:
+// hd 128 81-87%, 97% at T 1024 in one run; hd 64 85-96% at T 1024, 80% at T 8192, 76-79% at
+// T 2048-4096).
 // Only backward form 2 and forward form 2 use TMA and a producer warp. tools/sim_flash3.py replays this file's
 // indexing (swizzled stores, stmatrix, descriptors, k-step offsets, fragment bookkeeping, the dQ
 // atomics' addresses) on the host against the PTX ISA's documented layouts and matches plain
