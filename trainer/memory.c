@@ -81,6 +81,11 @@ ct_status ct_memory_estimate(const ct_config *cfg, int world, const ct_ops *ops,
   const bool bf16_wire = !strcmp(cfg->parallel.reduce_dtype, "bf16");
   if (!stage && dp > 1 && bf16_wire)
     e->grads += sizeof(uint16_t) * n; /* ddp's bf16 copy of the gradients for the wire */
+  /* parallel.ce_allreduce (ddp on GPUs): each rank's receive area for its peers' chunks of every
+   * bucket, dp - 1 chunks of about numel / dp wire elements (parallel/comm_ce.c; the flags are a
+   * few bytes a bucket). The CPU table's Gloo all-reduce has none. */
+  if (!stage && dp > 1 && cfg->parallel.ce_allreduce && !strncmp(ops->name, "cuda", 4))
+    e->grads += (bf16_wire ? sizeof(uint16_t) : F) * (size_t)(dp - 1) * ((n + dp - 1) / dp);
   if (!stage && dp > 1 && T == 1 && cfg->parallel.sparse_embedding_grad) {
     /* ddp's sparse embedding gradient (parallel/ddp.h): the lookup's own (Vp, C) gradient, the
      * packed rows (at most Vp, at most every rank's tokens), the flags and the row list */

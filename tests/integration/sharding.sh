@@ -91,6 +91,23 @@ check "ctrain memory: zero2 between zero1 and zero3 (gpt2-124m, 4 ranks)" bash -
    z2=\$('$CTRAIN' memory '$SRC/configs/gpt2-124m.toml' --world 4 parallel.data=zero2 | awk '/= model state/ {print \$4}');
    z3=\$('$CTRAIN' memory '$SRC/configs/gpt2-124m.toml' --world 4 parallel.data=zero3 | awk '/= model state/ {print \$4}');
    awk -v a=\$z1 -v b=\$z2 -v c=\$z3 'BEGIN { exit !(a > b && b > c) }'"
+# parallel.ce_allreduce: the copy engines' receive area, (N - 1) / N of the gradient buffer in
+# the wire dtype, is counted on a GPU table (cuda-bf16: 2 bytes a gradient on the bf16 wire, 4 on
+# fp32); the CPU table's Gloo all-reduce has none
+grads() { "$CTRAIN" memory "$SRC/configs/gpt2-124m.toml" --world "$1" "${@:2}" | awk '/gradients/ { print $3 }'; }
+numel=$("$CTRAIN" memory "$SRC/configs/gpt2-124m.toml" --world 4 | sed -n 's/.*(\([0-9]*\) floats.*/\1/p')
+ce_grows() { # ce_grows WORLD WIRE_BYTES [key=value...]: gradients grow by (WORLD-1)/WORLD * numel * WIRE_BYTES
+  local g0 g1 w=$1 wb=$2; shift 2
+  g0=$(grads "$w" "$@"); g1=$(grads "$w" "$@" parallel.ce_allreduce=true)
+  [ "$table" = cpu ] && wb=0
+  awk -v a="$g0" -v b="$g1" -v n="$numel" -v w="$w" -v wb="$wb" 'BEGIN {
+    want = (w - 1) * int((n + w - 1) / w) * wb / 1048576; printf "  gradients %s -> %s MiB, +%.1f (want +%.1f)\n", a, b, b - a, want
+    exit !(b - a > want - 0.2 && b - a < want + 0.2) }'
+}
+check "ctrain memory ($table): parallel.ce_allreduce counts its receive area (4 ranks, bf16 wire)" \
+  ce_grows 4 2 parallel.reduce_dtype=bf16
+check "ctrain memory ($table): parallel.ce_allreduce counts its receive area (2 ranks, fp32 wire)" \
+  ce_grows 2 4 parallel.reduce_dtype=fp32
 expect_fail 2 'parallel\.tensor = 2 does not divide the world size 3' -- "$CTRAIN" memory "$SRC/configs/gpt2-124m.toml" --world 3 parallel.tensor=2
 two parallel.data=zero3 "train.out_dir=$TMP/mem"
 check "training logs the estimate and the measured peak" \
