@@ -115,10 +115,12 @@ static ct_status reduce_floats(ct_ddp *d, float *g, uint16_t *w, size_t n, size_
  * communicator takes it. */
 static ct_status issue(ct_ddp *d, size_t lo, size_t n, bool last) {
   if (d->lean && !d->planning) CT_TRY(ct_comm_use_lean(d->c, !last));
-  /* CT_CE_TAIL_NCCL=1 (a measurement switch, not yet run on a GPU): with the copy-engine
-   * all-reduce, the range left at the end of backward (the embedding's gradient, ~154 MB in f32
-   * for GPT-2) goes through NCCL, which moves large buffers faster (297 against ~190 GB/s on 2
-   * H200s) and has no GEMMs left to slow down; the overlapped buckets keep the copy engines. */
+  /* CT_CE_TAIL_NCCL=1 (a measurement switch): with the copy-engine all-reduce, the range left
+   * at the end of backward (the embedding's gradient, ~154 MB in f32 for GPT-2) goes through
+   * NCCL, which moves large buffers faster (297 against ~190 GB/s on 2 H200s) and has no GEMMs
+   * left to slow down; the overlapped buckets keep the copy engines. On 2 H200s (GPT-2 124M,
+   * bench/results/ddp_ce_tail_2026-11-30_2xH200_cc145e4.txt) rank 0's tail was 4.0 ms against
+   * 4.4 without it, and tokens/s stayed within the runs' spread, so it stays off. */
   d->in_tail = last && d->tail_nccl && !d->planning;
   float *g = ct_model_grads(d->m) + lo;
   ct_status st = reduce_floats(d, g, d->wire ? (uint16_t *)d->wire + lo : NULL, n, lo);
