@@ -429,10 +429,10 @@ __device__ __forceinline__ void fwd_store(const float (&o)[HD / 2], float m0, fl
   }
 }
 
-template <int HD, typename E>
 // hd 64: two blocks a multiprocessor (at most 128 registers a thread). 2cc4359's tile_of took it
 // to 130 registers and one block, and its forward to 1.33-1.45x the time (204 against 150 us at
 // B16 T1024 H16).
+template <int HD, typename E>
 __global__ void __launch_bounds__(NT, HD == 64 ? 2 : 1)
     fl3_fwd_kernel(E *out, float *lse, E *ocopy, const E *qkv, int T, int H, int KV, float sl2,
                    int nbh, int gh) {
@@ -573,9 +573,9 @@ int fwd_group(int form, int hd, int T) {
   const char *v = getenv("CT_FLASH3_FWD_GROUP");
   if (v && atoi(v) > 0) return atoi(v);
   // H200, forward form 2 (bench/results/call21_ceeb4d7.txt, B*T = 16k, H 16): 8 heads a group
-  // took 0.93-0.97x the time of 1 at T 1024-4096 and 0.65-0.91x heads fastest; at hd 128 from T
-  // 4096, 1 was 3-5% faster than 8 (530 against 549 us, 918 against 965). Form 1: 8 at every
-  // shape (0.95-0.99x heads fastest).
+  // took 0.93-0.99x the time of 1 head (hd 64 at every T, hd 128 to T 2048) and 0.88-1.00x the
+  // time of heads fastest; at hd 128 from T 4096, 1 was 3-5% faster than 8 (530 against 549 us,
+  // 918 against 965). Form 1: 8 at every shape (0.95-1.00x heads fastest).
   return form == 2 && hd == 128 && T >= 4096 ? 1 : 8;
 }
 
@@ -1640,10 +1640,11 @@ namespace {
 // form 1's time at hd 128 (486-586 TFLOP/s from T 2048, cuDNN 470-604) and 0.85-0.93x at hd 64
 // from T 4096, but 1.07-1.17x at hd 64 and T 1024-2048
 // (bench/results/attention_2026-11-30_NVIDIA_H200_5dbda21.txt). With the heads' tiles consecutive
-// in the grid (tile_of, 2cc4359; ncu had shown it 44% DRAM-busy re-reading K and V) it takes
-// 0.72-0.80x form 1's time at hd 64 as well and 0.57-0.77x at 128, from 209 (hd 64, T 1024) to
-// 613 TFLOP/s (hd 128, T 8192; cuDNN 611 there), so it is the default at every shape
-// (bench/results/attention_2026-11-30_NVIDIA_H200_2cc4359.txt). Next: ping-pong between the two
+// in the grid (tile_of, 2cc4359; ncu had shown it 44% DRAM-busy re-reading K and V) it runs at
+// 209 (hd 64, T 1024) to 613 TFLOP/s (hd 128, T 8192; cuDNN 611 there). Against form 1 with its
+// two blocks a multiprocessor (cc145e4): the same time at hd 64, T 1024 (156 against 154 us),
+// 0.84-0.91x from T 2048 and 0.62-0.79x at hd 128, so it is the default at every shape
+// (bench/results/call22_cc145e4.txt, attention_2026-11-30_NVIDIA_H200_2cc4359.txt). Next: ping-pong between the two
 // consumer warpgroups (named barriers), which FA3 adds on top of the in-warpgroup overlap; at hd
 // 64 ncu shows the tensor pipe 31% busy (B8 T2048).
 // A hang is a barrier phase or transaction count that does not add up (see the mbarriers below).

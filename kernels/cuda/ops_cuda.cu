@@ -3855,9 +3855,9 @@ int fl3_bwd2_opt() {
 // V by TMA into an mbarrier ring, 128-key tiles whose QK^T overlaps the previous tile's softmax)
 // at every shape; CT_FLASH3_FWD=1 / =2 force one. Until 2cc4359 form 2 ran only at hd 128 and from
 // T = 4096 at hd 64: at hd 64, T 1024-2048, it took 1.07-1.17x form 1's time. With the tiles of
-// one head consecutive in the grid (2cc4359, flash_hopper.cu's tile_of) it takes 0.72-0.80x form
-// 1's time at hd 64 too (164 vs 204 us at B16 T1024, 245 vs 338 at B8 T2048) and 0.57-0.77x at
-// hd 128 (bench/results/attention_2026-11-30_NVIDIA_H200_2cc4359.txt, B*T = 16k, causal, bf16).
+// one head near each other in the grid (flash_hopper.cu's tile_of) it takes the same time as
+// form 1 at hd 64, T 1024 (156 against 154 us), 0.84-0.91x from T 2048 and 0.62-0.79x at hd 128
+// (bench/results/call22_cc145e4.txt, B*T = 16k, causal, bf16).
 // Same outputs as form 1, so either backward follows it. Read at every call, so a test can
 // compare the forms in one process.
 bool fl3_fwd2() {
