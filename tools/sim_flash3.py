@@ -125,7 +125,22 @@ def a_from_regs(p):
     return out
 
 
-def kernel_block(qkv, out, lse, B_, T, H, KV, HD, bx, by):
+def tile_of(L, ntiles, nheads, gh=1):
+    """flash_hopper.cu's tile_of: (tile, head) of block L of the one-dimensional grid of ntiles x
+    nheads blocks, gh heads' tiles interleaved (the last group may hold fewer heads)."""
+    grp, r = divmod(L, gh * ntiles)
+    n = min(gh, nheads - grp * gh)
+    return r // n, grp * gh + r % n
+
+
+def blocks(ntiles, nheads, gh=1):
+    """The grid's blocks, checking that tile_of maps them one to one onto (tile, head)."""
+    seen = {tile_of(L, ntiles, nheads, gh) for L in range(ntiles * nheads)}
+    assert seen == {(t, bh) for t in range(ntiles) for bh in range(nheads)}, (ntiles, nheads, gh)
+    return range(ntiles * nheads)
+
+
+def kernel_block(qkv, out, lse, B_, T, H, KV, HD, L, gh=1):
     OD = HD // 2
     QB, KB = BM * 128, BN * 128
     nblk = HD // 64
@@ -134,8 +149,9 @@ def kernel_block(qkv, out, lse, B_, T, H, KV, HD, bx, by):
     Qs, Ks = 0, nblk * QB
     Vs = Ks + 2 * nblk * KB
     nqb = (T + BM - 1) // BM
-    qb = nqb - 1 - by
-    b, h = bx // H, bx % H
+    t, bh = tile_of(L, nqb, B_ * H, gh)
+    qb = nqb - 1 - t
+    b, h = divmod(bh, H)
     kv = h // (H // KV)
     q = qkv[b, :, h * HD:(h + 1) * HD]
     kk = qkv[b, :, (H + kv) * HD:(H + kv + 1) * HD]
@@ -278,7 +294,7 @@ def store_dkdv(dqkv, acc, b, kv, kb0, T, H, KV, HD):
                     dqkv[b, key, voff + c + 1] += acc[wg]["dv"][th, r + 1]
 
 
-def dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by, ws=None):
+def dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, L, ws=None):
     """fl3_dkdv_kernel<HD, E, DQ> with DQ = ws is not None (then dQ^T goes into ws by atomics)."""
     DQ = ws is not None
     BQ = 64 if HD == 64 else 32
@@ -293,9 +309,8 @@ def dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by, ws=None):
     assert dSs % 1024 == 0
     Ls = np.zeros(2 * BQ)
     Ds = np.zeros(2 * BQ)
-    nkb = (T + BK - 1) // BK
-    kb = nkb - 1 - by
-    b, kv = bx // KV, bx % KV
+    kb, bkv = tile_of(L, (T + BK - 1) // BK, B_ * KV)  # key block 0 (every query) first
+    b, kv = divmod(bkv, KV)
     grp = H // KV
     sl2 = 1.4426950408889634 / math.sqrt(HD)
     t = np.arange(128)
@@ -409,7 +424,7 @@ def dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by, ws=None):
     store_dkdv(dqkv, acc, b, kv, kb0, T, H, KV, HD)
 
 
-def dq_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by):
+def dq_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, L, gh=1):
     OD = HD // 2
     QB, KB = BM * 128, BN * 128
     nblk = HD // 64
@@ -419,8 +434,9 @@ def dq_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by):
     Ks = dOs + nblk * QB
     Vs = Ks + 2 * nblk * KB
     nqb = (T + BM - 1) // BM
-    qb = nqb - 1 - by
-    b, h = bx // H, bx % H
+    t, bh = tile_of(L, nqb, B_ * H, gh)
+    qb = nqb - 1 - t
+    b, h = divmod(bh, H)
     kv = h // (H // KV)
     sl2 = 1.4426950408889634 / math.sqrt(HD)
     scale = 1 / math.sqrt(HD)
@@ -570,10 +586,11 @@ class BulkGroups:
     has yet to read is the race the wait discipline must rule out."""
 
     def __init__(self, rng):
-        self.rng, self.pending = rng, []
+        self.rng, self.pending, self.issued = rng, [], 0
 
     def issue(self, buf, fn):
-        self.pending.append((buf, fn))
+        self.pending.append((buf, fn, self.issued))
+        self.issued += 1
 
     def complete(self, i):
         self.pending.pop(i)[1]()
@@ -583,14 +600,17 @@ class BulkGroups:
             self.complete(int(self.rng.integers(len(self.pending))))
 
     def wait_read(self, n):
-        while len(self.pending) > n:
+        # the PTX ISA's wait_group.read n: every group but the n most recently *issued* has read
+        # its buffer, whether or not a newer one completed first (counting the pending groups
+        # instead let chaos leave step it - 2's group pending behind an early step it - 1)
+        while self.pending and self.pending[0][2] < self.issued - n:
             self.complete(0)
 
     def store(self, buf):
-        assert all(b != buf for b, _ in self.pending), "dQs buffer %d overwritten before read" % buf
+        assert all(b != buf for b, _, _ in self.pending), "dQs buffer %d overwritten before read" % buf
 
 
-def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by, opt=0, rng=None):
+def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, L, opt=0, rng=None):
     """fl3_bwd2_kernel<OPT = opt>: the producer's TMA loads and lse / D stores, then both consumer
     warpgroups' steps (dQ^T parts stored in fragment order and bulk-added into ws, the adds read
     at random times within the wait discipline), wgmma groups as the variant commits them."""
@@ -606,9 +626,8 @@ def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by, opt=0, rn
     sm = np.zeros(SL["L"] // 2)
     Ls = np.zeros(2 * B2Q)
     Ds = np.zeros(2 * B2Q)
-    nkb = (T + BK - 1) // BK
-    kb = nkb - 1 - by
-    b, kv = bx // KV, bx % KV
+    kb, bkv = tile_of(L, (T + BK - 1) // BK, B_ * KV)  # key block 0 (every query) first
+    b, kv = divmod(bkv, KV)
     grp = H // KV
     kb0 = kb * BK
     i0 = kb0 // B2Q
@@ -894,9 +913,8 @@ def run_bwd2(B_, T, H, KV, HD, seed, opt=0):
         Dr[:, h, :] = (dout[:, :, h * HD:(h + 1) * HD] * out[:, :, h * HD:(h + 1) * HD]).sum(axis=2)
     dqkv = np.zeros_like(qkv)
     ws = np.zeros(B_ * H * HD * ws_rows(T))
-    for bx in range(B_ * KV):
-        for by in range((T + BK - 1) // BK):
-            bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, bx, by, opt, rng)
+    for L in blocks((T + BK - 1) // BK, B_ * KV):
+        bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, L, opt, rng)
     untouched = np.abs(dqkv[:, :, :H * HD]).max() == 0 and not np.isnan(ws).any()
     dq_out2(ws, dqkv, B_, T, H, KV, HD)
     rq, rk, rv = reference_grads(qkv, dout, B_, T, H, KV, HD)
@@ -944,17 +962,15 @@ def run_bwd(B_, T, H, KV, HD, seed, fused=False):
         Dr[:, h, :] = (dout[:, :, h * HD:(h + 1) * HD] * out[:, :, h * HD:(h + 1) * HD]).sum(axis=2)
     dqkv = np.zeros_like(qkv)
     ws = np.zeros(B_ * H * HD * ws_rows(T)) if fused else None
-    for bx in range(B_ * KV):
-        for by in range((T + BK - 1) // BK):
-            dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by, ws)
+    for L in blocks((T + BK - 1) // BK, B_ * KV):
+        dkdv_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, L, ws)
     untouched = np.abs(dqkv[:, :, :H * HD]).max() == 0  # dK/dV must leave the query columns
     if fused:
         untouched = untouched and not np.isnan(ws).any()
         dq_out(ws, dqkv, B_, T, H, KV, HD)
     else:
-        for bx in range(B_ * H):
-            for by in range((T + BM - 1) // BM):
-                dq_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, bx, by)
+        for L in blocks((T + BM - 1) // BM, B_ * H):
+            dq_block(qkv, dout, lse, Dr, dqkv, B_, T, H, KV, HD, L)
     rq, rk, rv = reference_grads(qkv, dout, B_, T, H, KV, HD)
     eq = np.abs(dqkv[:, :, :H * HD] - rq).max()
     ek = np.abs(dqkv[:, :, H * HD:(H + KV) * HD] - rk).max()
@@ -984,16 +1000,15 @@ def reference(qkv, B_, T, H, KV, HD):
     return out, lse
 
 
-def run(B_, T, H, KV, HD, seed, block=kernel_block, label=""):
+def run(B_, T, H, KV, HD, seed, block=kernel_block, label="", gh=1):
     """One forward form (its per-block replay `block`) over a whole problem against plain
-    attention."""
+    attention, gh heads' tiles interleaved in the grid (fwd_group)."""
     rng = np.random.default_rng(seed)
     qkv = rng.standard_normal((B_, T, (H + 2 * KV) * HD))
     out = np.full((B_, T, H * HD), np.nan)
     lse = np.full((B_, H, T), np.nan)
-    for bx in range(B_ * H):
-        for by in range((T + BM - 1) // BM):
-            block(qkv, out, lse, B_, T, H, KV, HD, bx, by)
+    for L in blocks((T + BM - 1) // BM, B_ * H, gh):
+        block(qkv, out, lse, B_, T, H, KV, HD, L, gh)
     ro, rl = reference(qkv, B_, T, H, KV, HD)
     eo = np.abs(out - ro).max() if not np.isnan(out).any() else np.inf
     el = np.abs(lse - rl).max() if not np.isnan(lse).any() else np.inf
@@ -1027,7 +1042,7 @@ def f2_producer_ops(nkv):
     return ops
 
 
-def fwd2_block(qkv, out, lse, B_, T, H, KV, HD, bx, by):
+def fwd2_block(qkv, out, lse, B_, T, H, KV, HD, L, gh=1):
     """fl3_fwd2_kernel for one block. The producer is replayed as eagerly as the empty barriers
     allow (a load of tile t into stage t % 2 as soon as tile t - 2's release is complete, i.e. both
     consumer warpgroups have arrived), so a read of a stage after its release would see the next
@@ -1039,10 +1054,11 @@ def fwd2_block(qkv, out, lse, B_, T, H, KV, HD, bx, by):
     assert SL["total"] + 1024 <= 227 * 1024 and SL["bar"] % 1024 == 0 and KBy % 1024 == 0
     sm = np.full(SL["bar"] // 2, np.nan)
     nqb = (T + BM - 1) // BM
-    qb = nqb - 1 - by
+    t, bh = tile_of(L, nqb, B_ * H, gh)
+    qb = nqb - 1 - t
     q0, nkv = qb * BM, qb + 1
     assert nkv == (min(q0 + BM, T) + F2N - 1) // F2N  # the kernel's shortcut (F2N == BM)
-    b, h = bx // H, bx % H
+    b, h = divmod(bh, H)
     kv = h // (H // KV)
     sl2 = 1.4426950408889634 / math.sqrt(HD)
     qkvb = qkv[b]
@@ -1183,8 +1199,8 @@ def fwd2_block(qkv, out, lse, B_, T, H, KV, HD, bx, by):
                     lse[b, h, r] = m + math.log2(ll)
 
 
-def run_fwd2(B_, T, H, KV, HD, seed):
-    return run(B_, T, H, KV, HD, seed, fwd2_block, "forward form 2 (CT_FLASH3_FWD=2) ")
+def run_fwd2(B_, T, H, KV, HD, seed, gh=1):
+    return run(B_, T, H, KV, HD, seed, fwd2_block, "forward form 2 (CT_FLASH3_FWD=2) ", gh)
 
 
 def sim_fwd2_barriers(nkv, seed):
@@ -1271,6 +1287,7 @@ def f2_checks():
     for c in [(1, 200, 2, 1, 64, 1), (1, 130, 2, 2, 128, 2), (2, 64, 1, 1, 64, 3),
               (1, 257, 4, 2, 128, 4), (1, 520, 2, 1, 64, 5), (1, 400, 8, 1, 128, 6)]:
         good = run_fwd2(*c) and good
+        good = run_fwd2(*c, gh=3) and good  # 3 heads' tiles interleaved, the last group partial
     bars = all(sim_fwd2_barriers(nkv, seed) for nkv in (1, 2, 3, 4, 7, 16) for seed in range(40))
     print("%s forward form 2: mbarrier rings, 240 random interleavings of 1-16 key tiles" %
           ("ok  " if bars else "FAIL"))
@@ -1280,6 +1297,9 @@ def f2_checks():
 if __name__ == "__main__":
     cases = [(1, 200, 2, 1, 64, 1), (1, 130, 2, 2, 128, 2), (2, 64, 1, 1, 64, 3), (1, 257, 4, 2, 128, 4)]
     good = all([run(*c) for c in cases])
+    # forward block orders: 8 heads a group (partial at 2 or 4 heads), 3 (1, 130, 2 ...: one
+    # partial group; (2, 64, 1 ...): 2 heads in a group of 3)
+    good = all([run(*c, gh=g) for g in (3, 8) for c in cases]) and good
     good = all([run_bwd(*c) for c in cases]) and good
     good = all([run_bwd(*c, fused=True) for c in cases]) and good
     good = all([run_bwd2(*c, opt=o) for o in (0, 1, 2, 3) for c in cases]) and good

@@ -89,13 +89,15 @@ template <typename F> int by_hd(int hd, F f) {
 // heads are fastest (gh = 1: one head's tiles after the other; gh >= heads: heads fastest), so
 // the blocks that run together stream gh heads' K and V instead of all reading one head's tile 0
 // at once (see fwd_group). Block L: group L / (gh * ntiles), then head (L % span) % n and tile
-// (L % span) / n, n being the group's head count (the last group may have fewer).
+// (L % span) / n, n being the group's head count (the last group may have fewer; the grid holds
+// gridDim.x / ntiles heads). tools/sim_flash3.py replays it and checks that it is one to one.
 struct tile_id {
   int t, bh;
 };
-__device__ __forceinline__ tile_id tile_of(int ntiles, int nheads = 1, int gh = 1) {
-  const unsigned L = blockIdx.x, span = (unsigned)gh * (unsigned)ntiles, grp = L / span,
-                 r = L % span, n = min((unsigned)gh, (unsigned)nheads - grp * (unsigned)gh);
+__device__ __forceinline__ tile_id tile_of(int ntiles, int gh = 1) {
+  const unsigned L = blockIdx.x, nheads = gridDim.x / (unsigned)ntiles,
+                 span = (unsigned)gh * (unsigned)ntiles, grp = L / span, r = L % span,
+                 n = min((unsigned)gh, nheads - grp * (unsigned)gh);
   return {(int)(r / n), (int)(grp * (unsigned)gh + r % n)};
 }
 inline dim3 tile_grid(int ntiles, int heads) { return dim3((unsigned)ntiles * (unsigned)heads); }
@@ -435,14 +437,14 @@ __device__ __forceinline__ void fwd_store(const float (&o)[HD / 2], float m0, fl
 template <int HD, typename E>
 __global__ void __launch_bounds__(NT, HD == 64 ? 2 : 1)
     fl3_fwd_kernel(E *out, float *lse, E *ocopy, const E *qkv, int T, int H, int KV, float sl2,
-                   int nbh, int gh) {
+                   int gh) {
   constexpr int OD = HD / 2;                      // O accumulators per thread (m64 x HD)
   constexpr int QB = BM * 128, KB = BN * 128;     // bytes of one 64-column block of Q, K or V
   extern __shared__ char smem_raw[];
   char *sm = (char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
   char *Qs = sm, *Ks = Qs + (HD / 64) * QB, *Vs = Ks + 2 * (HD / 64) * KB;
   const int nqb = (T + BM - 1) / BM;
-  const tile_id ti = tile_of(nqb, nbh, gh);
+  const tile_id ti = tile_of(nqb, gh);
   const int qb = nqb - 1 - ti.t, b = ti.bh / H, h = ti.bh % H, kv = h / (H / KV);
   const long W3 = (long)(H + 2 * KV) * HD;
   const E *base = qkv + (long)b * T * W3;
@@ -587,7 +589,7 @@ int launch(E *out, float *lse, E *ocopy, const E *qkv, int B, int T, int H, int 
   if (!smem_once(fl3_fwd_kernel<HD, E>, smem, &attr)) return -2;
   const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
   const dim3 grid = tile_grid((T + BM - 1) / BM, B * H);
-  fl3_fwd_kernel<HD, E><<<grid, NT, smem, st>>>(out, lse, ocopy, qkv, T, H, KV, sl2, B * H,
+  fl3_fwd_kernel<HD, E><<<grid, NT, smem, st>>>(out, lse, ocopy, qkv, T, H, KV, sl2,
                                                  std::min(fwd_group(1, HD, T), B * H));
   return cudaGetLastError() == cudaSuccess ? 0 : -2;
 }
@@ -1700,7 +1702,7 @@ template <int HD> constexpr size_t f2_smem_bytes() { return (size_t)f2_smem<HD>:
 template <int HD, typename E>
 __global__ void __launch_bounds__(F2T, 1)
     fl3_fwd2_kernel(const __grid_constant__ CUtensorMap tm, E *out, float *lse, E *ocopy, int T,
-                    int H, int KV, float sl2, int nbh, int gh) {
+                    int H, int KV, float sl2, int gh) {
   using SL = f2_smem<HD>;
   constexpr int NB = SL::NB, QBy = SL::QBy, KBy = SL::KBy, OD = HD / 2, SN = F2N / 2;
   extern __shared__ char smem_raw[];
@@ -1708,7 +1710,7 @@ __global__ void __launch_bounds__(F2T, 1)
   uint64_t *qbar = reinterpret_cast<uint64_t *>(sm + SL::bar), *fullk = qbar + 1,
            *fullv = qbar + 3, *emptyk = qbar + 5, *emptyv = qbar + 7;
   const int nqb = (T + BM - 1) / BM;
-  const tile_id ti = tile_of(nqb, nbh, gh);
+  const tile_id ti = tile_of(nqb, gh);
   const int qb = nqb - 1 - ti.t, q0 = qb * BM, nkv = qb + 1;
   const int b = ti.bh / H, h = ti.bh % H, kv = h / (H / KV);
   const int wg = (int)threadIdx.x >> 7, warp = ((int)threadIdx.x >> 5) & 3,
@@ -1904,7 +1906,7 @@ int launch_fwd2(E *out, float *lse, E *ocopy, const E *qkv, int B, int T, int H,
   if (!smem_once(fl3_fwd2_kernel<HD, E>, smem, &attr)) return -2;
   const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
   const dim3 grid = tile_grid((T + BM - 1) / BM, B * H);
-  fl3_fwd2_kernel<HD, E><<<grid, F2T, smem, st>>>(tm, out, lse, ocopy, T, H, KV, sl2, B * H,
+  fl3_fwd2_kernel<HD, E><<<grid, F2T, smem, st>>>(tm, out, lse, ocopy, T, H, KV, sl2,
                                                    std::min(fwd_group(2, HD, T), B * H));
   return cudaGetLastError() == cudaSuccess ? 0 : -2;
 }
