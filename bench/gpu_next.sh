@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # What the next GPU session should run first, in priority order (each PART well under the
-# 10-minute call limit on 2 x H200; CUDA build in build-gpu with cuDNN attention; pass COMMIT):
-#   prof     Nsight Compute (ncu is on the lent machine, nsys is not) on the two kernels that are
-#            furthest from their targets: flash3's backward form 2 (fl3_bwd2_kernel, 1.5-1.7x
-#            cuDNN's time: issue #7) and the batch-1 decode kernels (gemv_kernel and
-#            attention_decode_rope_kernel, 40% of the bandwidth bound: issue #8). Read the stall
-#            reasons before writing the next variant: session 8's blind ones gained 0-2%.
+# 10-minute call limit; CUDA build in build-gpu with cuDNN attention; pass COMMIT). Session 9
+# learned: profile first (its one ncu run found flash3's block order, 0.7-0.8x the time, where
+# session 8's blind variants gained 0-2%); a full-set ncu run of 60 decode kernels took ~5 of the
+# 30 device minutes, so profile few kernels; at most 8 files come back from a call (prof tars).
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
+#            (session 9's last commits changed flash3's tile_of and the sim only after its checks)
+#   prof     PROF="bwd2_hd64 fwd2_hd64": flash3 at head dim 64, T 2048-4096, is 76-79% of PyTorch's
+#            best (the target is 80%); hd 128's backward after the block-order fix: tensor pipe
+#            43% against cuDNN's 59%, stalls on the wgmma waits and the bar.sync between the
+#            consumer warpgroups. PROF=decode profiles a decode step (attention_decode_rope_kernel:
+#            11 us a layer alone, 37% of its samples at the cluster barriers).
 #   decode   bench/gpu_decode.sh on the default path (against Transformers), then the variants
 #            (CT_DECODE_CLUSTER=0, CT_DECODE_FUSED_ATT=0, CT_DECODE_STAGE=1, CT_DECODE_PREFETCH=att)
 #   null     what each decode kernel costs (CT_DECODE_NULL runs, see the results of cc0e9f0)
 #   ddp      bench/ddp_probe.sh with parallel.ce_allreduce (the copy-engine all-reduce) on, and
-#            the step marks of ce alone and with CT_CE_TAIL_NCCL=1
+#            the step marks of ce alone and with CT_CE_TAIL_NCCL=1 (session 9: the same 118.8 ms
+#            step all three ways, bench/results/ddp_ce_tail_2026-11-30_2xH200_cc145e4.txt)
 #   perf     bench/gpt2_124m.sh, bench/attention.sh with flash3's forms (flash3: both forms 1;
 #            flash3-fwd2: forward form 2 + the default backward; flash3-bwd2o2: the default backward)
-#   llama    bench/qwen3_0p6b.sh (use_kernels on/off vs torch.compile)
+#   llama    bench/qwen3_0p6b.sh (use_kernels on/off and attention=flash3 vs torch.compile)
 #   dist     bench/gpu_dist.sh equiv ckpt fault
 # On a 4- or 8-GPU machine (nvidia-h200-x4 / -x8, issues #10 and #11): bench/gpu_scale.sh, one part per call.
 # usage: bench/gpu_next.sh PART...     results under $OUT (default bench/results)
@@ -38,7 +43,8 @@ for part in "$@"; do
       # Each report is printed three ways: the details page with every section body, the raw
       # metrics (stall reasons by name) and the SASS source page with each instruction's warp-stall
       # samples; all of it goes into one $OUT/ncu_prof_*.tar.xz (at most 8 files come back from
-      # the lent machine). PROF names the profiles (default: all of them).
+      # the lent machine). PROF names the profiles (default: flash3 and cuDNN at hd 64, flash3's hd 128
+      # backward; decode, fwd1_hd64 and cudnn_hd128 on request).
       ncu=/usr/local/cuda/bin/ncu T=build-gpu/tests/test_ops_cuda P=$(mktemp -d)
       prof1() { # name, kernel regex, launch skip, count, command...
         local name=$1 k=$2 s=$3 c=$4; shift 4
@@ -52,11 +58,12 @@ for part in "$@"; do
           "$P/${name}_details.txt" | head -40
       }
       att() { A=("$T" --perf --dtype bf16 --op attention --case "$1" --attn "$2"); }
-      for n in ${PROF:-bwd2_hd128 bwd2_hd64 cudnn_hd128 fwd2_hd64 fwd1_hd64 decode}; do
+      for n in ${PROF:-bwd2_hd64 cudnn_hd64 fwd2_hd64 bwd2_hd128}; do
         echo "-- $n"
         case $n in
           bwd2_hd128) att "bench B4 T4096 H16 KV8 hd128" flash3-bwd2; prof1 $n fl3_bwd2_kernel 0 1 "${A[@]}" ;;
           bwd2_hd64) att "bench B4 T4096 H16 KV16 hd64" flash3-bwd2; prof1 $n fl3_bwd2_kernel 0 1 "${A[@]}" ;;
+          cudnn_hd64) att "bench B4 T4096 H16 KV16 hd64" cudnn; prof1 $n 'sdpa.*bprop|bprop.*sdpa' 0 1 "${A[@]}" ;;
           cudnn_hd128) att "bench B4 T4096 H16 KV8 hd128" cudnn; prof1 $n 'sdpa.*bprop|bprop.*sdpa' 0 1 "${A[@]}" ;;
           fwd2_hd64) att "bench B8 T2048 H16 KV16 hd64" flash3-fwd2; prof1 $n fl3_fwd2_kernel 0 1 "${A[@]}" ;;
           fwd1_hd64) att "bench B8 T2048 H16 KV16 hd64" flash3; prof1 $n fl3_fwd_kernel 0 1 "${A[@]}" ;;
