@@ -8,8 +8,8 @@
 # shape against PyTorch's best.
 #   usage: bench/attention.sh [BUILD_DIR]     env: OUT (bench/results), COMMIT, ATTN (the ctrain
 #   variants to time, default batched,flash,flash2,flash2b,cudnn,auto; batched alone takes minutes;
-#   flash3, flash3-fused, flash3-bwd2, flash3-bwd2o1..3 (backward form 2's kernel variants,
-#   CT_FLASH3_BWD2_OPT=1..3) and flash3-fwd2 (forward form 2, CT_FLASH3_FWD=2) in builds for sm_90,
+#   flash3, flash3-fused, flash3-bwd2, flash3-bwd2o1..6 (backward form 2's kernel variants,
+#   CT_FLASH3_BWD2_OPT=1..6; 4 and 6 are hd 64's own-keys dQ) and flash3-fwd2 (forward form 2, CT_FLASH3_FWD=2) in builds for sm_90,
 #   e.g. ATTN=flash3,flash3-fwd2,cudnn or ATTN=flash3-bwd2,flash3-bwd2o1,flash3-bwd2o2,flash3-bwd2o3,cudnn)
 set -uo pipefail
 BUILD=${1:-build-gpu}

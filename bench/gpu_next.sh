@@ -5,7 +5,8 @@
 # session 8's blind variants gained 0-2%); a full-set ncu run of 60 decode kernels took ~5 of the
 # 30 device minutes, so profile few kernels; at most 8 files come back from a call (prof tars).
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
-#            (session 9's last commits changed flash3's tile_of and the sim only after its checks)
+#            (session 9's last commits changed flash3's tile_of after its checks) and backward
+#            form 2's new bit 4 (flash3-bwd2o4 / -bwd2o6: hd 64's own-keys dQ, never run yet)
 #   prof     PROF="bwd2_hd64 fwd2_hd64": flash3 at head dim 64, T 2048-4096, is 76-79% of PyTorch's
 #            best (the target is 80%); hd 128's backward after the block-order fix: tensor pipe
 #            43% against cuDNN's 59%, stalls on the wgmma waits and the bar.sync between the
@@ -76,6 +77,9 @@ for part in "$@"; do
     checks)
       CT_TEST_BACKEND=cuda timeout 100 build-gpu/tests/test_golden 2>&1 | tail -1
       timeout 300 build-gpu/tests/test_ops_cuda 2>&1 | grep -E "FAIL|MISMATCH|^test:"
+      timeout 200 build-gpu/tests/test_ops_cuda --op attention --attn flash3-bwd2o4,flash3-bwd2o6 2>&1 |
+        grep -E "FAIL|MISMATCH|CHECK|^test:" | sed 's/^/bwd2 bit 4: /'
+      ATTN=flash3-bwd2o2,flash3-bwd2o4,flash3-bwd2o6 timeout 200 bench/attention.sh build-gpu 2>&1 | grep -E "D64|->"
       timeout 300 bash tests/gpu/smoke_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
       timeout 120 build-gpu/tests/test_decode_cuda 2>&1 | grep -E "decode_layers|attention_decode_rope|l2 hints|staged|cluster|FAIL|^test:"
       timeout 120 build-gpu/tests/test_comm_nccl 2>&1 | tail -3

@@ -528,13 +528,13 @@ def dq_out(ws, dqkv, B_, T, H, KV, HD):
 B2Q = 64
 
 
-def b2_dqn(HD):
-    return 64 if HD == 128 else 32
+def b2_dqn(HD, own=False):
+    return 64 if HD == 128 or own else 32
 
 
-def b2_smem(HD, ndq=1):
+def b2_smem(HD, ndq=1, own=False):
     """fl3_bwd2_kernel's shared memory; ndq = 2 dQ^T staging buffers per warpgroup with
-    CT_FLASH3_BWD2_OPT bit 1"""
+    CT_FLASH3_BWD2_OPT bit 1, own: bit 4 (hd 64: 64 x 64 dQ^T a warpgroup)"""
     KBy, QBy, NB = BK * 128, B2Q * 128, HD // 64
     o = dict(KBy=KBy, QBy=QBy, NB=NB, K=0)
     o["V"] = o["K"] + NB * KBy
@@ -542,7 +542,7 @@ def b2_smem(HD, ndq=1):
     o["dO"] = o["Q"] + 2 * NB * QBy
     o["dS"] = o["dO"] + 2 * NB * QBy
     o["dQ"] = o["dS"] + 2 * 2 * QBy
-    o["DQBy"] = 64 * b2_dqn(HD) * 4
+    o["DQBy"] = 64 * b2_dqn(HD, own) * 4
     o["L"] = o["dQ"] + NWG * ndq * o["DQBy"]
     o["Dd"] = o["L"] + 2 * B2Q * 4
     o["bar"] = o["Dd"] + 2 * B2Q * 4
@@ -614,10 +614,11 @@ def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, L, opt=0, rng=Non
     """fl3_bwd2_kernel<OPT = opt>: the producer's TMA loads and lse / D stores, then both consumer
     warpgroups' steps (dQ^T parts stored in fragment order and bulk-added into ws, the adds read
     at random times within the wait discipline), wgmma groups as the variant commits them."""
-    DB, SPLIT = bool(opt & 1), bool(opt & 2)
-    SL = b2_smem(HD, 2 if DB else 1)
+    DB, SPLIT, OWN = bool(opt & 1), bool(opt & 2), bool(opt & 4) and HD == 64
+    assert not (OWN and DB)
+    SL = b2_smem(HD, 2 if DB else 1, OWN)
     KBy, QBy, NB = SL["KBy"], SL["QBy"], SL["NB"]
-    SN, OD, DQN = B2Q // 2, HD // 2, b2_dqn(HD)
+    SN, OD, DQN = B2Q // 2, HD // 2, b2_dqn(HD, OWN)
     DQA = DQN // 2
     assert SL["total"] + 1024 <= 232448  # 227 KB: sm_90's most dynamic shared memory per block
     rng = rng or np.random.default_rng(0)
@@ -739,9 +740,13 @@ def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, L, opt=0, rng=Non
                 bulk[wg].wait_read(1)
         on1 = kb0 + 64 < T and qbase + B2Q - 1 >= kb0 + 64
         for wg in range(NWG):
-            mt, n0 = (wg, 0) if HD == 128 else (0, wg * 32)
+            mt, n0 = (wg, 0) if HD == 128 else (0, 0) if OWN else (0, wg * 32)
+            if OWN and wg == 1 and not on1:
+                wgg[wg].wait(0)
+                continue  # bit 4: no dQ from keys that see none of the tile (no bulk add either)
             dqm = np.zeros((64, DQN))
-            for ks in range(8 if on1 else 4):
+            # bit 4: this warpgroup's own 4 key steps (its dS^T part only); else the block's
+            for ks in (range(wg * 4, wg * 4 + 4) if OWN else range(8 if on1 else 4)):
                 cb, kin = ks >> 2, (ks & 3) * 32
                 a = read_mnmajor(sm, SL["K"] + mt * KBy + ks * 2048, 64, KBy).T
                 bm = read_kmajor(sm, dSs + cb * QBy + n0 * 128 + kin, DQN)
@@ -762,7 +767,7 @@ def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, L, opt=0, rng=Non
                 for tid in range(128):
                     buf[(j * 128 + tid) * 4:(j * 128 + tid) * 4 + 4] = dq[tid, 4 * j:4 * j + 4]
             h = kv * grp + it // nq
-            dst = (((b * H + h) * ntile + qt) * NWG + wg) * 64 * DQN
+            dst = (((b * H + h) * ntile + qt) * (1 if OWN else NWG) + (0 if OWN else wg)) * 64 * DQN
             assert dst % 4 == 0 and (64 * DQN * 4) % 16 == 0
             def add(dst=dst, buf=buf):  # cp.reduce.async.bulk .add.f32, reading buf when it runs
                 ws[dst:dst + 64 * DQN] += buf
@@ -773,10 +778,10 @@ def bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, L, opt=0, rng=Non
     store_dkdv(dqkv, acc, b, kv, kb0, T, H, KV, HD)
 
 
-def dq_out2(ws, dqkv, B_, T, H, KV, HD):
-    """fl3_dq_out2_kernel: dqkv's query columns += ws / sqrt(HD), ws in fl3_bwd2_kernel's
-    fragment order, looked up with the kernel's own formulas."""
-    DQN = b2_dqn(HD)
+def dq_out2(ws, dqkv, B_, T, H, KV, HD, own=False):
+    """fl3_dq_out2_kernel<OWN = own>: dqkv's query columns += ws / sqrt(HD), ws in
+    fl3_bwd2_kernel's fragment order, looked up with the kernel's own formulas."""
+    DQN = b2_dqn(HD, own)
     ntile = ws_rows(T) // 64
     scale = 1 / math.sqrt(HD)
     for bh in range(B_ * H):
@@ -788,8 +793,8 @@ def dq_out2(ws, dqkv, B_, T, H, KV, HD):
                 t = qt * 64 + tt
                 if t >= T:
                     break
-                p = d // 64 if HD == 128 else tt // 32
-                col = tt if HD == 128 else tt % 32
+                p = d // 64 if DQN == 64 else tt // 32
+                col = tt if DQN == 64 else tt % 32
                 for e in range(2):
                     row = (d + e) % 64
                     th = 32 * (row // 16) + 4 * (row % 8) + col % 8 // 2
@@ -916,7 +921,7 @@ def run_bwd2(B_, T, H, KV, HD, seed, opt=0):
     for L in blocks((T + BK - 1) // BK, B_ * KV):
         bwd2_block(qkv, dout, lse, Dr, dqkv, ws, B_, T, H, KV, HD, L, opt, rng)
     untouched = np.abs(dqkv[:, :, :H * HD]).max() == 0 and not np.isnan(ws).any()
-    dq_out2(ws, dqkv, B_, T, H, KV, HD)
+    dq_out2(ws, dqkv, B_, T, H, KV, HD, bool(opt & 4) and HD == 64)
     rq, rk, rv = reference_grads(qkv, dout, B_, T, H, KV, HD)
     eq = np.abs(dqkv[:, :, :H * HD] - rq).max()
     ek = np.abs(dqkv[:, :, H * HD:(H + KV) * HD] - rk).max()
@@ -1302,7 +1307,9 @@ if __name__ == "__main__":
     good = all([run(*c, gh=g) for g in (3, 8) for c in cases]) and good
     good = all([run_bwd(*c) for c in cases]) and good
     good = all([run_bwd(*c, fused=True) for c in cases]) and good
-    good = all([run_bwd2(*c, opt=o) for o in (0, 1, 2, 3) for c in cases]) and good
+    good = all([run_bwd2(*c, opt=o) for o in (0, 1, 2, 3, 4, 6) for c in cases]) and good
+    # bit 4 (hd 64 only; at hd 128 it is OPT 0 / 2): GQA, T off the tiles, warpgroup 1 idle
+    good = all([run_bwd2(1, 257, 4, 2, 64, 7, opt=o) for o in (4, 6)]) and good
     good = bulk_selftest() and good
     bars = all(sim_bwd2_barriers(total, seed) for total in (1, 2, 3, 7, 20) for seed in range(50))
     print("%s backward form 2: mbarrier ring, 250 random interleavings of 1-20 steps" %

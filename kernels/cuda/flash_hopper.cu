@@ -1099,7 +1099,18 @@ namespace {
 //          2 found; ptxas deleted an asm loop on a never-zero argument, and sank the exponentials
 //          below a redundant mbarrier wait's loop), so the diagonal mask is one branch after all
 //          the exponentials, whose region ptxas keeps them above.
-//   bit 4  (not written: issue dQ^T of step it with step it + 1's S^T / dP^T) for the next session.
+//   bit 4  (hd 64 only, not with bit 1; CT_FLASH3_BWD2_OPT=4 or 6; written 2026-11-30 without a
+//          GPU, not yet run on one): each consumer warpgroup computes dQ^T over its own 64 keys
+//          for all 64 queries of the step (m64n64, 4 k-steps) from its own dS^T part, and both
+//          bulk-add 64 x 64 floats into the tile's one workspace part (fl3_dq_out2_kernel<OWN>
+//          reads that layout), so the bar.sync 1 that made each warpgroup wait for the other's
+//          dS^T every step goes (ncu at hd 128: 7% of the stall samples sat there); a warpgroup
+//          whose keys see none of the tile adds nothing. Twice the bulk-add bytes (16 KB a
+//          warpgroup a step). At hd 128 the 64-row dQ^T would not fit the registers; there the
+//          bit is ignored. tools/sim_flash3.py replays OPT 4 and 6 (and catches a warpgroup that
+//          reads the other's dS^T part, or an idle warpgroup that adds). Time against OPT 2 at hd
+//          64 (flash3-bwd2o6, flash3-bwd2o4 in test_ops_cuda and bench/attention.sh).
+//   bit 8  (not written: issue dQ^T of step it with step it + 1's S^T / dP^T) for a later session.
 // All 8 instantiations (hd 64 / 128 x OPT 0-3, per type): 0 spills, 0 stack, 168 registers at
 // launch, no C7513; the consumers' code reaches R235 / R237 / R225 / R225 at hd 128 for OPT
 // 0 / 1 / 2 / 3 and R180 / R180 / R161 / R160 at 64. The SASS shows, with bit 2, wait_group 1,
@@ -1149,26 +1160,31 @@ namespace {
 constexpr int B2Q = 64;        // queries per step
 constexpr int B2T = NT + 128;  // two consumer warpgroups + the producer warpgroup
 
-// dQ^T columns (queries) per consumer warpgroup: hd 128 splits the HD rows, hd 64 the queries
-template <int HD> __host__ __device__ constexpr int b2_dqn() { return HD == 128 ? 64 : 32; }
+// dQ^T columns (queries) per consumer warpgroup: hd 128 splits the HD rows, hd 64 the queries;
+// with CT_FLASH3_BWD2_OPT bit 4 (OWN, hd 64) each warpgroup has all 64 queries over its own keys
+template <int HD, bool OWN = false> __host__ __device__ constexpr int b2_dqn() {
+  return HD == 128 || OWN ? 64 : 32;
+}
 
 // shared memory, byte offsets from the 1024-aligned base: K, V (BK rows), 2 stages of Q and dO
 // (B2Q rows), 2 buffers of dS^T (B2Q rows x 128 keys), the dQ^T staging of the two warpgroups,
 // 2 stages of lse and D, 5 mbarriers
 // (NDQ = 2 dQ^T staging buffers per warpgroup with CT_FLASH3_BWD2_OPT bit 1, else 1)
-template <int HD, int NDQ = 1> struct b2_smem {
-  static constexpr int KBy = BK * 128, QBy = B2Q * 128, NB = HD / 64, DQBy = 64 * b2_dqn<HD>() * 4;
+template <int HD, int NDQ = 1, bool OWN = false> struct b2_smem {
+  static constexpr int KBy = BK * 128, QBy = B2Q * 128, NB = HD / 64,
+                       DQBy = 64 * b2_dqn<HD, OWN>() * 4;
   static constexpr int K = 0, V = K + NB * KBy, Q = V + NB * KBy, dO = Q + 2 * NB * QBy;
   static constexpr int dS = dO + 2 * NB * QBy, dQ = dS + 2 * 2 * QBy;
   static constexpr int L = dQ + NWG * NDQ * DQBy, Dd = L + 2 * B2Q * 4;
   static constexpr int bar = Dd + 2 * B2Q * 4, total = bar + 8 * 8;
 };
-template <int HD, int NDQ = 1> constexpr size_t b2_smem_bytes() {
-  return (size_t)b2_smem<HD, NDQ>::total + 1024;
+template <int HD, int NDQ = 1, bool OWN = false> constexpr size_t b2_smem_bytes() {
+  return (size_t)b2_smem<HD, NDQ, OWN>::total + 1024;
 }
 // 227 KB, the most dynamic shared memory a block may have on sm_90: hd 128 with two dQ^T
 // buffers takes 231488 bytes of the 232448 (1024 of them the alignment slack)
-static_assert(b2_smem_bytes<128, 2>() <= 232448 && b2_smem_bytes<64, 2>() <= 232448,
+static_assert(b2_smem_bytes<128, 2>() <= 232448 && b2_smem_bytes<64, 2>() <= 232448 &&
+                  b2_smem_bytes<64, 1, true>() <= 232448,
               "fl3_bwd2_kernel's shared memory");
 
 __device__ __forceinline__ uint32_t sa_of(const void *p) {
@@ -1236,8 +1252,10 @@ __global__ void __launch_bounds__(B2T, 1)
                     const __grid_constant__ CUtensorMap tdo, E *dqkv, float *ws, const float *lse,
                     const float *D, int T, int H, int KV, float sl2, float scale) {
   constexpr bool DB = OPT & 1, SPLIT = OPT & 2; // CT_FLASH3_BWD2_OPT's bits (see STATUS)
-  using SL = b2_smem<HD, DB ? 2 : 1>;
-  constexpr int SN = B2Q / 2, OD = HD / 2, DQN = b2_dqn<HD>(), DQA = DQN / 2;
+  constexpr bool OWN = (OPT & 4) && HD == 64;  // bit 4: dQ over each warpgroup's own keys
+  static_assert(!(OWN && DB), "fl3_bwd2_kernel: bit 4 has one dQ^T staging buffer");
+  using SL = b2_smem<HD, DB ? 2 : 1, OWN>;
+  constexpr int SN = B2Q / 2, OD = HD / 2, DQN = b2_dqn<HD, OWN>(), DQA = DQN / 2;
   constexpr int KBy = SL::KBy, QBy = SL::QBy, NB = SL::NB;
   extern __shared__ char smem_raw[];
   char *sm = (char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -1295,7 +1313,7 @@ __global__ void __launch_bounds__(B2T, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
   const int g = lane >> 2, tg = lane & 3, tid = (int)threadIdx.x & 127;
   const int w0 = kb0 + wg * 64, k0 = w0 + warp * 16 + g, k1 = k0 + 8;
-  const int mt = HD == 128 ? wg : 0, n0 = HD == 128 ? 0 : wg * 32;
+  const int mt = HD == 128 ? wg : 0, n0 = HD == 128 || OWN ? 0 : wg * 32;
   const long ntile = ws_rows(T) / 64;
   const char *Ks = sm + SL::K, *Vs = sm + SL::V;
   char *dQw = sm + SL::dQ + wg * (DB ? 2 : 1) * SL::DQBy; // this warpgroup's dQ^T buffer(s)
@@ -1449,22 +1467,32 @@ __global__ void __launch_bounds__(B2T, 1)
     // double-buffered dQs: step it - 2's bulk add (the last from buffer it % 2) has read it, made
     // known to this warpgroup's threads by the barrier below
     if (DB && tid == 0) bulk_wait_read1();
-    bar_sync(1, NT); // both consumer warpgroups' dS^T are in dSs (the producer is not counted)
-    // dQ^T = K^T dS^T over the block's 128 keys (64 when warpgroup 1's keys see none of the tile)
-    const bool on1 = kb0 + 64 < T && qbase + B2Q - 1 >= kb0 + 64;
-    auto dq_mma = [&](auto nks) {
+    // dQ^T = K^T dS^T over key steps ks0 .. ks0 + nks - 1 (16 keys each)
+    auto dq_mma = [&](auto nks, int ks0) {
       fence_regs(dq);
       wg_fence();
 #pragma unroll
-      for (int ks = 0; ks < decltype(nks)::value; ks++) {
-        const int cb = ks >> 2, kin = (ks & 3) * 32;
+      for (int i = 0; i < decltype(nks)::value; i++) {
+        const int ks = ks0 + i, cb = ks >> 2, kin = (ks & 3) * 32;
         mma<E>::ta(dq, desc(Ks + mt * KBy + ks * 2048, KBy, 1024),
-                   desc(dSs + cb * QBy + n0 * 128 + kin, 16, 1024), ks > 0);
+                   desc(dSs + cb * QBy + n0 * 128 + kin, 16, 1024), i > 0);
       }
       wg_commit();
     };
-    if (on1) dq_mma(std::integral_constant<int, BK / 16>());
-    else dq_mma(std::integral_constant<int, 4>());
+    if constexpr (OWN) {
+      // bit 4: this warpgroup's 64 keys only, all 64 queries, so neither warpgroup waits for
+      // the other; its own dS^T stores are made visible to its wgmma by its own barrier
+      if (on) {
+        bar_sync(2 + wg, 128);
+        dq_mma(std::integral_constant<int, 4>(), wg * 4);
+      }
+    } else {
+      bar_sync(1, NT); // both consumer warpgroups' dS^T are in dSs (the producer is not counted)
+      // over the block's 128 keys (64 when warpgroup 1's keys see none of the tile)
+      const bool on1 = kb0 + 64 < T && qbase + B2Q - 1 >= kb0 + 64;
+      if (on1) dq_mma(std::integral_constant<int, BK / 16>(), 0);
+      else dq_mma(std::integral_constant<int, 4>(), 0);
+    }
     wg_wait0();
     fence_regs(dv);
     fence_regs(dk);
@@ -1472,6 +1500,7 @@ __global__ void __launch_bounds__(B2T, 1)
     keep_regs(pa); // the dV / dK wgmmas read them until the wait above
     keep_regs(sa);
     mbar_arrive(&empty[stg]); // this thread's reads of stage stg are done
+    if (OWN && !on) continue; // bit 4: no dQ from keys that see none of the tile
     // dQ^T part -> dQs in fragment order (float4 j of thread tid at (j * 128 + tid) * 16 bytes:
     // a warp's stores are 512 contiguous bytes), then one bulk add into the workspace
     char *dQs = dQw + (DB ? (it & 1) * SL::DQBy : 0);
@@ -1487,8 +1516,10 @@ __global__ void __launch_bounds__(B2T, 1)
     bar_sync(2 + wg, 128);
     if (tid == 0) {
       const int h = kv * grp + it / nq;
-      bulk_reduce_add(ws + (((long)(b * H + h) * ntile + qt) * NWG + wg) * 64 * DQN, dQs,
-                      64u * DQN * 4);
+      // bit 4: both warpgroups add their 64 x 64 into the tile's one part
+      const long part = OWN ? ((long)(b * H + h) * ntile + qt) * 64 * HD
+                            : (((long)(b * H + h) * ntile + qt) * NWG + wg) * 64 * DQN;
+      bulk_reduce_add(ws + part, dQs, 64u * DQN * 4);
     }
   }
   if (tid == 0) bulk_wait0(); // before the block's shared memory goes
@@ -1507,10 +1538,10 @@ __global__ void __launch_bounds__(B2T, 1)
 // dqkv's query columns += ws * scale for one (b, h) and 64 queries a block, ws being
 // fl3_bwd2_kernel's dQ^T parts in fragment order: the tile's 64 * HD floats go to shared memory
 // as they lie (coalesced), and each (query, d) is looked up by the accumulator layout.
-template <int HD, typename E>
+template <int HD, typename E, bool OWN = false>
 __global__ void __launch_bounds__(256)
     fl3_dq_out2_kernel(E *dqkv, const float *ws, int T, int H, int KV, float scale) {
-  constexpr int DQN = b2_dqn<HD>();
+  constexpr int DQN = b2_dqn<HD, OWN>();
   __shared__ float4 tile[64 * HD / 4];
   const int b = (int)blockIdx.x / H, h = (int)blockIdx.x % H, qt = (int)blockIdx.y, t0 = qt * 64;
   const long W3 = (long)(H + 2 * KV) * HD;
@@ -1524,7 +1555,7 @@ __global__ void __launch_bounds__(256)
     if (t >= T) break; // i only grows
     // element (row, col) of part p's m64 x DQN accumulator: thread 32 (row / 16) + 4 (row % 8) +
     // col % 8 / 2, register 4 (col / 8) + 2 (row % 16 / 8) + col % 2 (d and d + 1: the next row)
-    const int p = HD == 128 ? d / 64 : tt / 32, col = HD == 128 ? tt : tt % 32;
+    const int p = DQN == 64 ? d / 64 : tt / 32, col = DQN == 64 ? tt : tt % 32;
     float v[2];
 #pragma unroll
     for (int e = 0; e < 2; e++) {
@@ -1588,27 +1619,35 @@ int launch_bwd2(E *dqkv, float *ws, const E *dout, const E *qkv, const float *ls
     return -2;
   const float scale = 1.0f / sqrtf((float)HD), sl2 = 1.4426950408889634f * scale;
   const dim3 grid = tile_grid((T + BK - 1) / BK, B * KV);
-  // one instantiation per combination of bits 1 and 2 (compile time: 4 per head dim and type)
+  // one instantiation per combination of bits 1 and 2 (compile time: 4 per head dim and type),
+  // and at hd 64 bit 4 with and without bit 2 (bit 4 clears bit 1; at hd 128 it is ignored)
   auto go = [&](auto o) {
     constexpr int OPT = decltype(o)::value;
-    constexpr size_t smem = b2_smem_bytes<HD, (OPT & 1) ? 2 : 1>();
+    constexpr bool OWN = (OPT & 4) && HD == 64;
+    constexpr size_t smem = b2_smem_bytes<HD, (OPT & 1) ? 2 : 1, OWN>();
     static int attr;
     if (!smem_once(fl3_bwd2_kernel<HD, E, OPT>, smem, &attr)) return false;
     fl3_bwd2_kernel<HD, E, OPT><<<grid, B2T, smem, st>>>(tq, tkv, tdo, dqkv, ws, lse, D, T, H, KV,
                                                          sl2, scale);
+    if (cudaGetLastError() != cudaSuccess) return false;
+    const dim3 g2((unsigned)(B * H), (unsigned)(ws_rows(T) / 64));
+    fl3_dq_out2_kernel<HD, E, OWN><<<g2, 256, 0, st>>>(dqkv, ws, T, H, KV, scale);
     return cudaGetLastError() == cudaSuccess;
   };
-  bool ok;
+  bool ok = false;
+  if constexpr (HD == 64) {
+    if (opt & 4) {
+      ok = opt & 2 ? go(std::integral_constant<int, 6>()) : go(std::integral_constant<int, 4>());
+      return ok ? 0 : -2;
+    }
+  }
   switch (opt & 3) {
   case 1: ok = go(std::integral_constant<int, 1>()); break;
   case 2: ok = go(std::integral_constant<int, 2>()); break;
   case 3: ok = go(std::integral_constant<int, 3>()); break;
   default: ok = go(std::integral_constant<int, 0>()); break;
   }
-  if (!ok) return -2;
-  const dim3 g2((unsigned)(B * H), (unsigned)(ws_rows(T) / 64));
-  fl3_dq_out2_kernel<HD, E><<<g2, 256, 0, st>>>(dqkv, ws, T, H, KV, scale);
-  return cudaGetLastError() == cudaSuccess ? 0 : -2;
+  return ok ? 0 : -2;
 }
 
 template <typename E>

@@ -3841,8 +3841,9 @@ bool fl3_bwd2() {
 }
 
 // backward form 2's kernel variant, CT_FLASH3_BWD2_OPT (a bitmask: 1 double-buffered dQ staging,
-// 2 split S^T / dP^T wgmma waits; see fl3_bwd2_kernel's STATUS in flash_hopper.cu); read at every
-// call. All four passed test_ops_cuda on an H200; forward + backward times against 0
+// 2 split S^T / dP^T wgmma waits, 4 at hd 64 each warpgroup's own dQ over its keys, clearing 1;
+// see fl3_bwd2_kernel's STATUS in flash_hopper.cu); read at every call. 4 and 6 have not run on a
+// GPU yet. OPT 0-3 all passed test_ops_cuda on an H200; forward + backward times against 0
 // (bench/results/attention_2026-11-30_NVIDIA_H200_b795bbc.txt): 2 is 1.0-2.4% faster at hd 64 and
 // 0-0.6% at 128, 1 within +-1% (the bulk add was not what a step waited on), 3 like 2. So 2 is the
 // default.

@@ -24,8 +24,9 @@
  *                            CT_FLASH3_DQ_ATOMIC=1), flash3-bwd2 (backward form 2, producer warp +
  *                            TMA: flash3's default), flash3-fwd2 (forward form 2, producer
  *                            warp + TMA: CT_FLASH3_FWD=2, with the default backward); not in
- *                            the default list: flash3-bwd2o1, -bwd2o2, -bwd2o3 (form 2's kernel
- *                            variants, CT_FLASH3_BWD2_OPT=1 / 2 / 3, to time against -bwd2); perf
+ *                            the default list: flash3-bwd2o1, -bwd2o2, -bwd2o3, -bwd2o4, -bwd2o6
+ *                            (form 2's kernel variants, CT_FLASH3_BWD2_OPT=N; 4 and 6 differ from
+ *                            0 and 2 at hd 64 only), to time against -bwd2); perf
  *                            skips "default", which is timed as the variant it names; cudnn is
  *                            skipped, with a message, in builds without cuDNN attention)
  * Builds with cuDNN attention also compare the cudnn variant with flash2 on the same inputs
