@@ -28,6 +28,20 @@
 // to finish before it touches activations, and a GEMV loads its first weights before the wait,
 // so weight streaming overlaps the tail of the kernel before it. CT_DECODE_GEMV=0 and
 // CT_CUDA_PDL=0 turn the fused kernels and the early launches off (for comparisons).
+//
+// Where a batch-1 token's time goes (H200, Qwen3-0.6B shape, 735 us a token, 40% of the 292.7 us
+// bound; ncu of one decode step, bench/results/ncu_prof_2026-11-30_1xH200_2cc4359.tar.xz, each
+// kernel alone with cold caches): per layer gate/up 8.0 us (12.6 MB: 1.6 TB/s), down 6.5 (6.3 MB),
+// qkv 6.6 (8.4 MB), attention_decode_rope 11.1, o_proj 5.4 (4.2 MB); together 37.6 us, while a
+// layer of the graph-launched step costs ~23 us (the CT_DECODE_NULL runs of cc0e9f0: GEMVs ~13
+// us a layer for 7.4 us of weight bytes). The GEMVs' first weights are in registers before
+// their wait, so what is left on a layer's critical path is five kernel boundaries, each a
+// completed grid, the input vector's reload from L2 (the GEMVs' top stall: the barrier after
+// it is staged), a short compute and the stores: ~2-2.5 us a boundary. The GEMVs' DRAM time
+// is not the limit; 60% of the bound (488 us a token, ~14 us a layer after the head's 77)
+// needs fewer boundaries a layer, i.e. fusions across the grid-wide dependencies (o_proj into
+// the attention kernel with a fixed-order partial-sum buffer read by the next GEMV, or a
+// persistent layer kernel with cheaper-than-launch grid barriers), not faster GEMVs.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
