@@ -140,6 +140,21 @@ def blocks(ntiles, nheads, gh=1):
     return range(ntiles * nheads)
 
 
+def fwd_store(out, lse, o, l0, l1, m0, m1, r0, r1, tg, b, h, HD, T):
+    """fwd_store, both forward forms' epilogue: each thread's rows r0 / r1 of O (accumulator
+    registers i * 4 + {0, 1} / {2, 3}) divided by the row sums, and lse = m + log2(l)."""
+    for th in range(128):
+        for r, ll, m, base in ((r0[th], l0[th], m0[th], 0), (r1[th], l1[th], m1[th], 2)):
+            if r >= T:
+                continue
+            for i in range(HD // 8):
+                d = i * 8 + tg[th] * 2
+                out[b, r, h * HD + d] = o[th, i * 4 + base] / ll
+                out[b, r, h * HD + d + 1] = o[th, i * 4 + base + 1] / ll
+            if tg[th] == 0:
+                lse[b, h, r] = m + math.log2(ll)
+
+
 def kernel_block(qkv, out, lse, B_, T, H, KV, HD, L, gh=1):
     OD = HD // 2
     QB, KB = BM * 128, BN * 128
@@ -230,20 +245,8 @@ def kernel_block(qkv, out, lse, B_, T, H, KV, HD, L, gh=1):
         quad = t // 4
         l0 = np.array([S["l0"][quad == qd].sum() for qd in quad])
         l1 = np.array([S["l1"][quad == qd].sum() for qd in quad])
-        w0 = q0 + wg * 64
-        r0 = w0 + warp * 16 + g
-        r1 = r0 + 8
-        o = S["o"]
-        for th in range(128):
-            for r, ll, m, base in ((r0[th], l0[th], S["m0"][th], 0), (r1[th], l1[th], S["m1"][th], 2)):
-                if r >= T:
-                    continue
-                for i in range(OD // 4):
-                    d = i * 8 + tg[th] * 2
-                    out[b, r, h * HD + d] = o[th, i * 4 + base] / ll
-                    out[b, r, h * HD + d + 1] = o[th, i * 4 + base + 1] / ll
-                if tg[th] == 0:
-                    lse[b, h, r] = m + math.log2(ll)
+        r0 = q0 + wg * 64 + warp * 16 + g
+        fwd_store(out, lse, S["o"], l0, l1, S["m0"], S["m1"], r0, r0 + 8, tg, b, h, HD, T)
 
 
 BK = 128
@@ -1190,18 +1193,7 @@ def fwd2_block(qkv, out, lse, B_, T, H, KV, HD, L, gh=1):
         # fwd_store
         l0 = np.array([w["l0"][quad == qd].sum() for qd in quad])
         l1 = np.array([w["l1"][quad == qd].sum() for qd in quad])
-        o = w["o"]
-        for th in range(128):
-            for r, ll, m, base in ((w["r0"][th], l0[th], w["m0"][th], 0),
-                                   (w["r1"][th], l1[th], w["m1"][th], 2)):
-                if r >= T:
-                    continue
-                for i in range(OD // 4):
-                    d = i * 8 + tg[th] * 2
-                    out[b, r, h * HD + d] = o[th, i * 4 + base] / ll
-                    out[b, r, h * HD + d + 1] = o[th, i * 4 + base + 1] / ll
-                if tg[th] == 0:
-                    lse[b, h, r] = m + math.log2(ll)
+        fwd_store(out, lse, w["o"], l0, l1, w["m0"], w["m1"], w["r0"], w["r1"], tg, b, h, HD, T)
 
 
 def run_fwd2(B_, T, H, KV, HD, seed, gh=1):

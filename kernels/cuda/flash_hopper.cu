@@ -569,16 +569,16 @@ template <typename K> bool smem_once(K kernel, size_t bytes, int *done) {
   return true;
 }
 
-// The forward kernels' head-group size (tile_of): CT_FLASH3_FWD_GROUP=N forces N (read at every
-// call, so bench runs can compare), else the measured choice below.
-int fwd_group(int form, int hd, int T) {
+// The forward kernels' head-group size (tile_of), at most the grid's heads: CT_FLASH3_FWD_GROUP=N
+// forces N (read at every call, so bench runs can compare), else the measured choice below.
+int fwd_group(int form, int hd, int T, int heads) {
   const char *v = getenv("CT_FLASH3_FWD_GROUP");
-  if (v && atoi(v) > 0) return atoi(v);
+  if (v && atoi(v) > 0) return std::min(atoi(v), heads);
   // H200, forward form 2 (bench/results/call21_ceeb4d7.txt, B*T = 16k, H 16): 8 heads a group
   // took 0.93-0.99x the time of 1 head (hd 64 at every T, hd 128 to T 2048) and 0.88-1.00x the
   // time of heads fastest; at hd 128 from T 4096, 1 was 3-5% faster than 8 (530 against 549 us,
   // 918 against 965). Form 1: 8 at every shape (0.95-1.00x heads fastest).
-  return form == 2 && hd == 128 && T >= 4096 ? 1 : 8;
+  return std::min(form == 2 && hd == 128 && T >= 4096 ? 1 : 8, heads);
 }
 
 template <int HD, typename E>
@@ -590,7 +590,7 @@ int launch(E *out, float *lse, E *ocopy, const E *qkv, int B, int T, int H, int 
   const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
   const dim3 grid = tile_grid((T + BM - 1) / BM, B * H);
   fl3_fwd_kernel<HD, E><<<grid, NT, smem, st>>>(out, lse, ocopy, qkv, T, H, KV, sl2,
-                                                 std::min(fwd_group(1, HD, T), B * H));
+                                                 fwd_group(1, HD, T, B * H));
   return cudaGetLastError() == cudaSuccess ? 0 : -2;
 }
 
@@ -1946,7 +1946,7 @@ int launch_fwd2(E *out, float *lse, E *ocopy, const E *qkv, int B, int T, int H,
   const float sl2 = 1.4426950408889634f / sqrtf((float)HD);
   const dim3 grid = tile_grid((T + BM - 1) / BM, B * H);
   fl3_fwd2_kernel<HD, E><<<grid, F2T, smem, st>>>(tm, out, lse, ocopy, T, H, KV, sl2,
-                                                   std::min(fwd_group(2, HD, T), B * H));
+                                                   fwd_group(2, HD, T, B * H));
   return cudaGetLastError() == cudaSuccess ? 0 : -2;
 }
 

@@ -1565,6 +1565,11 @@ static void run_selected(size_t i, int perf) {
   g_variant = "";
 }
 
+/* --op and --case: the case's op name contains op, its shape name contains shape (NULL: any) */
+static int wanted(const tcase *c, const char *op, const char *shape) {
+  return (!op || strstr(c->fam->op, op)) && (!shape || strstr(c->shape, shape));
+}
+
 int main(int argc, char **argv) {
   int perf = 0, small = 0;
   const char *only = NULL, *dtype = "all", *only_case = NULL;
@@ -1619,9 +1624,7 @@ int main(int argc, char **argv) {
     if (perf) {
       printf("  %-22s %-32s %13s %14s %16s\n", "op", "shape", "time", "bandwidth", "compute");
       for (size_t i = 0; i < NCASES; i++)
-        if (cases[i].perf && (!only || strstr(cases[i].fam->op, only)) &&
-            (!only_case || strstr(cases[i].shape, only_case)))
-          run_selected(i, 1);
+        if (cases[i].perf && wanted(&cases[i], only, only_case)) run_selected(i, 1);
       printf("  (GB/s counts each buffer once, read+write for accumulated ones; attention TFLOP/s"
              " counts the causal half)\n");
       continue;
@@ -1638,8 +1641,7 @@ int main(int argc, char **argv) {
 #endif
     }
     for (size_t i = 0; i < NCASES; i++)
-      if ((!small || !cases[i].perf) && cases[i].perf != 2 && (!only || strstr(cases[i].fam->op, only)) &&
-          (!only_case || strstr(cases[i].shape, only_case)))
+      if ((!small || !cases[i].perf) && cases[i].perf != 2 && wanted(&cases[i], only, only_case))
         run_selected(i, 0);
     printf("\nworst normalized error per op (cases), %s table%s:\n", dev->name,
            g_act16 ? (g_fp16 ? " (fp16 tolerance " : " (bf16 tolerance ") : "");
