@@ -1100,7 +1100,7 @@ namespace {
 //          below a redundant mbarrier wait's loop), so the diagonal mask is one branch after all
 //          the exponentials, whose region ptxas keeps them above.
 //   bit 4  (hd 64 only, not with bit 1; CT_FLASH3_BWD2_OPT=4 or 6; written 2026-11-30 without a
-//          GPU, not yet run on one): each consumer warpgroup computes dQ^T over its own 64 keys
+//          GPU; 6 is the default since its first run, session 10): each consumer warpgroup computes dQ^T over its own 64 keys
 //          for all 64 queries of the step (m64n64, 4 k-steps) from its own dS^T part, and both
 //          bulk-add 64 x 64 floats into the tile's one workspace part (fl3_dq_out2_kernel<OWN>
 //          reads that layout), so the bar.sync 1 that made each warpgroup wait for the other's
@@ -1108,8 +1108,11 @@ namespace {
 //          whose keys see none of the tile adds nothing. Twice the bulk-add bytes (16 KB a
 //          warpgroup a step). At hd 128 the 64-row dQ^T would not fit the registers; there the
 //          bit is ignored. tools/sim_flash3.py replays OPT 4 and 6 (and catches a warpgroup that
-//          reads the other's dS^T part, or an idle warpgroup that adds). Time against OPT 2 at hd
-//          64 (flash3-bwd2o6, flash3-bwd2o4 in test_ops_cuda and bench/attention.sh).
+//          reads the other's dS^T part, or an idle warpgroup that adds). On an H200 both passed
+//          test_ops_cuda (1570 checks) and, forward + backward at hd 64, B*T = 16k, 6 took
+//          0.90-0.96x OPT 2's time (T 1k-8k) and 4 1.03-1.05x
+//          (bench/results/attention_2026-11-30_NVIDIA_H200_834512f.txt): without the split waits
+//          the doubled bulk adds cost more than the barrier saved, with them less.
 //   bit 8  (not written: issue dQ^T of step it with step it + 1's S^T / dP^T) for a later session.
 // All 8 instantiations (hd 64 / 128 x OPT 0-3, per type): 0 spills, 0 stack, 168 registers at
 // launch, no C7513; the consumers' code reaches R235 / R237 / R225 / R225 at hd 128 for OPT

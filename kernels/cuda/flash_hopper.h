@@ -51,8 +51,9 @@ int ct_fl3_bwd(int fp16, void *dqkv, float *ws, const void *dout, const void *qk
  * zeroed here on `stream`) and then, scaled, into dqkv: dQ's bits may differ from run to run.
  * Same inputs and accumulation as ct_fl3_bwd. Returns as ct_fl3_fwd, and -1 too where the driver
  * has no tensor-map encoder (the caller then uses another form). opt: the kernel variant, a
- * bitmask (CT_FLASH3_BWD2_OPT; 0 the measured default, 1 double-buffered dQ staging, 2 split
- * S^T / dP^T waits; other bits ignored), see fl3_bwd2_kernel's STATUS. */
+ * bitmask (CT_FLASH3_BWD2_OPT; ops_cuda.cu's default 6: 1 double-buffered dQ staging, 2 split
+ * S^T / dP^T waits, 4 at hd 64 each consumer warpgroup's own dQ over its keys, clearing 1; other
+ * bits ignored), see fl3_bwd2_kernel's STATUS. */
 int ct_fl3_bwd2(int fp16, void *dqkv, float *ws, const void *dout, const void *qkv,
                 const float *lse, const float *D, int B, int T, int H, int KV, int hd, int opt,
                 void *stream);

@@ -3842,14 +3842,16 @@ bool fl3_bwd2() {
 
 // backward form 2's kernel variant, CT_FLASH3_BWD2_OPT (a bitmask: 1 double-buffered dQ staging,
 // 2 split S^T / dP^T wgmma waits, 4 at hd 64 each warpgroup's own dQ over its keys, clearing 1;
-// see fl3_bwd2_kernel's STATUS in flash_hopper.cu); read at every call. 4 and 6 have not run on a
-// GPU yet. OPT 0-3 all passed test_ops_cuda on an H200; forward + backward times against 0
+// see fl3_bwd2_kernel's STATUS in flash_hopper.cu); read at every call. OPT 0-3 all passed
+// test_ops_cuda on an H200; forward + backward times against 0
 // (bench/results/attention_2026-11-30_NVIDIA_H200_b795bbc.txt): 2 is 1.0-2.4% faster at hd 64 and
-// 0-0.6% at 128, 1 within +-1% (the bulk add was not what a step waited on), 3 like 2. So 2 is the
-// default.
+// 0-0.6% at 128, 1 within +-1% (the bulk add was not what a step waited on), 3 like 2. 4 and 6
+// passed too (session 10, 1570 checks) and at hd 64 6 takes 0.90-0.96x 2's time, 4 1.03-1.05x
+// (bench/results/attention_2026-11-30_NVIDIA_H200_834512f.txt). So 6 is the default: at hd 128,
+// where bit 4 is ignored, that is 2.
 int fl3_bwd2_opt() {
   const char *v = getenv("CT_FLASH3_BWD2_OPT");
-  return v ? atoi(v) : 2;
+  return v ? atoi(v) : 6;
 }
 
 // flash3's forward form: 2 (flash_hopper.cu's fl3_fwd2_kernel: a producer warp loading Q, K and

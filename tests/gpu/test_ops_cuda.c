@@ -1512,8 +1512,8 @@ static void run_selected(size_t i, int perf) {
       }
       /* flash3's forward and backward forms are four environment switches that ops_cuda.cu
        * reads at every call: set for flash3 (two kernels), flash3-fused, flash3-bwd2,
-       * flash3-bwd2o<N> (backward form 2 with CT_FLASH3_BWD2_OPT=N, its kernel variants; 0
-       * for the others) and flash3-fwd2 (CT_FLASH3_BWD unset: the default backward) alike,
+       * flash3-bwd2o<N> (backward form 2 with CT_FLASH3_BWD2_OPT=N, its kernel variants; the
+       * default for the others) and flash3-fwd2 (CT_FLASH3_BWD unset: the default backward) alike,
        * then put back */
       const int bwd2o = !strncmp(v, "flash3-bwd2o", 12) && v[12] >= '0' && v[12] <= '9';
       const int fused = !strcmp(v, "flash3-fused"), bwd2 = bwd2o || !strcmp(v, "flash3-bwd2");
@@ -1532,7 +1532,8 @@ static void run_selected(size_t i, int perf) {
       if (fwd2) unsetenv("CT_FLASH3_BWD");
       else if (fl3) setenv("CT_FLASH3_BWD", bwd2 ? "2" : "1", 1);
       if (fl3) setenv("CT_FLASH3_FWD", fwd2 ? "2" : "1", 1);
-      if (fl3) setenv("CT_FLASH3_BWD2_OPT", bwd2o ? v + 12 : "0", 1);
+      if (bwd2o) setenv("CT_FLASH3_BWD2_OPT", v + 12, 1);
+      else if (fl3) unsetenv("CT_FLASH3_BWD2_OPT");
       if (ct_cuda_set_variant("attention", fl3 ? "flash3" : v) != 0)
         CHECK_MSG(0, "--attn: unknown attention variant %s", v);
       else {
