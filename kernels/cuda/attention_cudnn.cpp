@@ -41,7 +41,33 @@ struct cached_graph {
   std::shared_ptr<fe::graph::Graph> g;
   int64_t ws = 0;
   int deterministic = 0;
+  bool tune = false; // every plan built; the first execution outside a CUDA graph times them
 };
+
+// CT_CUDNN_AUTOTUNE=1: build every engine configuration heuristics mode A offers (not only its
+// first) and, at a graph's first execution outside CUDA-graph capture, time them all on the real
+// buffers (cudnn-frontend's autotune: a warm-up, then runs until one is 5% off its best) and keep
+// the fastest; the workspace is sized for the largest plan. Read when a shape's graph is built.
+bool autotune_on() {
+  const char *v = getenv("CT_CUDNN_AUTOTUNE");
+  return v && !strcmp(v, "1");
+}
+
+// Builds g's plans: the heuristic's first, or with autotune_on every one; *ws the workspace.
+fe::error_t build_plans(fe::graph::Graph &g, cudnnHandle_t h, cached_graph *out) {
+  out->tune = autotune_on();
+  fe::error_t e = out->tune ? g.build(h, {fe::HeurMode_t::A}, fe::BuildPlanPolicy_t::ALL)
+                            : g.build(h, {fe::HeurMode_t::A});
+  if (e.is_bad()) return e;
+  if (out->tune) {
+    out->ws = g.get_autotune_workspace_size();
+    if (getenv("CT_CUDNN_AUTOTUNE_VERBOSE"))
+      fprintf(stderr, "cudnn autotune: %lld plans built, workspace %lld bytes\n",
+              (long long)g.get_execution_plan_count(), (long long)out->ws);
+    return e;
+  }
+  return g.get_workspace_size(out->ws);
+}
 
 typedef std::tuple<int, int, int, int, int, int, int, int> key_t_; // device, bwd, B, T, H, KV, hd, fp16
 
@@ -115,13 +141,9 @@ fe::error_t build_fwd(const ct_cudnn_attn_shape *s, cudnnHandle_t h, cached_grap
       .set_data_type(fe::DataType_t::FLOAT)
       .set_dim({B, H, T, 1})
       .set_stride({H * T, T, 1, 1});
-  fe::error_t e = g->build(h, {fe::HeurMode_t::A});
-  if (e.is_bad()) return e;
-  int64_t ws = 0;
-  e = g->get_workspace_size(ws);
+  fe::error_t e = build_plans(*g, h, out);
   if (e.is_bad()) return e;
   out->g = g;
-  out->ws = ws;
   return e;
 }
 
@@ -150,13 +172,9 @@ fe::error_t build_bwd(const ct_cudnn_attn_shape *s, cudnnHandle_t h, bool determ
   dq->set_output(true).set_uid(U_DQ).set_dim({B, H, T, hd}).set_stride({T * W, hd, W, 1});
   dk->set_output(true).set_uid(U_DK).set_dim({B, KV, T, hd}).set_stride({T * W, hd, W, 1});
   dv->set_output(true).set_uid(U_DV).set_dim({B, KV, T, hd}).set_stride({T * W, hd, W, 1});
-  fe::error_t e = g->build(h, {fe::HeurMode_t::A});
-  if (e.is_bad()) return e;
-  int64_t ws = 0;
-  e = g->get_workspace_size(ws);
+  fe::error_t e = build_plans(*g, h, out);
   if (e.is_bad()) return e;
   out->g = g;
-  out->ws = ws;
   out->deterministic = deterministic;
   return e;
 }
@@ -210,6 +228,17 @@ int run(cudaStream_t stream, const ct_cudnn_attn_shape *s, int bwd,
     if (st != CUDNN_STATUS_SUCCESS) {
       say(err, errcap, std::string("cudnnSetStream: ") + cudnnGetErrorString(st));
       return -1;
+    }
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (c->tune && cudaStreamIsCapturing(stream, &cap) == cudaSuccess &&
+        cap == cudaStreamCaptureStatusNone) {
+      fe::error_t t = c->g->autotune(h, pack, ws);
+      if (t.is_bad()) {
+        say(err, errcap, std::string("cuDNN attention autotune ") + shape_str(s) + ": " +
+                             t.get_message());
+        return -1;
+      }
+      c->tune = false;
     }
     fe::error_t e = c->g->execute(h, pack, ws);
     if (e.is_bad()) {
