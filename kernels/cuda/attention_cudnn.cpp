@@ -48,6 +48,10 @@ struct cached_graph {
 // first) and, at a graph's first execution outside CUDA-graph capture, time them all on the real
 // buffers (cudnn-frontend's autotune: a warm-up, then runs until one is 5% off its best) and keep
 // the fastest; the workspace is sized for the largest plan. Read when a shape's graph is built.
+// Measured on an H200 (bench/results/cudnn_autotune_2026-11-30_H200_9688a32.txt): mode A offers
+// 2-5 plans a shape, and the timed choice ran no faster than the first (hd 128, T 8192 backward
+// 2693-2840 us against 2603-2614), so it stays opt-in. PyTorch's cuDNN there is 9.19 against
+// the machine's 9.14; loaded in its place it gave ctrain the same times within the noise.
 bool autotune_on() {
   const char *v = getenv("CT_CUDNN_AUTOTUNE");
   return v && !strcmp(v, "1");
