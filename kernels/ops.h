@@ -250,6 +250,15 @@ typedef struct ct_ops {
   int (*attention_decode_rope)(void *out, const void *raw, const void *qnw, const void *knw,
                                void *kc, void *vc, const int32_t *slot, const int32_t *pos, int N,
                                int H, int KV, int hd, int max_T, float theta, float eps);
+  /* attention_decode_rope (its atty not written) then matmul_add_fwd(out, atty, w, bias, res, N,
+   * H*hd, C), as one kernel where it applies (CUDA, 16-bit, thread block clusters (sm_90), opt-in:
+   * CT_DECODE_OPROJ=1): the same values up to the order of the projection's fp32 sums (each kv
+   * head's columns summed apart, then those shares in kv head order). out must not alias res.
+   * Returns as attention_decode_rope. NULL in tables without it. */
+  int (*attention_decode_oproj)(void *out, const void *raw, const void *qnw, const void *knw,
+                                void *kc, void *vc, const int32_t *slot, const int32_t *pos,
+                                const void *w, const void *bias, const void *res, int N, int H,
+                                int KV, int hd, int C, int max_T, float theta, float eps);
   /* The whole fused decode step of layers[0 .. nl-1] for ONE row (batch 1): for each layer
    * norm_matmul_fwd (x -> raw), qkv_rope_append (raw -> qkv, cache), attention_decode (-> atty),
    * matmul_add_fwd (-> res2), norm_matmul_swiglu_fwd (-> act), matmul_add_fwd (-> x), with the

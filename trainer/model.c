@@ -1321,16 +1321,24 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
   const void *qn = m->cfg.qk_norm ? DW(d, l, P_QNORM) : NULL;
   const void *kn = m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL;
   const float theta = (float)m->cfg.rope_theta;
-  /* one kernel where the table has it (< 0: a device error, reported by the backend's check) */
-  if (!o->attention_decode_rope ||
-      o->attention_decode_rope(atty, raw, qn, kn, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd,
-                               e->max_T, theta, eps) > 0) {
+  /* attention with the output projection, or attention, as one kernel where the table has it
+   * (< 0: a device error, reported by the backend's check) */
+  const bool with_proj =
+      o->attention_decode_oproj &&
+      o->attention_decode_oproj(res2, raw, qn, kn, e->kc[l], e->vc[l], slot, pos,
+                                DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), x, N, H, KV, hd, C,
+                                e->max_T, theta, eps) <= 0;
+  if (!with_proj &&
+      (!o->attention_decode_rope ||
+       o->attention_decode_rope(atty, raw, qn, kn, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd,
+                                e->max_T, theta, eps) > 0)) {
     o->qkv_rope_append(qkv, raw, qn, kn, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd, e->max_T,
                        theta, eps);
     o->attention_decode(atty, qkv, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd, e->max_T);
   }
   HINT(DW(d, l, P_PROJ_W), (size_t)F * C * ab);
-  o->matmul_add_fwd(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), x, N, H * hd, C);
+  if (!with_proj)
+    o->matmul_add_fwd(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), x, N, H * hd, C);
   /* the next layer's qkv weights, when that layer is on this device */
   if (l + 1 < d->l1) HINT(DW(d, l + 1, P_QKV_W), (size_t)W * C * ab);
   o->norm_matmul_swiglu_fwd(DA(d, act), DA(d, fch), ln, res2, DW(d, l, P_LN2_W), DW(d, l, P_FC_W),

@@ -1201,6 +1201,118 @@ __device__ __forceinline__ void att_rope_split(T (*q)[8 * LK], uint4 (&kr)[DEC_C
   __syncwarp();
 }
 
+// The output projection that attention_decode_oproj adds to attention_decode_rope_kernel's
+// cluster variant (ops.h): w (C, H*hd) and bias (C, or NULL) of the projection, res (N, C) the
+// residual, out (N, C) = round(round(atty @ w^T + bias) + res) as matmul_add_fwd stores it;
+// part (N, KV, C) fp32 and count (N, zero between launches) its scratch. w == NULL: no projection.
+template <typename T> struct oproj_args {
+  const T *w, *bias, *res;
+  T *out;
+  float *part;
+  unsigned *count;
+  int C;
+};
+
+// Block `r` of a cluster of `cs` owns output rows [j0, j1) = the r-th of cs equal spans of C.
+__device__ __forceinline__ void oproj_span(int C, unsigned cs, unsigned r, int *j0, int *j1) {
+  const int per = (C + (int)cs - 1) / (int)cs;
+  *j0 = min(C, (int)r * per);
+  *j1 = min(C, *j0 + per);
+}
+
+// Before the kernel waits: this block's rows of w, columns [kv*K, kv*K + K) (K = G * hd, the kv
+// head's query heads), asked into L2, a row (2K bytes) per thread at a time.
+template <typename T, int K>
+__device__ __forceinline__ void oproj_prefetch(const oproj_args<T> &op, int IC, int kv,
+                                               unsigned cs, unsigned r) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  int j0, j1;
+  oproj_span(op.C, cs, r, &j0, &j1);
+  for (int j = j0 + (int)threadIdx.x; j < j1; j += blockDim.x)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(op.w + (long)j * IC + (long)kv * K),
+                 "r"((unsigned)(K * sizeof(T))) : "memory");
+#else
+  (void)op, (void)IC, (void)kv, (void)cs, (void)r;
+#endif
+}
+
+#ifdef _CG_HAS_CLUSTER_GROUP
+// After the merge: om (block 0's shared memory) holds the kv head's K merged outputs, rounded to T
+// as attention_decode stores them. Each block of the cluster computes its rows' share of the
+// projection over those K columns (a warp per row: lane l the 16-byte chunks l, l + 32, ..., in
+// k order, then a butterfly sum) into part[n][kv]; the cluster that finishes row n last (a
+// counter, reset by it) sums the KV shares of each output in kv order and stores out as
+// matmul_add_fwd rounds it. Every block of the cluster calls it (it has cluster barriers).
+template <typename T, int K>
+__device__ __forceinline__ void oproj_tail(const oproj_args<T> &op, cooperative_groups::cluster_group &cl,
+                                           const T *om, int IC, int n, int kv, int KV) {
+  constexpr int CH = (K / 8 + 31) / 32; // 16-byte chunks a lane holds of a row
+  constexpr int RB = 8;                  // rows whose loads go out together
+  __shared__ __align__(16) T ol[K];
+  __shared__ int lastc;
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const unsigned r = cl.block_rank();
+  int j0, j1;
+  oproj_span(op.C, cl.num_blocks(), r, &j0, &j1);
+  const T *o0 = cl.map_shared_rank(om, 0u);
+  for (int i = threadIdx.x; i < K / 8; i += blockDim.x) ((uint4 *)ol)[i] = ((const uint4 *)o0)[i];
+  cl.sync(); // every block has its copy of om (block 0 may leave after the next barrier)
+  float xf[CH][8];
+#pragma unroll
+  for (int c = 0; c < CH; c++) {
+    const int ch = lane + 32 * c;
+    if (ch < K / 8) cvt8<T>(((const uint4 *)ol)[ch], xf[c]);
+    else
+#pragma unroll
+      for (int e = 0; e < 8; e++) xf[c][e] = 0.0f;
+  }
+  float *part = op.part + ((long)n * KV + kv) * op.C;
+  for (int jb = j0 + w; jb < j1; jb += nw * RB) {
+    uint4 wv[RB][CH];
+#pragma unroll
+    for (int b = 0; b < RB; b++) {
+      const int j = jb + b * nw;
+#pragma unroll
+      for (int c = 0; c < CH; c++) {
+        const int ch = lane + 32 * c;
+        wv[b][c] = j < j1 && ch < K / 8 ? ld_stream(op.w + (long)j * IC + (long)kv * K + ch * 8)
+                                        : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < RB; b++) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int c = 0; c < CH; c++) {
+        float wf[8];
+        cvt8<T>(wv[b][c], wf);
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc = fmaf(wf[e], xf[c][e], acc);
+      }
+      acc = warp_sum(acc);
+      const int j = jb + b * nw;
+      if (lane == 0 && j < j1) part[j] = acc;
+    }
+  }
+  __threadfence();
+  cl.sync(); // the cluster's share of row n stored and fenced
+  if (r == 0 && threadIdx.x == 0) lastc = atomicAdd(op.count + n, 1u) == (unsigned)KV - 1;
+  cl.sync();
+  const int last = *cl.map_shared_rank(&lastc, 0u);
+  cl.sync(); // block 0's flag read by every block
+  if (!last) return;
+  __threadfence();
+  for (int j = j0 + (int)threadIdx.x; j < j1; j += blockDim.x) {
+    float acc = 0.0f;
+    for (int k = 0; k < KV; k++) acc += __ldcg(op.part + ((long)n * KV + k) * op.C + j);
+    float v = acc + (op.bias ? ldf(op.bias + j) : 0.0f);
+    v = rounded<T>(v) + ldf(op.res + (long)n * op.C + j);
+    stf(op.out + (long)n * op.C + j, v);
+  }
+  if (r == 0 && threadIdx.x == 0) op.count[n] = 0;
+}
+#endif
+
 // qkv_rope_append_kernel and attention_decode_vec_kernel in one kernel (attention_decode_rope):
 // grid (ceil(splits / DEC_WARPS), KV, N) as the vec kernel. Each active split warp makes its G
 // query heads' q norm + rope from raw itself (into its shared memory, rounded to T as
@@ -1215,19 +1327,23 @@ __device__ __forceinline__ void att_rope_split(T (*q)[8 * LK], uint4 (&kr)[DEC_C
 // shared memory, a cluster barrier replaces the fence + counter + L2 round trips, and block 0 of
 // the cluster merges reading the others' shared memory (distributed shared memory); a second
 // barrier keeps the blocks resident until it has. Same arithmetic, so the same bits.
-template <typename T, int LK, int G, bool CL = false>
+// OP (with CL; attention_decode_oproj): the merged heads stay in block 0's shared memory and the
+// cluster goes on with the output projection (oproj_tail); out is not written.
+template <typename T, int LK, int G, bool CL = false, bool OP = false>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     attention_decode_rope_kernel(T *out, float *part, unsigned *count, const T *raw,
                                  const T *qnw, const T *knw, T *kc, T *vc, const int32_t *slot,
                                  const int32_t *pos, int H, int KV, int max_T, int splits,
                                  float scale, float theta, float eps, const void *pf,
-                                 size_t pfb) {
+                                 size_t pfb, oproj_args<T> op) {
+  static_assert(!OP || CL, "the output projection runs in the cluster variant only");
   constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   const int sp = blockIdx.x * DEC_WARPS + w, kv = blockIdx.y, n = blockIdx.z;
   __shared__ float cs_[hd / 2], sn_[hd / 2];
   __shared__ __align__(16) T qs[DEC_WARPS][G + 2][hd]; // a warp's q heads, the newest k, v
   __shared__ __align__(16) float ps[CL ? DEC_WARPS : 1][G][hd + 4]; // CL: the splits' rows
+  __shared__ __align__(16) T om[OP ? G * hd : 8];                    // OP: the merged heads
   __shared__ int last;
   l2_prefetch_slice(pf, pfb);
   pdl_trigger();
@@ -1245,6 +1361,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     vr[j] = old_key ? *(const uint4 *)(Vc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
   }
   rope_table(cs_, sn_, hd, p, theta); // qkv_rope_append_kernel's table
+  if constexpr (OP) oproj_prefetch<T, G * hd>(op, H * hd, kv, gridDim.x, blockIdx.x);
   pdl_wait();
   __syncthreads();
   if (active) {
@@ -1266,10 +1383,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
           const float *r = cl.map_shared_rank(&ps[0][0][0], (unsigned)(sp_ / DEC_WARPS));
           return r[((sp_ % DEC_WARPS) * G + g) * (hd + 4) + i];
         };
-        att_merge_core<T, hd>(out + (long)n * H * hd + (long)(kv * G + g) * hd, ld, used, lane);
+        att_merge_core<T, hd>(OP ? &om[g * hd] : out + (long)n * H * hd + (long)(kv * G + g) * hd,
+                              ld, used, lane);
       }
     }
-    cl.sync(); // block 0 has read every block's rows
+    cl.sync(); // block 0 has read every block's rows (and with OP written om)
+    if constexpr (OP) oproj_tail<T, G * hd>(op, cl, &om[0], H * hd, n, kv, KV);
 #else
     __trap();
 #endif
@@ -2145,9 +2264,77 @@ bool cluster_on() {
 }
 long cluster_launches; // of them, launched as clusters
 
+// attention_decode_oproj (ops.h): the output projection inside the cluster attention kernel, so
+// a layer's step has one kernel boundary fewer (oproj_tail). Opt-in (CT_DECODE_OPROJ=1) until it
+// is measured on a GPU; read at every call.
+bool oproj_on() {
+  const char *v = getenv("CT_DECODE_OPROJ");
+  return v && !strcmp(v, "1");
+}
+long oproj_launches; // attention kernels launched with the output projection
+
 // qkv_rope_append then attention_decode (ops.h) as attention_decode_rope_kernel: 16-bit tables,
 // head dims 64 / 128, 1, 2 or 4 query heads per kv head; 1 (the caller runs the two ops) where it
-// does not apply.
+// does not apply. op.w != NULL: attention_decode_oproj, which needs the cluster variant.
+template <typename T>
+int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw, void *kc,
+                    void *vc, const int32_t *slot, const int32_t *pos, int N, int H, int KV,
+                    int hd, int max_T, float theta, float eps, oproj_args<T> op) {
+  if (N <= 0 || !fused_att_on(N) || !gemv_on() || !v2_on() || (hd != 64 && hd != 128) || KV <= 0 ||
+      H % KV)
+    return 1;
+  const int G = H / KV;
+  const size_t counters = (size_t)(N * KV + (op.w ? N : 0) + ARGMAX_MAX_ROWS) * sizeof(unsigned);
+  if ((G != 1 && G != 2 && G != 4) || !aligned16(kc) || !aligned16(vc) || counters > SPLIT_COUNT_BYTES)
+    return 1;
+  const int splits = (max_T + DEC_CHUNK - 1) / DEC_CHUNK;
+  const dim3 g((splits + DEC_WARPS - 1) / DEC_WARPS, KV, N);
+  const bool cl = cluster_on() && g.x > 1 && g.x <= 8;
+  if (op.w && (!cl || !aligned16(op.w) || op.C <= 0)) return 1;
+  const size_t part_floats = (size_t)N * H * splits * (hd + 4);
+  char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + sizeof(float) *
+                                    (part_floats + (op.w ? (size_t)N * KV * op.C : 0)));
+  if (!buf) return -1;
+  float *part = (float *)(buf + SPLIT_COUNT_BYTES);
+  unsigned *cnt = (unsigned *)buf;
+  if (op.w) {
+    op.part = part + part_floats;
+    op.count = cnt + N * KV; // after attention's counters (unused by the cluster merge)
+  }
+  const float sc = 1.0f / sqrtf((float)hd);
+  const l2_hint_t h = take_hint(true);
+  T *o = (T *)out, *K = (T *)kc, *V = (T *)vc;
+  const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
+  bool ok = false;
+#define ATT_ROPE(LK, G_)                                                                          \
+  ok = op.w ? launch_cl("attention_decode_oproj", "attention_decode_rope_kernel",                 \
+                        attention_decode_rope_kernel<T, LK, G_, true, true>, g, DEC_WARPS * 32, 0,  \
+                        g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc,   \
+                        theta, eps, h.p, h.bytes, op)                                             \
+     : cl ? launch_cl("attention_decode_rope", "attention_decode_rope_kernel",                     \
+                      attention_decode_rope_kernel<T, LK, G_, true>, g, DEC_WARPS * 32, 0, g.x, o, \
+                      part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, \
+                      h.p, h.bytes, op)                                                            \
+          : launch("attention_decode_rope", "attention_decode_rope_kernel",                        \
+                   attention_decode_rope_kernel<T, LK, G_>, g, DEC_WARPS * 32, 0, o, part, cnt, r, \
+                   gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, h.p, h.bytes, op)
+  if (hd == 64) {
+    if (G == 1) ATT_ROPE(8, 1);
+    else if (G == 2) ATT_ROPE(8, 2);
+    else ATT_ROPE(8, 4);
+  } else {
+    if (G == 1) ATT_ROPE(16, 1);
+    else if (G == 2) ATT_ROPE(16, 2);
+    else ATT_ROPE(16, 4);
+  }
+#undef ATT_ROPE
+  if (!ok) return -1;
+  fa_launches++;
+  if (cl) cluster_launches++;
+  if (op.w) oproj_launches++;
+  return 0;
+}
+
 template <typename T>
 int cu_attention_decode_rope(void *out, const void *raw, const void *qnw, const void *knw,
                              void *kc, void *vc, const int32_t *slot, const int32_t *pos, int N,
@@ -2155,48 +2342,23 @@ int cu_attention_decode_rope(void *out, const void *raw, const void *qnw, const 
   if constexpr (sizeof(T) != 2) {
     return 1;
   } else {
-    if (N <= 0 || !fused_att_on(N) || !gemv_on() || !v2_on() || (hd != 64 && hd != 128) ||
-        KV <= 0 || H % KV)
-      return 1;
-    const int G = H / KV;
-    if ((G != 1 && G != 2 && G != 4) || !aligned16(kc) || !aligned16(vc) ||
-        (size_t)(N * KV + ARGMAX_MAX_ROWS) * sizeof(unsigned) > SPLIT_COUNT_BYTES)
-      return 1;
-    const int splits = (max_T + DEC_CHUNK - 1) / DEC_CHUNK;
-    char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + sizeof(float) * (size_t)N * H * splits *
-                                                              (hd + 4));
-    if (!buf) return -1;
-    float *part = (float *)(buf + SPLIT_COUNT_BYTES);
-    unsigned *cnt = (unsigned *)buf;
-    const dim3 g((splits + DEC_WARPS - 1) / DEC_WARPS, KV, N);
-    const float sc = 1.0f / sqrtf((float)hd);
-    const l2_hint_t h = take_hint(true);
-    T *o = (T *)out, *K = (T *)kc, *V = (T *)vc;
-    const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
-    const bool cl = cluster_on() && g.x > 1 && g.x <= 8;
-    bool ok = false;
-#define ATT_ROPE(LK, G_)                                                                          \
-  ok = cl ? launch_cl("attention_decode_rope", "attention_decode_rope_kernel",                     \
-                      attention_decode_rope_kernel<T, LK, G_, true>, g, DEC_WARPS * 32, 0, g.x, o, \
-                      part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, \
-                      h.p, h.bytes)                                                                \
-          : launch("attention_decode_rope", "attention_decode_rope_kernel",                        \
-                   attention_decode_rope_kernel<T, LK, G_>, g, DEC_WARPS * 32, 0, o, part, cnt, r, \
-                   gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, h.p, h.bytes)
-    if (hd == 64) {
-      if (G == 1) ATT_ROPE(8, 1);
-      else if (G == 2) ATT_ROPE(8, 2);
-      else ATT_ROPE(8, 4);
-    } else {
-      if (G == 1) ATT_ROPE(16, 1);
-      else if (G == 2) ATT_ROPE(16, 2);
-      else ATT_ROPE(16, 4);
-    }
-#undef ATT_ROPE
-    if (!ok) return -1;
-    fa_launches++;
-    if (cl) cluster_launches++;
-    return 0;
+    return att_rope_launch<T>(out, raw, qnw, knw, kc, vc, slot, pos, N, H, KV, hd, max_T, theta,
+                              eps, oproj_args<T>{});
+  }
+}
+
+template <typename T>
+int cu_attention_decode_oproj(void *out, const void *raw, const void *qnw, const void *knw,
+                              void *kc, void *vc, const int32_t *slot, const int32_t *pos,
+                              const void *w, const void *bias, const void *res, int N, int H,
+                              int KV, int hd, int C, int max_T, float theta, float eps) {
+  if constexpr (sizeof(T) != 2) {
+    return 1;
+  } else {
+    if (!oproj_on() || !w || !res || !out || out == res) return 1;
+    oproj_args<T> op{(const T *)w, (const T *)bias, (const T *)res, (T *)out, nullptr, nullptr, C};
+    return att_rope_launch<T>(NULL, raw, qnw, knw, kc, vc, slot, pos, N, H, KV, hd, max_T, theta,
+                              eps, op);
   }
 }
 
@@ -2212,6 +2374,7 @@ template <typename T> void fill(ct_ops *t) {
   t->qkv_rope_append = cu_qkv_rope_append<T>;
   t->decode_layers = cu_decode_layers<T>;
   t->attention_decode_rope = cu_attention_decode_rope<T>;
+  t->attention_decode_oproj = cu_attention_decode_oproj<T>;
   t->l2_hint = cu_l2_hint;
 }
 
@@ -2237,3 +2400,4 @@ extern "C" long ct_cuda_attention_decode_rope_launches(void) { return fa_launche
 extern "C" long ct_cuda_l2_hints_used(void) { return hints_used; }
 extern "C" long ct_cuda_gemv_staged_launches(void) { return staged_launches; }
 extern "C" long ct_cuda_attention_cluster_launches(void) { return cluster_launches; }
+extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }

@@ -126,6 +126,8 @@ long ct_cuda_attention_decode_rope_launches(void);
 long ct_cuda_l2_hints_used(void);
 /* How many staged decode GEMVs (CT_DECODE_STAGE=1) were launched or recorded into graphs (tests). */
 long ct_cuda_gemv_staged_launches(void);
+/* How many attention_decode_oproj kernels were launched or recorded into graphs (tests). */
+long ct_cuda_attention_oproj_launches(void);
 /* How many attention_decode_rope kernels ran as thread block clusters (CT_DECODE_CLUSTER=1; tests). */
 long ct_cuda_attention_cluster_launches(void);
 

@@ -500,6 +500,7 @@ static void test_engine(void) {
 
 /* one sequence with room for max_len positions: a `prompt`-token prompt, then `steps` decode
  * steps of one row; logits of each (1 + steps rows of Vp) */
+static int g_graphs = 1; /* engine_logits_seq's CUDA graphs for decode steps: 1 on, 0 off */
 static void engine_logits_seq(ct_model *m, const ct_ops *o, float *out, int max_len, int max_rows,
                               int prompt, int steps) {
   ct_infer_cfg ic = CT_INFER_CFG_INIT;
@@ -507,7 +508,7 @@ static void engine_logits_seq(ct_model *m, const ct_ops *o, float *out, int max_
   ic.max_len = max_len;
   ic.max_rows = max_rows;
   ic.device = 0;
-  ic.graphs = 1;
+  ic.graphs = g_graphs;
   ct_infer *e = NULL;
   CHECK(ct_infer_create(m, o, &ic, &e) == CT_OK);
   if (!e) return;
@@ -690,6 +691,53 @@ static void test_attention_cluster(void) {
   }
 }
 
+/* attention_decode_oproj (CT_DECODE_OPROJ=1: the output projection inside the cluster attention
+ * kernel, each kv head's share summed apart and the shares in kv order) against the separate
+ * projection and the CPU engine: logits within bf16 tolerance (the projection's sums go in
+ * another order), and with CUDA graphs equal to without them bit for bit; GQA 1, 2 and 4, head
+ * dims 64 and 128, the cluster test's lengths (clusters of 4 blocks) */
+static void test_attention_oproj(void) {
+  static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
+  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+    ct_model *m = tiny_llama_T(2, S[si][0], S[si][1], S[si][2], true, 51 + (uint64_t)si, 256);
+    if (!m) return;
+    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m)), rows = 13, n = rows * Vp;
+    float *ref = calloc(n, 4), *a = calloc(n, 4), *b = calloc(n, 4), *c = calloc(n, 4);
+    char what[160];
+    engine_logits_seq(m, ct_ops_cpu(), ref, 200, 256, 70, 12);
+    unsetenv("CT_DECODE_OPROJ");
+    engine_logits_seq(m, ct_ops_cuda_bf16(), a, 200, 256, 70, 12);
+    const long before = ct_cuda_attention_oproj_launches();
+    setenv("CT_DECODE_OPROJ", "1", 1);
+    engine_logits_seq(m, ct_ops_cuda_bf16(), b, 200, 256, 70, 12);
+    const long ran = ct_cuda_attention_oproj_launches() - before;
+    g_graphs = 0;
+    engine_logits_seq(m, ct_ops_cuda_bf16(), c, 200, 256, 70, 12);
+    g_graphs = 1;
+    unsetenv("CT_DECODE_OPROJ");
+    snprintf(what, sizeof what, "attention + output projection C%d H%d KV%d", S[si][0], S[si][1],
+             S[si][2]);
+    CHECK_MSG(ran > 0, "%s: the fused kernel did not run", what);
+    char w2[200];
+    snprintf(w2, sizeof w2, "%s vs the separate projection", what);
+    const double e_sep = ct_check_close(w2, b, a, n, 3e-2, 1e-6);
+    snprintf(w2, sizeof w2, "%s vs the CPU engine", what);
+    const double e_cpu = ct_check_close(w2, b, ref, n, 3e-2, 1e-6);
+    const double e_def = ct_check_close("separate projection vs the CPU engine", a, ref, n, 3e-2, 1e-6);
+    size_t diff = 0;
+    for (size_t i = 0; i < n; i++) diff += memcmp(&b[i], &c[i], 4) != 0;
+    CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ between graphs and no graphs", what, diff, n);
+    printf("%s: %ld launches; normalized error %.2e vs the separate projection, %.2e vs CPU (the"
+           " separate projection's: %.2e); graphs = no graphs: %s\n", what, ran, e_sep, e_cpu,
+           e_def, diff ? "DIFFER" : "bit-identical");
+    free(ref);
+    free(a);
+    free(b);
+    free(c);
+    ct_model_destroy(m);
+  }
+}
+
 int main(void) {
   char err[512];
   const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -713,6 +761,7 @@ int main(void) {
   test_l2_hints();
   test_staged_gemv();
   test_attention_cluster();
+  test_attention_oproj();
   const char *perf = getenv("CT_TEST_PERF");
   if (perf && perf[0] == '1') perf_fused(ct_ops_cuda_bf16());
   ct_cuda_shutdown();
