@@ -184,9 +184,11 @@ __device__ __forceinline__ void pdl_wait() {
 }
 
 bool stage_on();
+bool oproj_on();
 
-// With the staged GEMV (gemv_staged_kernel) every decode kernel asks for the largest shared-memory
-// carveout: a multiprocessor runs blocks of one carveout at a time, so a kernel with a smaller one
+// With the staged GEMV (gemv_staged_kernel) or the output projection in the attention kernel
+// (attention_decode_oproj, whose blocks hold their weight rows) every decode kernel asks for the
+// largest shared-memory carveout: a multiprocessor runs blocks of one carveout at a time, so a kernel with a smaller one
 // could not start beside a staged GEMV (programmatic dependent launch) until it drained. Once per
 // kernel and device.
 void max_carveout(const void *k) {
@@ -220,7 +222,7 @@ bool nulled(const char *name) {
 template <typename... P, typename... A>
 bool launch_cl(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 block,
                size_t smem, unsigned cluster, A... args) {
-  if (stage_on()) max_carveout((const void *)k);
+  if (stage_on() || oproj_on()) max_carveout((const void *)k);
   if (strcmp(name, "null_kernel") && nulled(name))
     return launch_cl(op, "null_kernel", null_kernel, grid, block, 0, cluster);
   cudaLaunchConfig_t cfg = {};
@@ -2280,17 +2282,20 @@ bool oproj_on() {
 }
 long oproj_launches; // attention kernels launched with the output projection
 #define OP_SMEM_MAX (160 * 1024)
-// The OP kernel's dynamic shared memory limit raised to OP_SMEM_MAX, once per kernel and device.
-template <typename K> bool smem_raised(K *k) {
-  static bool raised[16];
+// The OP kernel's dynamic shared memory limit raised to OP_SMEM_MAX, once per kernel and device
+// (a list of kernels: keyed by the function's type, every instantiation would share one flag, which
+// is how the first version raised only the first head dim's kernel).
+bool smem_raised(const void *k) {
+  static const void *done[16][16];
+  static int n[16];
   int dev = 0;
   if (!CKD("attention_decode_oproj", cudaGetDevice(&dev)) || dev < 0 || dev >= 16) return false;
-  if (!raised[dev]) {
-    if (!CKD("attention_decode_oproj",
-             cudaFuncSetAttribute((const void *)k, cudaFuncAttributeMaxDynamicSharedMemorySize, OP_SMEM_MAX)))
-      return false;
-    raised[dev] = true;
-  }
+  for (int i = 0; i < n[dev]; i++)
+    if (done[dev][i] == k) return true;
+  if (!CKD("attention_decode_oproj",
+           cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, OP_SMEM_MAX)))
+    return false;
+  if (n[dev] < 16) done[dev][n[dev]++] = k;
   return true;
 }
 
@@ -2330,7 +2335,7 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
   bool ok = false;
 #define ATT_ROPE(LK, G_)                                                                          \
-  ok = op.w ? smem_raised(attention_decode_rope_kernel<T, LK, G_, true, true>) &&                  \
+  ok = op.w ? smem_raised((const void *)attention_decode_rope_kernel<T, LK, G_, true, true>) &&   \
                   launch_cl("attention_decode_oproj", "attention_decode_rope_kernel",             \
                         attention_decode_rope_kernel<T, LK, G_, true, true>, g, DEC_WARPS * 32,     \
                         osmem, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc,   \
