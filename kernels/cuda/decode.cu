@@ -185,6 +185,15 @@ __device__ __forceinline__ void pdl_wait() {
 
 bool stage_on();
 bool oproj_on();
+// Whether decode kernels ask for the largest shared-memory carveout (max_carveout): with the
+// staged GEMV or attention_decode_oproj, unless CT_DECODE_CARVEOUT=0; CT_DECODE_CARVEOUT=1 asks
+// it for the default kernels too (a measurement). Read at every launch.
+int carveout_mode() {
+  const char *v = getenv("CT_DECODE_CARVEOUT");
+  if (v && !strcmp(v, "0")) return 0;
+  if (v && !strcmp(v, "1")) return 1;
+  return stage_on() || oproj_on();
+}
 
 // With the staged GEMV (gemv_staged_kernel) or the output projection in the attention kernel
 // (attention_decode_oproj, whose blocks hold their weight rows) every decode kernel asks for the
@@ -222,7 +231,7 @@ bool nulled(const char *name) {
 template <typename... P, typename... A>
 bool launch_cl(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 block,
                size_t smem, unsigned cluster, A... args) {
-  if (stage_on() || oproj_on()) max_carveout((const void *)k);
+  if (carveout_mode() > 0) max_carveout((const void *)k);
   if (strcmp(name, "null_kernel") && nulled(name))
     return launch_cl(op, "null_kernel", null_kernel, grid, block, 0, cluster);
   cudaLaunchConfig_t cfg = {};
