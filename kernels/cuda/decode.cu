@@ -30,7 +30,8 @@
 // CT_CUDA_PDL=0 turn the fused kernels and the early launches off (for comparisons).
 //
 // Where a batch-1 token's time goes (H200, Qwen3-0.6B shape, 735 us a token, 40% of the 292.7 us
-// bound; ncu of one decode step, bench/results/ncu_prof_2026-11-30_1xH200_2cc4359.tar.xz, each
+// bound, before the largest shared-memory carveout became the default (carveout_mode: 690 us,
+// 42%); ncu of one decode step, bench/results/ncu_prof_2026-11-30_1xH200_2cc4359.tar.xz, each
 // kernel alone with cold caches): per layer gate/up 8.0 us (12.6 MB: 1.6 TB/s), down 6.5 (6.3 MB),
 // qkv 6.6 (8.4 MB), attention_decode_rope 11.1, o_proj 5.4 (4.2 MB); together 37.6 us, while a
 // layer of the graph-launched step costs ~23 us (the CT_DECODE_NULL runs of cc0e9f0: GEMVs ~13
@@ -185,20 +186,21 @@ __device__ __forceinline__ void pdl_wait() {
 
 bool stage_on();
 bool oproj_on();
-// Whether decode kernels ask for the largest shared-memory carveout (max_carveout): with the
-// staged GEMV or attention_decode_oproj, unless CT_DECODE_CARVEOUT=0; CT_DECODE_CARVEOUT=1 asks
-// it for the default kernels too (a measurement). Read at every launch.
+// Whether decode kernels ask for the largest shared-memory carveout (max_carveout): yes unless
+// CT_DECODE_CARVEOUT=0. Measured on an H200 (Qwen3-0.6B shape, bench/results/call31_289960a.txt):
+// batch-1 decode 1,449 tokens/s with it against 1,360 (twice) without, batch 8 the same (4,372
+// against 4,365). A multiprocessor runs blocks of one carveout at a time, so where the driver
+// picked a smaller one for a kernel, the next kernel's blocks (launched early, programmatic
+// dependent launch) waited for its blocks to drain instead of starting beside them. Until then it
+// was on only with the staged GEMV (and attention_decode_oproj). Read at every launch.
 int carveout_mode() {
   const char *v = getenv("CT_DECODE_CARVEOUT");
-  if (v && !strcmp(v, "0")) return 0;
-  if (v && !strcmp(v, "1")) return 1;
-  return stage_on() || oproj_on();
+  return !(v && !strcmp(v, "0"));
 }
 
-// With the staged GEMV (gemv_staged_kernel) or the output projection in the attention kernel
-// (attention_decode_oproj, whose blocks hold their weight rows) every decode kernel asks for the
-// largest shared-memory carveout: a multiprocessor runs blocks of one carveout at a time, so a kernel with a smaller one
-// could not start beside a staged GEMV (programmatic dependent launch) until it drained. Once per
+// Every decode kernel asks for the largest shared-memory carveout (carveout_mode): a
+// multiprocessor runs blocks of one carveout at a time, so a kernel with a smaller one could not
+// start beside the kernel before it (programmatic dependent launch) until that drained. Once per
 // kernel and device.
 void max_carveout(const void *k) {
   static const void *done[16][64];
@@ -2283,8 +2285,14 @@ bool cluster_on() {
 long cluster_launches; // of them, launched as clusters
 
 // attention_decode_oproj (ops.h): the output projection inside the cluster attention kernel, so
-// a layer's step has one kernel boundary fewer (oproj_tail). Opt-in (CT_DECODE_OPROJ=1) until it
-// is measured on a GPU; read at every call.
+// a layer's step has one kernel boundary fewer (oproj_tail). Correct on an H200 (test_decode_cuda:
+// logits equal to the separate projection's, graphs equal to no graphs; generate_gpu.sh; the same
+// greedy tokens on the Qwen3-0.6B shape) but slower there: batch-1 decode 1,145-1,151 tokens/s
+// against 1,361-1,362, batch 8 3,457-3,460 against 4,381-4,386 (bench/results/call30_3dc83bd.txt;
+// without the largest carveout 1,109). At batch 8 every row's cluster copies its kv head's
+// projection columns again (8 x 4.2 MB); at batch 1 the cluster barriers, the counter and the last
+// cluster's sum cost more on the attention kernel's critical path than the projection's own
+// kernel did. So it stays opt-in (CT_DECODE_OPROJ=1), read at every call.
 bool oproj_on() {
   const char *v = getenv("CT_DECODE_OPROJ");
   return v && !strcmp(v, "1");
