@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # What the next GPU session should run first, in priority order (each PART well under the
-# 10-minute call limit; CUDA build in build-gpu with cuDNN attention; pass COMMIT). Session 9
-# learned: profile first (its one ncu run found flash3's block order, 0.7-0.8x the time, where
-# session 8's blind variants gained 0-2%); a full-set ncu run of 60 decode kernels took ~5 of the
-# 30 device minutes, so profile few kernels; at most 8 files come back from a call (prof tars).
+# 10-minute call limit; CUDA build in build-gpu with cuDNN attention; pass COMMIT). Session 10
+# learned: the largest shared-memory carveout for every decode kernel was worth 6.5% at batch 1
+# (one env switch, CT_DECODE_CARVEOUT), more than its fused attention + output projection
+# (CT_DECODE_OPROJ=1: correct, 0.84x); the host has no nsys (ncu works, --clock-control none);
+# at most 8 files come back from a call (prof tars); a full-set ncu run of 60 decode kernels
+# costs ~5 of the 30 device minutes, so profile few kernels.
+#   decode   first: the Transformers ratio at the new default (not re-run since 4.24x), and
+#            PROF=decode on a few kernels to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
 #            (session 9's last commits changed flash3's tile_of after its checks) and backward
 #            form 2's new bit 4 (flash3-bwd2o4 / -bwd2o6: hd 64's own-keys dQ, never run yet)
