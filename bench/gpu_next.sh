@@ -92,7 +92,7 @@ for part in "$@"; do
     decode)
       CTRAIN=$CT COMPILE_BATCHES=1 timeout 300 bash bench/gpu_decode.sh
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16"
-      for e in CT_DECODE_CLUSTER=0 CT_DECODE_FUSED_ATT=0 CT_DECODE_STAGE=1 CT_DECODE_PREFETCH=att; do
+      for e in CT_DECODE_CARVEOUT=0 CT_DECODE_OPROJ=1 CT_DECODE_CLUSTER=0 CT_DECODE_FUSED_ATT=0 CT_DECODE_STAGE=1; do
         env $e timeout 90 $G --batch 1,1,8,64 --cuda_graphs auto 2>&1 >/dev/null | grep '^stats' | sed "s/^/$e /"
       done
       a=$(CT_DECODE_STAGE=1 timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids --cuda_graphs on 2>/dev/null | md5sum)

@@ -2354,16 +2354,17 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
 #define ATT_ROPE(LK, G_)                                                                          \
   ok = op.w ? smem_raised((const void *)attention_decode_rope_kernel<T, LK, G_, true, true>) &&   \
                   launch_cl("attention_decode_oproj", "attention_decode_rope_kernel",             \
-                        attention_decode_rope_kernel<T, LK, G_, true, true>, g, DEC_WARPS * 32,     \
-                        osmem, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc,   \
-                        theta, eps, h.p, h.bytes, op)                                             \
-     : cl ? launch_cl("attention_decode_rope", "attention_decode_rope_kernel",                     \
-                      attention_decode_rope_kernel<T, LK, G_, true>, g, DEC_WARPS * 32, 0, g.x, o, \
-                      part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, \
-                      h.p, h.bytes, op)                                                            \
-          : launch("attention_decode_rope", "attention_decode_rope_kernel",                        \
-                   attention_decode_rope_kernel<T, LK, G_>, g, DEC_WARPS * 32, 0, o, part, cnt, r, \
-                   gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, h.p, h.bytes, op)
+                            attention_decode_rope_kernel<T, LK, G_, true, true>, g,               \
+                            DEC_WARPS * 32, osmem, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, \
+                            H, KV, max_T, splits, sc, theta, eps, h.p, h.bytes, op)               \
+     : cl ? launch_cl("attention_decode_rope", "attention_decode_rope_kernel",                    \
+                      attention_decode_rope_kernel<T, LK, G_, true>, g, DEC_WARPS * 32, 0, g.x,   \
+                      o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta,  \
+                      eps, h.p, h.bytes, op)                                                      \
+          : launch("attention_decode_rope", "attention_decode_rope_kernel",                       \
+                   attention_decode_rope_kernel<T, LK, G_>, g, DEC_WARPS * 32, 0, o, part, cnt,   \
+                   r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, h.p,         \
+                   h.bytes, op)
   if (hd == 64) {
     if (G == 1) ATT_ROPE(8, 1);
     else if (G == 2) ATT_ROPE(8, 2);
