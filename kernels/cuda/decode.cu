@@ -30,7 +30,7 @@
 // CT_CUDA_PDL=0 turn the fused kernels and the early launches off (for comparisons).
 //
 // Where a batch-1 token's time goes (H200, Qwen3-0.6B shape, 735 us a token, 40% of the 292.7 us
-// bound, before the largest shared-memory carveout became the default (carveout_mode: 690 us,
+// bound, before the largest shared-memory carveout became the default (carveout_on: 690 us,
 // 42%); ncu of one decode step, bench/results/ncu_prof_2026-11-30_1xH200_2cc4359.tar.xz, each
 // kernel alone with cold caches): per layer gate/up 8.0 us (12.6 MB: 1.6 TB/s), down 6.5 (6.3 MB),
 // qkv 6.6 (8.4 MB), attention_decode_rope 11.1, o_proj 5.4 (4.2 MB); together 37.6 us, while a
@@ -184,35 +184,48 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-bool stage_on();
-bool oproj_on();
+// Per-kernel attributes are set once per kernel and device: the kernels already set, by pointer
+// (a template keyed by the kernel's type would share one entry between every instantiation with
+// the same parameters).
+struct kernel_list {
+  const void *k[16][64];
+  int n[16];
+};
+// The current device (-1 where it cannot be had) and whether k is on its list.
+int listed(const kernel_list &l, const void *k, bool *in) {
+  int dev = 0;
+  *in = false;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return -1;
+  for (int i = 0; i < l.n[dev]; i++)
+    if (l.k[dev][i] == k) *in = true;
+  return dev;
+}
+void add_listed(kernel_list &l, int dev, const void *k) {
+  if (l.n[dev] < 64) l.k[dev][l.n[dev]++] = k;
+}
+
 // Whether decode kernels ask for the largest shared-memory carveout (max_carveout): yes unless
 // CT_DECODE_CARVEOUT=0. Measured on an H200 (Qwen3-0.6B shape, bench/results/call31_289960a.txt):
 // batch-1 decode 1,449 tokens/s with it against 1,360 (twice) without, batch 8 the same (4,372
 // against 4,365). A multiprocessor runs blocks of one carveout at a time, so where the driver
 // picked a smaller one for a kernel, the next kernel's blocks (launched early, programmatic
 // dependent launch) waited for its blocks to drain instead of starting beside them. Until then it
-// was on only with the staged GEMV (and attention_decode_oproj). Read at every launch.
-int carveout_mode() {
+// was on only with the staged GEMV. Read at every launch.
+bool carveout_on() {
   const char *v = getenv("CT_DECODE_CARVEOUT");
   return !(v && !strcmp(v, "0"));
 }
 
-// Every decode kernel asks for the largest shared-memory carveout (carveout_mode): a
-// multiprocessor runs blocks of one carveout at a time, so a kernel with a smaller one could not
-// start beside the kernel before it (programmatic dependent launch) until that drained. Once per
-// kernel and device.
+// Kernel k asks for the largest shared-memory carveout (carveout_on), once per device.
 void max_carveout(const void *k) {
-  static const void *done[16][64];
-  static int n[16];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return;
-  for (int i = 0; i < n[dev]; i++)
-    if (done[dev][i] == k) return;
+  static kernel_list done;
+  bool in;
+  const int dev = listed(done, k, &in);
+  if (dev < 0 || in) return;
   if (cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout,
                            cudaSharedmemCarveoutMaxShared) != cudaSuccess)
     cudaGetLastError(); // a preference: the launch goes on without it
-  if (n[dev] < 64) done[dev][n[dev]++] = k;
+  add_listed(done, dev, k);
 }
 
 // CT_DECODE_NULL=NAME,NAME... (or "all"): a measurement, not a mode. The named kernels launch as
@@ -233,7 +246,7 @@ bool nulled(const char *name) {
 template <typename... P, typename... A>
 bool launch_cl(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 block,
                size_t smem, unsigned cluster, A... args) {
-  if (carveout_mode() > 0) max_carveout((const void *)k);
+  if (carveout_on()) max_carveout((const void *)k);
   if (strcmp(name, "null_kernel") && nulled(name))
     return launch_cl(op, "null_kernel", null_kernel, grid, block, 0, cluster);
   cudaLaunchConfig_t cfg = {};
@@ -2299,20 +2312,20 @@ bool oproj_on() {
 }
 long oproj_launches; // attention kernels launched with the output projection
 #define OP_SMEM_MAX (160 * 1024)
-// The OP kernel's dynamic shared memory limit raised to OP_SMEM_MAX, once per kernel and device
-// (a list of kernels: keyed by the function's type, every instantiation would share one flag, which
-// is how the first version raised only the first head dim's kernel).
+// The OP kernel's dynamic shared memory limit raised to OP_SMEM_MAX, once per kernel and device.
 bool smem_raised(const void *k) {
-  static const void *done[16][16];
-  static int n[16];
-  int dev = 0;
-  if (!CKD("attention_decode_oproj", cudaGetDevice(&dev)) || dev < 0 || dev >= 16) return false;
-  for (int i = 0; i < n[dev]; i++)
-    if (done[dev][i] == k) return true;
+  static kernel_list done;
+  bool in;
+  const int dev = listed(done, k, &in);
+  if (dev < 0) {
+    ct_cuda_report("attention_decode_oproj", "cudaGetDevice", "no current device", __FILE__, __LINE__);
+    return false;
+  }
+  if (in) return true;
   if (!CKD("attention_decode_oproj",
            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, OP_SMEM_MAX)))
     return false;
-  if (n[dev] < 16) done[dev][n[dev]++] = k;
+  add_listed(done, dev, k);
   return true;
 }
 
