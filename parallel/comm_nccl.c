@@ -54,6 +54,32 @@ typedef struct pending {
   char what[96]; /* "all_reduce (f32 sum, 1000 elements)" */
 } pending;
 
+/* CT_COMM_TRACE=1 (a measurement, off by default): where the collectives overlapped with a
+ * backward sit in time. For each collective queued while overlapping, timing events at the
+ * compute-stream point it follows (ready), where the side stream reaches it (start) and after it
+ * (end); ct_comm_join closes a batch with a compute-stream event (the join: for ddp the end of
+ * backward, after the last bucket was queued). A batch is read at the next join (the host has
+ * waited on the stream since), and batches of 3 or more collectives after the first 3 are summed:
+ * the last 8 collectives' ready / start / end times from the join, how long the side stream was
+ * busy and the longest wait of a collective for it. Printed to stderr when the group is
+ * destroyed, one block per rank. */
+#define TRACE_LAST 8
+typedef struct trace_rec {
+  cudaEvent_t ready, start, end;
+} trace_rec;
+typedef struct ctrace {
+  trace_rec rec[RING];
+  cudaEvent_t join;        /* the pending batch's join point */
+  uint64_t from, to;       /* its collectives: seq from + 1 .. to */
+  bool pending;
+  uint64_t open_from;      /* the collectives since the last join start after this seq */
+  int seen;                /* batches of 3 or more read */
+  int summed;              /* of them, summed below */
+  double ready[TRACE_LAST], start[TRACE_LAST], end[TRACE_LAST];
+  int count[TRACE_LAST];
+  double busy, lag, colls;
+} ctrace;
+
 typedef struct ngroup {
   ncclComm_t comm; /* NULL once aborted or destroyed */
   int rank, size, device;
@@ -71,6 +97,7 @@ typedef struct ngroup {
   void (*abort_hook)(void *ctx); /* the copy-engine all-reduce's (ct_comm_nccl_set_abort_hook) */
   void *abort_ctx;
   pending ring[RING];
+  ctrace *tr;             /* CT_COMM_TRACE=1, or NULL */
   int nev;                /* events created */
   uint64_t issued, done;  /* collectives queued; the first `done` are known complete */
 } ngroup;
@@ -188,8 +215,89 @@ static ncclComm_t cur(const ngroup *g) { return g->use_lean && g->lean ? g->lean
 
 /* ---- the group ---- */
 
+static void trace_free(ctrace *t) {
+  if (!t) return;
+  for (int i = 0; i < RING; i++) {
+    if (t->rec[i].ready) cudaEventDestroy(t->rec[i].ready);
+    if (t->rec[i].start) cudaEventDestroy(t->rec[i].start);
+    if (t->rec[i].end) cudaEventDestroy(t->rec[i].end);
+  }
+  if (t->join) cudaEventDestroy(t->join);
+  free(t);
+}
+
+/* The tracer's events (timing ones); NULL where any cannot be made (tracing is then off). */
+static ctrace *trace_new(void) {
+  ctrace *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  bool ok = cudaEventCreate(&t->join) == cudaSuccess;
+  for (int i = 0; ok && i < RING; i++)
+    ok = cudaEventCreate(&t->rec[i].ready) == cudaSuccess &&
+         cudaEventCreate(&t->rec[i].start) == cudaSuccess &&
+         cudaEventCreate(&t->rec[i].end) == cudaSuccess;
+  if (!ok) {
+    cudaGetLastError();
+    trace_free(t);
+    return NULL;
+  }
+  return t;
+}
+
+/* Milliseconds from a to b (both complete). */
+static double trace_ms(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  if (cudaEventSynchronize(b) != cudaSuccess || cudaEventElapsedTime(&ms, a, b) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return ms;
+}
+
+/* Adds the pending batch to the sums (its events are complete by the next join). */
+static void trace_read(ctrace *t) {
+  const uint64_t n = t->to - t->from;
+  if (!t->pending || n < 3 || n > RING) return;
+  if (++t->seen <= 3) return; /* warm-up */
+  /* times from the batch's first ready point, which precedes every other event */
+  cudaEvent_t a = t->rec[t->from % RING].ready;
+  const double j = trace_ms(a, t->join);
+  double busy = 0, lag = 0;
+  for (uint64_t s = t->from; s < t->to; s++) {
+    const trace_rec *r = &t->rec[s % RING];
+    const double rd = trace_ms(a, r->ready), st = trace_ms(a, r->start), en = trace_ms(a, r->end);
+    busy += en - st;
+    if (st - rd > lag) lag = st - rd;
+    const uint64_t k = t->to - 1 - s; /* 0: the last */
+    if (k < TRACE_LAST) {
+      t->ready[k] += rd - j;
+      t->start[k] += st - j;
+      t->end[k] += en - j;
+      t->count[k]++;
+    }
+  }
+  t->busy += busy;
+  t->lag += lag;
+  t->colls += (double)n;
+  t->summed++;
+}
+
+static void trace_print(const ngroup *g) {
+  const ctrace *t = g->tr;
+  if (!t || !t->summed) return;
+  const double n = t->summed;
+  fprintf(stderr, "comm trace (rank %d of %d, group '%s'): %d batches of %.1f collectives; side"
+          " stream busy %.3f ms a batch, a collective's longest wait for it %.3f ms (mean)\n",
+          g->rank, g->size, g->prefix, t->summed, t->colls / n, t->busy / n, t->lag / n);
+  fprintf(stderr, "  ms from the join (mean): collective  ready  start  end\n");
+  for (int k = TRACE_LAST - 1; k >= 0; k--)
+    if (t->count[k])
+      fprintf(stderr, "    last-%d  %8.3f %8.3f %8.3f\n", k, t->ready[k] / t->count[k],
+              t->start[k] / t->count[k], t->end[k] / t->count[k]);
+}
+
 static void group_free(ngroup *g) {
   if (!g) return;
+  trace_free(g->tr);
   for (int i = 0; i < g->nev; i++) cudaEventDestroy(g->ring[i].ev);
   if (g->fence) cudaEventDestroy(g->fence);
   if (g->side) cudaStreamDestroy(g->side);
@@ -224,6 +332,8 @@ static ct_status group_new(int rank, int size, const char *prefix, double timeou
     st = cuda_fail(g, "init", "cudaGetDevice", e);
     goto bad;
   }
+  const char *tr = getenv("CT_COMM_TRACE");
+  if (tr && !strcmp(tr, "1")) g->tr = trace_new();
   for (; g->nev < RING; g->nev++) {
     e = cudaEventCreateWithFlags(&g->ring[g->nev].ev, cudaEventDisableTiming);
     if (e != cudaSuccess) {
@@ -386,6 +496,11 @@ static ct_status follow(ngroup *g, const char *what) {
   if (!g->overlap) return CT_OK;
   cudaError_t e = cudaEventRecord(g->fence, g->compute);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(g->side, g->fence, 0);
+  if (e == cudaSuccess && g->tr) {
+    trace_rec *r = &g->tr->rec[g->issued % RING];
+    e = cudaEventRecord(r->ready, g->compute);
+    if (e == cudaSuccess) e = cudaEventRecord(r->start, g->side);
+  }
   return e == cudaSuccess ? CT_OK : cuda_fail(g, what, "cudaStreamWaitEvent (overlap)", e);
 }
 
@@ -393,6 +508,13 @@ static ct_status nccl_join(void *impl, int keep) {
   ngroup *g = impl;
   if (!g->overlap || g->issued <= (uint64_t)keep) return CT_OK;
   if (keep >= RING) return fail(g, "join", CT_ERR_USAGE, "keep = %d exceeds the %d remembered collectives", keep, RING);
+  if (g->tr && keep == 0) { /* the batch before is complete by now; this one waits */
+    ctrace *t = g->tr;
+    trace_read(t);
+    t->pending = cudaEventRecord(t->join, g->compute) == cudaSuccess;
+    t->from = t->open_from;
+    t->to = t->open_from = g->issued;
+  }
   /* collectives run in order on the side stream: waiting for one waits for all before it */
   cudaError_t e = cudaStreamWaitEvent(g->compute, g->ring[(g->issued - 1 - (uint64_t)keep) % RING].ev, 0);
   return e == cudaSuccess ? CT_OK : cuda_fail(g, "join", "cudaStreamWaitEvent", e);
@@ -435,6 +557,12 @@ static ct_status queued(ngroup *g, const char *what, const char *call, ncclResul
   }
   pending *p = &g->ring[g->issued % RING];
   cudaError_t e = cudaEventRecord(p->ev, g->stream);
+  if (e == cudaSuccess && g->tr) { /* not overlapped: a point on the compute stream */
+    trace_rec *r = &g->tr->rec[g->issued % RING];
+    e = cudaEventRecord(r->end, g->stream);
+    if (e == cudaSuccess && !g->overlap) e = cudaEventRecord(r->ready, g->stream);
+    if (e == cudaSuccess && !g->overlap) e = cudaEventRecord(r->start, g->stream);
+  }
   if (e != cudaSuccess) return cuda_fail(g, what, "cudaEventRecord", e);
   p->seq = ++g->issued;
   snprintf(p->what, sizeof p->what, "%s", desc);
@@ -680,6 +808,7 @@ bad:
 static void nccl_destroy(void *impl) {
   ngroup *g = impl;
   if (!g) return;
+  trace_print(g);
   if (g->lean) { /* its collectives ran on the stream the main communicator's finalize flushes */
     double t0 = ct_now();
     ncclResult_t r = ncclCommFinalize(g->lean);
