@@ -66,16 +66,19 @@ typedef struct pending {
 #define TRACE_LAST 8
 typedef struct trace_rec {
   cudaEvent_t ready, start, end;
+  double host; /* when the host queued it (ct_now) */
 } trace_rec;
 typedef struct ctrace {
   trace_rec rec[RING];
-  cudaEvent_t join;        /* the pending batch's join point */
+  cudaEvent_t join[2];     /* the pending batch's join point ([cur ^ 1]) and this one's */
+  int cur;
+  double join_host[2];     /* when the host reached those joins */
   uint64_t from, to;       /* its collectives: seq from + 1 .. to */
   bool pending;
   uint64_t open_from;      /* the collectives since the last join start after this seq */
   int seen;                /* batches of 3 or more read */
   int summed;              /* of them, summed below */
-  double ready[TRACE_LAST], start[TRACE_LAST], end[TRACE_LAST];
+  double ready[TRACE_LAST], start[TRACE_LAST], end[TRACE_LAST], host[TRACE_LAST];
   int count[TRACE_LAST];
   double busy, lag, colls;
 } ctrace;
@@ -222,7 +225,8 @@ static void trace_free(ctrace *t) {
     if (t->rec[i].start) cudaEventDestroy(t->rec[i].start);
     if (t->rec[i].end) cudaEventDestroy(t->rec[i].end);
   }
-  if (t->join) cudaEventDestroy(t->join);
+  for (int i = 0; i < 2; i++)
+    if (t->join[i]) cudaEventDestroy(t->join[i]);
   free(t);
 }
 
@@ -230,7 +234,7 @@ static void trace_free(ctrace *t) {
 static ctrace *trace_new(void) {
   ctrace *t = calloc(1, sizeof *t);
   if (!t) return NULL;
-  bool ok = cudaEventCreate(&t->join) == cudaSuccess;
+  bool ok = cudaEventCreate(&t->join[0]) == cudaSuccess && cudaEventCreate(&t->join[1]) == cudaSuccess;
   for (int i = 0; ok && i < RING; i++)
     ok = cudaEventCreate(&t->rec[i].ready) == cudaSuccess &&
          cudaEventCreate(&t->rec[i].start) == cudaSuccess &&
@@ -260,7 +264,7 @@ static void trace_read(ctrace *t) {
   if (++t->seen <= 3) return; /* warm-up */
   /* times from the batch's first ready point, which precedes every other event */
   cudaEvent_t a = t->rec[t->from % RING].ready;
-  const double j = trace_ms(a, t->join);
+  const double j = trace_ms(a, t->join[t->cur ^ 1]);
   double busy = 0, lag = 0;
   for (uint64_t s = t->from; s < t->to; s++) {
     const trace_rec *r = &t->rec[s % RING];
@@ -272,6 +276,7 @@ static void trace_read(ctrace *t) {
       t->ready[k] += rd - j;
       t->start[k] += st - j;
       t->end[k] += en - j;
+      t->host[k] += (r->host - t->join_host[t->cur ^ 1]) * 1e3;
       t->count[k]++;
     }
   }
@@ -288,11 +293,11 @@ static void trace_print(const ngroup *g) {
   fprintf(stderr, "comm trace (rank %d of %d, group '%s'): %d batches of %.1f collectives; side"
           " stream busy %.3f ms a batch, a collective's longest wait for it %.3f ms (mean)\n",
           g->rank, g->size, g->prefix, t->summed, t->colls / n, t->busy / n, t->lag / n);
-  fprintf(stderr, "  ms from the join (mean): collective  ready  start  end\n");
+  fprintf(stderr, "  ms from the join (mean): collective  ready  start  end  host (queued)\n");
   for (int k = TRACE_LAST - 1; k >= 0; k--)
     if (t->count[k])
-      fprintf(stderr, "    last-%d  %8.3f %8.3f %8.3f\n", k, t->ready[k] / t->count[k],
-              t->start[k] / t->count[k], t->end[k] / t->count[k]);
+      fprintf(stderr, "    last-%d  %8.3f %8.3f %8.3f %8.3f\n", k, t->ready[k] / t->count[k],
+              t->start[k] / t->count[k], t->end[k] / t->count[k], t->host[k] / t->count[k]);
 }
 
 static void group_free(ngroup *g) {
@@ -498,6 +503,7 @@ static ct_status follow(ngroup *g, const char *what) {
   if (e == cudaSuccess) e = cudaStreamWaitEvent(g->side, g->fence, 0);
   if (e == cudaSuccess && g->tr) {
     trace_rec *r = &g->tr->rec[g->issued % RING];
+    r->host = ct_now();
     e = cudaEventRecord(r->ready, g->compute);
     if (e == cudaSuccess) e = cudaEventRecord(r->start, g->side);
   }
@@ -510,8 +516,12 @@ static ct_status nccl_join(void *impl, int keep) {
   if (keep >= RING) return fail(g, "join", CT_ERR_USAGE, "keep = %d exceeds the %d remembered collectives", keep, RING);
   if (g->tr && keep == 0) { /* the batch before is complete by now; this one waits */
     ctrace *t = g->tr;
+    /* this join's point first: reading the batch before takes host time */
+    const int k = t->cur ^= 1;
+    t->join_host[k] = ct_now();
+    const bool ok = cudaEventRecord(t->join[k], g->compute) == cudaSuccess;
     trace_read(t);
-    t->pending = cudaEventRecord(t->join, g->compute) == cudaSuccess;
+    t->pending = ok;
     t->from = t->open_from;
     t->to = t->open_from = g->issued;
   }
@@ -560,6 +570,7 @@ static ct_status queued(ngroup *g, const char *what, const char *call, ncclResul
   if (e == cudaSuccess && g->tr) { /* not overlapped: a point on the compute stream */
     trace_rec *r = &g->tr->rec[g->issued % RING];
     e = cudaEventRecord(r->end, g->stream);
+    if (!g->overlap) r->host = ct_now();
     if (e == cudaSuccess && !g->overlap) e = cudaEventRecord(r->ready, g->stream);
     if (e == cudaSuccess && !g->overlap) e = cudaEventRecord(r->start, g->stream);
   }
