@@ -96,11 +96,12 @@ static ct_status reduce_bucket(ct_ddp *d, void *p, size_t flat, size_t k, ct_dty
  * w (widened back in ct_ddp_finish, after the join). Buckets of d->bucket floats (as
  * ct_ddp_reduce_grads), or as many bytes of bf16. flat: g's offset in the gradients, or NOT_FLAT. */
 static ct_status reduce_floats(ct_ddp *d, float *g, uint16_t *w, size_t n, size_t flat) {
-  if (w && !d->planning) ct_model_ops(d->m)->f32_to_bf16(w, g, n);
   const size_t per = w ? d->bucket * 2 : d->bucket; /* a bucket holds as many bytes as in fp32 */
   const size_t nb = (n + per - 1) / per;
   for (size_t b = 0, off = 0; off < n; b++, off += per) {
     const size_t k = n - off < per ? n - off : per;
+    /* rounded a bucket at a time: the next bucket's rounding overlaps this one's all-reduce */
+    if (w && !d->planning) ct_model_ops(d->m)->f32_to_bf16(w + off, g + off, k);
     ct_status st = reduce_bucket(d, w ? (void *)(w + off) : (void *)(g + off),
                                  flat == NOT_FLAT ? NOT_FLAT : flat + off, k, w ? CT_BF16 : CT_F32);
     if (st != CT_OK)
