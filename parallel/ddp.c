@@ -38,6 +38,7 @@ struct ct_ddp {
   size_t lo, hi; /* pending range of finished, not yet reduced gradients */
   int buckets;   /* issued in this backward */
   bool lean;     /* buckets before the last go to the lean communicator */
+  bool overlap;  /* buckets issued while backward runs (ct_ddp_cfg.overlap) */
 
   /* the copy-engine all-reduce (parallel.ce_allreduce); ce NULL: off or not applicable */
   ct_comm_ce *ce;
@@ -210,7 +211,7 @@ static ct_status post_backward(void *ctx, int u) {
    * the lean communicator's few CTAs after backward (2 H200s, GPT-2 124M: tails of 1.1-3.2 ms
    * with it there, bench/results/ddp_lean_marks_2026-11-30_2xH200_807a8db.txt). */
   const bool full = u == 0 ? !sparse : d->lean && u == 1;
-  if (d->hi - d->lo >= d->bucket || u == 0 || full) CT_TRY(flush(d, full));
+  if ((d->overlap && d->hi - d->lo >= d->bucket) || u == 0 || full) CT_TRY(flush(d, full));
   if (sparse && u == 0 && !d->planning) CT_TRY(reduce_rows(d));
   return CT_OK;
 }
@@ -284,7 +285,14 @@ ct_status ct_ddp_create(ct_model *model, ct_comm *c, const ct_ddp_cfg *cfg, ct_d
   d->c = c;
   d->bucket = cfg->bucket_floats ? cfg->bucket_floats : ct_ddp_bucket_floats(0);
   d->nrows = -1;
+  d->overlap = cfg->overlap;
   ct_status st = CT_OK;
+  if (!cfg->overlap && (cfg->overlap_ctas > 0 || cfg->sparse_embedding || cfg->ce_allreduce)) {
+    st = ct_set_error(CT_ERR_USAGE, "ddp: overlap = false reduces every bucket after backward; the"
+                      " lean communicator, the sparse embedding gradient and the copy-engine"
+                      " all-reduce are ways of overlapping (turn them off)");
+    goto fail;
+  }
   if (cfg->reduce_dtype == CT_BF16) {
     const size_t bytes = ct_model_numel(model) * sizeof(uint16_t);
     d->wire = ct_model_ops(model)->alloc(bytes);

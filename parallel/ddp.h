@@ -76,8 +76,12 @@ typedef struct ct_ddp_cfg {
    * it does not apply every rank logs why and stays on NCCL. A bucket not in the table (a backward
    * that stopped early) and the sparse embedding's packed rows still go through NCCL. */
   bool ce_allreduce;
+  /* false: nothing is reduced while backward runs; at its end every gradient goes in buckets as
+   * above, the full communicator's (no sparse embedding, no copy engines, no lean communicator:
+   * those are for overlapping). */
+  bool overlap;
 } ct_ddp_cfg;
-#define CT_DDP_CFG_INIT {0, CT_F32, 0, true, false}
+#define CT_DDP_CFG_INIT {0, CT_F32, 0, true, false, true}
 
 /* Installs the hooks on `model` (not owned; neither is c). */
 ct_status ct_ddp_create(ct_model *model, ct_comm *c, const ct_ddp_cfg *cfg, ct_ddp **out);

@@ -103,6 +103,9 @@ static const key_def KEYS[] = {
   {"parallel", "ce_allreduce", K_BOOL, F(parallel, ce_allreduce), 0, NULL,
    "ddp over NCCL on one node: gradient buckets all-reduced by the GPUs' copy engines over "
    "NVLink (peer copies + one add kernel) instead of NCCL's kernels"},
+  {"parallel", "overlap", K_BOOL, F(parallel, overlap), 0, NULL,
+   "ddp: all-reduce the gradient buckets while backward still runs (true), or every bucket after "
+   "it (false: no all-reduce competes with backward's kernels)"},
   {"parallel", "timeout_s", K_FLOAT, F(parallel, timeout_s), 0, NULL,
    "rendezvous / collective timeout"},
   {"attention", "implementation", K_ENUM, F(kernels, attention), S(kernels, attention),
@@ -146,6 +149,7 @@ void ct_config_defaults(ct_config *c) {
   c->parallel.reshard_after_forward = true;
   c->parallel.sparse_embedding_grad = false;
   c->parallel.ce_allreduce = false;
+  c->parallel.overlap = true;
   c->parallel.tensor = 1;
   c->kernels.use_kernels = true;
   snprintf(c->kernels.attention, sizeof c->kernels.attention, "auto");
@@ -428,6 +432,11 @@ ct_status ct_config_validate(ct_config *c) {
   REQUIRE(!strcmp(c->parallel.reduce_dtype, "fp32") || !strcmp(c->parallel.data, "ddp"),
           "parallel.reduce_dtype = \"%s\" works with parallel.data = \"ddp\" (ZeRO reduces in fp32),"
           " not \"%s\"", c->parallel.reduce_dtype, c->parallel.data);
+  REQUIRE(c->parallel.overlap || (!c->parallel.ce_allreduce && !c->parallel.sparse_embedding_grad &&
+                                   c->parallel.overlap_ctas == 0),
+          "parallel.overlap = false all-reduces every bucket after backward: parallel.ce_allreduce,"
+          " parallel.sparse_embedding_grad and parallel.overlap_ctas are ways of overlapping (turn"
+          " them off)");
   REQUIRE(!c->parallel.ce_allreduce || !strcmp(c->parallel.data, "ddp"),
           "parallel.ce_allreduce = true works with parallel.data = \"ddp\", not \"%s\"",
           c->parallel.data);

@@ -96,6 +96,8 @@ typedef struct ct_parallel_cfg {
                               * measured on 2 H200s) */
   bool ce_allreduce;    /* ddp (NCCL, one node): bucket all-reduces by the GPUs' copy engines
                          * (parallel/comm_ce.c; default false) */
+  bool overlap;         /* ddp: buckets all-reduced while backward runs (default true), or all of
+                         * them after it (false) */
 } ct_parallel_cfg;
 
 typedef struct ct_config {

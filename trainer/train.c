@@ -586,6 +586,7 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
     dc.overlap_ctas = cfg->parallel.overlap_ctas;
     dc.sparse_embedding = cfg->parallel.sparse_embedding_grad;
     dc.ce_allreduce = cfg->parallel.ce_allreduce;
+    dc.overlap = cfg->parallel.overlap;
     CT_TRY_GOTO(ct_ddp_create(r.model, r.comm, &dc, &r.ddp), done);
   }
   /* fp16: the loss gradient is multiplied by the dynamic loss scale; the optimizer divides it
@@ -637,9 +638,9 @@ ct_status ct_train_run(const ct_config *cfg, ct_train_result *res) {
       if (r.comm) { /* average gradients (each rank's are means over its own tokens), losses */
         CT_TRY_GOTO(ct_ddp_finish(r.ddp), done); /* buckets were queued during backward */
         if (step == start_step)
-          ct_log_info("ddp: gradients all-reduced in %d buckets of %s (parallel.bucket_mb = %g) as"
-                      " backward produced them", ct_ddp_buckets(r.ddp), cfg->parallel.reduce_dtype,
-                      cfg->parallel.bucket_mb);
+          ct_log_info("ddp: gradients all-reduced in %d buckets of %s (parallel.bucket_mb = %g) %s",
+                      ct_ddp_buckets(r.ddp), cfg->parallel.reduce_dtype, cfg->parallel.bucket_mb,
+                      cfg->parallel.overlap ? "as backward produced them" : "after backward");
         if (step == start_step && cfg->parallel.ce_allreduce) {
           int of = 0, k = ct_ddp_ce_buckets(r.ddp, &of);
           ct_log_info("ddp: %d of the %d buckets went through the copy-engine all-reduce "

@@ -54,6 +54,22 @@ rc=$?
 check "reduce_dtype = bf16 with zero2 is refused (exit $rc) naming the keys" \
   bash -c "[ $rc -ne 0 ] && grep -q 'parallel.reduce_dtype = \"bf16\" works with parallel.data = \"ddp\"' '$TMP/bad.log'"
 
+# parallel.overlap = false: every bucket is all-reduced after backward (small buckets here, so there
+# are several), the same sums as overlapped: bit-identical losses and weights on CPU; mixing it
+# with a way of overlapping is refused, naming the keys
+"$LAUNCH" --nproc_per_node 2 --standalone "${args[@]}" parallel.overlap=false parallel.bucket_mb=0.01 \
+  "train.out_dir=$TMP/after" >"$TMP/after.log" 2>&1
+check "overlap = false trains (exit $?)" test $? -eq 0
+check "overlap = false: the log says the buckets went after backward" \
+  grep -qE "all-reduced in [0-9]+ buckets of fp32 \(parallel.bucket_mb = 0.01\) after backward" "$TMP/after.log"
+check "overlap = false == overlapped: losses equal" close "$TMP/two" "$TMP/after" loss 0
+check "overlap = false == overlapped: final weights equal" same_weights "$TMP/two" "$TMP/after" 0
+"$CTRAIN" train "${args[@]}" parallel.overlap=false parallel.sparse_embedding_grad=true \
+  "train.out_dir=$TMP/bad2" >"$TMP/bad2.log" 2>&1
+rc=$?
+check "overlap = false with sparse_embedding_grad is refused (exit $rc) naming the keys" \
+  bash -c "[ $rc -ne 0 ] && grep -q 'parallel.overlap = false all-reduces every bucket after backward' '$TMP/bad2.log'"
+
 # kill -9 one worker mid-run; with --max_restarts=1 the run resumes from the last checkpoint
 # and ends exactly where an uninterrupted run ends
 "$LAUNCH" --nproc_per_node 2 --standalone "${args[@]}" train.max_steps=30 train.checkpoint_every=5 \
