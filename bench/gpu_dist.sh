@@ -155,15 +155,22 @@ print("%-8s B=%-3d %10.0f tok/s  estimate %s MiB (model state %s)  measured peak
     name, b, tps, e[0], e[1], "/".join("%.0f" % p for p in peaks) or "?", note))
 PY
   }
+  # each GPU alone: the 2-GPU step goes at the slower one's pace (lent machines' second GPUs were
+  # 0.5-3% slower than their first, bench/results/call37_8e3423c.txt), so both ratios are printed
   one=$(run_mode "1 GPU" 1)
   echo "$one"
+  other=$(CUDA_VISIBLE_DEVICES=1 run_mode "1 GPU (GPU 1)" 1)
+  echo "$other"
   t1=$(sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p' <<<"$one")
+  t1b=$(sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p' <<<"$other")
+  slow=$(( ${t1b:-0} > 0 && ${t1b:-0} < ${t1:-0} ? t1b : t1 ))
   for mode in ddp zero1 zero2 zero3 tp2; do
     if [ $mode = tp2 ]; then line=$(run_mode "tp=2" 2 parallel.tensor=2)
     else line=$(run_mode "$mode" 2 parallel.data=$mode); fi
     t2=$(sed -n 's/.* \([0-9]*\) tok\/s.*/\1/p' <<<"$line")
     eff=$(python3 -c "print('%.1f%%' % (100.0 * $t2 / (2 * $t1)) if $t1 > 0 else '?')" 2>/dev/null)
-    echo "$line  scaling efficiency $eff (vs 2 x 1 GPU)"
+    effs=$(python3 -c "print('%.1f%%' % (100.0 * $t2 / (2 * $slow)) if $slow > 0 else '?')" 2>/dev/null)
+    echo "$line  scaling efficiency $eff (vs 2 x 1 GPU), $effs (vs 2 x the slower GPU)"
   done
   echo "# estimates: $CT memory (per rank); peak: cudaMemGetInfo high-water mark incl. the CUDA context"
 }
