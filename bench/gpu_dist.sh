@@ -74,6 +74,17 @@ part_equiv() {
       "train.out_dir=$TMP/$arch-ddp-b1" >"$TMP/log" 2>&1 || tail -3 "$TMP/log"
     grep -h "buckets" "$TMP/log" | head -1
     compare "$arch ddp 1 MiB buckets (overlap)" "$TMP/$arch-1gpu" "$TMP/$arch-ddp-b1" 1e-2
+    # the same sums whichever way the buckets go: 2 ranks add a + b, so the losses are bit-equal
+    "$LAUNCH" --nproc_per_node 2 --standalone $SMALL $extra parallel.data=ddp parallel.bucket_mb=1 \
+      parallel.overlap=false "train.out_dir=$TMP/$arch-ddp-after" >"$TMP/log" 2>&1 || tail -3 "$TMP/log"
+    grep -h "buckets" "$TMP/log" | head -1
+    compare "$arch ddp after backward = overlapped" "$TMP/$arch-ddp-b1" "$TMP/$arch-ddp-after" 0
+    "$LAUNCH" --nproc_per_node 2 --standalone $SMALL $extra parallel.data=ddp parallel.bucket_mb=1 \
+      parallel.overlap_ctas=2 "train.out_dir=$TMP/$arch-ddp-lean" >"$TMP/log" 2>&1 || tail -3 "$TMP/log"
+    compare "$arch ddp lean (overlap_ctas=2) = full" "$TMP/$arch-ddp-b1" "$TMP/$arch-ddp-lean" 0
+    "$LAUNCH" --nproc_per_node 2 --standalone $SMALL $extra parallel.data=ddp parallel.bucket_mb=1 \
+      parallel.overlap=false parallel.reduce_dtype=bf16 "train.out_dir=$TMP/$arch-ddp-after16" >"$TMP/log" 2>&1 || tail -3 "$TMP/log"
+    compare "$arch ddp after backward, bf16 wire" "$TMP/$arch-1gpu" "$TMP/$arch-ddp-after16" 1e-2
   done
 }
 
