@@ -36,7 +36,7 @@ struct ct_ddp {
   void *wire;    /* reduce_dtype bf16: the gradients rounded to bf16 (numel x 2 bytes), or NULL */
   bool armed;
   size_t lo, hi; /* pending range of finished, not yet reduced gradients */
-  int buckets;   /* issued in this backward */
+  int buckets;   /* bucket all-reduces issued in this backward */
   bool lean;     /* buckets before the last go to the lean communicator */
   bool overlap;  /* buckets issued while backward runs (ct_ddp_cfg.overlap) */
 
@@ -108,6 +108,7 @@ static ct_status reduce_floats(ct_ddp *d, float *g, uint16_t *w, size_t n, size_
     if (st != CT_OK)
       return ct_add_context(st, "ddp gradient bucket %zu of %zu in %s (elements %zu..%zu of %zu): ",
                             b + 1, nb, w ? "bf16" : "f32", off, off + k, n);
+    if (!d->planning) d->buckets++; /* one all-reduce */
   }
   return CT_OK;
 }
@@ -128,7 +129,6 @@ static ct_status issue(ct_ddp *d, size_t lo, size_t n, bool last) {
   ct_status st = reduce_floats(d, g, d->wire ? (uint16_t *)d->wire + lo : NULL, n, lo);
   d->in_tail = false;
   if (st != CT_OK) return ct_add_context(st, "overlapped ddp (elements %zu..%zu): ", lo, lo + n);
-  d->buckets++;
   return CT_OK;
 }
 
@@ -182,7 +182,6 @@ static ct_status reduce_rows(ct_ddp *d) {
   ct_status st = reduce_floats(d, d->packed, d->pwire, (size_t)k * d->C, NOT_FLAT);
   if (st != CT_OK) return ct_add_context(st, "ddp: the embedding lookup's %d rows: ", k);
   d->nrows = k;
-  d->buckets++;
   d->rows_queued = true;
   return CT_OK;
 }

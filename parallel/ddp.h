@@ -93,7 +93,8 @@ ct_status ct_ddp_arm(ct_ddp *d, bool reduce, const int32_t *tokens, int n);
 /* After the armed backward: every bucket is queued; joins the side stream and waits (bounded)
  * for the results. */
 ct_status ct_ddp_finish(ct_ddp *d);
-/* Buckets issued by the last armed backward (for the log and tests), the packed rows included. */
+/* All-reduces of gradient buckets issued by the last armed backward (for the log and tests), the
+ * packed rows included; a range larger than a bucket counts each bucket it was cut into. */
 int ct_ddp_buckets(const ct_ddp *d);
 /* All-reduces of the last armed backward that the copy-engine all-reduce took (0 when
  * parallel.ce_allreduce is off or fell back); *of (if not NULL): all of its gradient all-reduces
