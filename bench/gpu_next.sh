@@ -15,8 +15,7 @@
 # Next for #8 (60% of the bound = 488 us a token): the qkv GEMV, rope and attention fused per kv
 # head in one cluster (weights staged by bulk copy before the wait, q/k/v exchanged through
 # distributed shared memory): one grid boundary and one L2 round trip less a layer.
-#   decode   first: the Transformers ratio at the new default (not re-run since 4.24x), and
-#            PROF=decode on a few kernels to see what the carveout changed
+#   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
 #            (session 9's last commits changed flash3's tile_of after its checks) and backward
 #            form 2's new bit 4 (flash3-bwd2o4 / -bwd2o6: hd 64's own-keys dQ, never run yet)
