@@ -289,6 +289,10 @@ typedef struct ct_ops {
   /* A named point in the stream's timeline (optional, NULL on the CPU): with CT_STEP_MARKS=1 the
    * CUDA backend prints at shutdown the mean stream time from each mark to the next. */
   void (*mark)(const char *name);
+  /* Optional (NULL on the CPU): the cuBLAS GEMMs queued from now on aim at n multiprocessors
+   * (0: all of them), so collectives overlapping them keep a few SMs without turning a GEMM's
+   * single wave into two. */
+  void (*gemm_sm_target)(int n);
 
   /* ---- graph capture (optional: NULL where the backend has none, e.g. the CPU) ----
    * Between graph_begin and graph_end the ops are recorded instead of run; graph_end returns the

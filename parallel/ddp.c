@@ -39,6 +39,8 @@ struct ct_ddp {
   int buckets;   /* bucket all-reduces issued in this backward */
   bool lean;     /* buckets before the last go to the lean communicator */
   bool overlap;  /* buckets issued while backward runs (ct_ddp_cfg.overlap) */
+  int gemm_sms;  /* CT_DDP_GEMM_SMS=N (measuring): backward's GEMMs after the head's aim at N SMs */
+  bool sms_set;  /* the target is in force (from the first bucket to ct_ddp_finish) */
 
   /* the copy-engine all-reduce (parallel.ce_allreduce); ce NULL: off or not applicable */
   ct_comm_ce *ce;
@@ -192,6 +194,13 @@ static ct_status post_backward(void *ctx, int u) {
   size_t off, n;
   ct_model_unit(d->m, u, &off, &n);
   const bool sparse = d->emb != NULL;
+  /* CT_DDP_GEMM_SMS=N: from here on the buckets' all-reduces overlap backward's GEMMs; those aim
+   * at N multiprocessors so an all-reduce's few CTAs do not push a GEMM's last blocks into a
+   * second wave */
+  if (d->gemm_sms > 0 && !d->sms_set && !d->planning && ct_model_ops(d->m)->gemm_sm_target) {
+    ct_model_ops(d->m)->gemm_sm_target(d->gemm_sms);
+    d->sms_set = true;
+  }
   /* the head is done, so the embedding's own gradient is final: reduce it while the layers run */
   if (sparse && u == ct_model_n_units(d->m) - 1)
     CT_TRY(issue(d, d->e_lo, d->e_hi - d->e_lo, false));
@@ -285,6 +294,8 @@ ct_status ct_ddp_create(ct_model *model, ct_comm *c, const ct_ddp_cfg *cfg, ct_d
   d->bucket = cfg->bucket_floats ? cfg->bucket_floats : ct_ddp_bucket_floats(0);
   d->nrows = -1;
   d->overlap = cfg->overlap;
+  const char *sms = getenv("CT_DDP_GEMM_SMS");
+  d->gemm_sms = sms && cfg->overlap ? atoi(sms) : 0;
   ct_status st = CT_OK;
   if (!cfg->overlap && (cfg->overlap_ctas > 0 || cfg->sparse_embedding || cfg->ce_allreduce)) {
     st = ct_set_error(CT_ERR_USAGE, "ddp: overlap = false reduces every bucket after backward; the"
@@ -364,6 +375,10 @@ ct_status ct_ddp_finish(ct_ddp *d) {
   ct_status st = flush(d, true); /* a backward that stopped early leaves a pending range */
   if (st == CT_OK && d->ce) st = ct_comm_ce_finish(d->c, d->ce); /* the last all-gather's wait */
   d->armed = false;
+  if (d->sms_set) { /* the optimizer and the next forward have nothing to share SMs with */
+    ct_model_ops(d->m)->gemm_sm_target(0);
+    d->sms_set = false;
+  }
   if (d->emb) ct_model_set_embed_grad(d->m, NULL);
   ct_status off = ct_comm_set_overlap(d->c, false); /* joins the side stream */
   if (st == CT_OK) st = off;

@@ -4317,6 +4317,11 @@ void cu_mark(const char *name) {
   if (marks.pending.size() >= 512) marks.flush();
 }
 
+void cu_gemm_sm_target(int n) {
+  if (g.blas && cublasSetSmCountTarget(g.blas, n > 0 ? n : 0) != CUBLAS_STATUS_SUCCESS)
+    ct_cuda_report("gemm_sm_target", "cublasSetSmCountTarget", "failed", __FILE__, __LINE__);
+}
+
 void cu_graph_begin() {
   OP("graph_begin");
   if (CK(cudaStreamBeginCapture(g.stream, cudaStreamCaptureModeThreadLocal))) g.capturing = 1;
@@ -4479,6 +4484,7 @@ template <typename A> ct_ops make_table() {
   t.sumsq = cu_sumsq;
   t.scale = cu_scale;
   t.mark = cu_mark;
+  t.gemm_sm_target = cu_gemm_sm_target;
   t.graph_begin = cu_graph_begin;
   t.graph_end = cu_graph_end;
   t.graph_launch = cu_graph_launch;
