@@ -3,15 +3,16 @@
 # 10-minute call limit; CUDA build in build-gpu with cuDNN attention; pass COMMIT). Session 11
 # learned (bench/results/ddp_scaling_2026-11-30_2xH200_3054b91.txt): a 2-GPU ddp step goes at the
 # slower GPU's pace (lent machines' GPU 1 ran -3% .. +0.4% against GPU 0); overlapped NCCL
-# all-reduces cost backward ~3.7 ms a step (each CTA takes a whole SM from GEMMs sized for all
-# 132), the tail is the embedding's 154 MB gradient (0.9 ms), and the lean communicator, the copy
+# all-reduces cost backward ~3.7 ms a step (not through GEMM waves: GEMMs aimed at fewer SMs
+# meanwhile, CT_DDP_GEMM_SMS, were slower), the tail is the embedding's 154 MB gradient (0.9 ms),
+# and the lean communicator, the copy
 # engines, and one bf16 all-reduce after backward (parallel.overlap = false) all land within ~1%
 # of the default over repeated runs (ddp 96.6%, PyTorch DDP 96.9% on the same machine).
 # CT_COMM_TRACE=1 prints each rank's collective timeline (no nsys on the host). Decode at the
 # default: 1,458 tokens/s at batch 1 (42.7% of the bound), 4.68x Transformers static+compile.
-# Next for #6: GEMMs aimed at 130 SMs only while the lean (2-CTA) communicator overlaps
-# (CT_CUDA_GEMM_SMS applies to every cuBLASLt GEMM today), and why NCCL's after-backward
-# all-reduce moves ~185 GB/s in training against comm_bench's ~300.
+# Next for #6: ncu on one backward GEMM with and without an all-reduce beside it (what the
+# all-reduce takes from it: L2, DRAM or issue slots), and why NCCL's after-backward all-reduce
+# moves ~185 GB/s in training against comm_bench's ~300.
 # Next for #8 (60% of the bound = 488 us a token): the qkv GEMV, rope and attention fused per kv
 # head in one cluster (weights staged by bulk copy before the wait, q/k/v exchanged through
 # distributed shared memory): one grid boundary and one L2 round trip less a layer.

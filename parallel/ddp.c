@@ -39,7 +39,9 @@ struct ct_ddp {
   int buckets;   /* bucket all-reduces issued in this backward */
   bool lean;     /* buckets before the last go to the lean communicator */
   bool overlap;  /* buckets issued while backward runs (ct_ddp_cfg.overlap) */
-  int gemm_sms;  /* CT_DDP_GEMM_SMS=N (measuring): backward's GEMMs after the head's aim at N SMs */
+  int gemm_sms;  /* CT_DDP_GEMM_SMS=N (measuring): backward's GEMMs after the head's aim at N SMs;
+                  * on 2 H200s (GPT-2 124M) 130 with overlap_ctas = 2 and 108 with the default were
+                  * 0.5-2% slower (bench/results/call41_3037e8e.txt) */
   bool sms_set;  /* the target is in force (from the first bucket to ct_ddp_finish) */
 
   /* the copy-engine all-reduce (parallel.ce_allreduce); ce NULL: off or not applicable */
