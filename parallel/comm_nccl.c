@@ -567,7 +567,8 @@ static ct_status queued(ngroup *g, const char *what, const char *call, ncclResul
   }
   pending *p = &g->ring[g->issued % RING];
   cudaError_t e = cudaEventRecord(p->ev, g->stream);
-  if (e == cudaSuccess && g->tr) { /* not overlapped: a point on the compute stream */
+  if (e == cudaSuccess && g->tr) { /* its end; queued without overlap, it is one point (ready =
+                                    * start = end) on the compute stream */
     trace_rec *r = &g->tr->rec[g->issued % RING];
     e = cudaEventRecord(r->end, g->stream);
     if (!g->overlap) r->host = ct_now();
