@@ -16,6 +16,7 @@
 # Next for #8 (60% of the bound = 488 us a token): the qkv GEMV, rope and attention fused per kv
 # head in one cluster (weights staged by bulk copy before the wait, q/k/v exchanged through
 # distributed shared memory): one grid boundary and one L2 round trip less a layer.
+#   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
 #            (session 9's last commits changed flash3's tile_of after its checks) and backward
@@ -109,6 +110,15 @@ for part in "$@"; do
       c=$(timeout 30 $G --batch 1 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum)
       echo "staged gemv qwen3-0.6b: graphs = no graphs: $([ "$a" = "$b" ] && echo ok || echo DIFF);" \
            "= default: $([ "$a" = "$c" ] && echo ok || echo DIFF)" ;;
+    timeline)
+      # a binary built with the decode timeline (here: meson configure build-gpu
+      # -Dcuda_args=-DCT_DECODE_TIMELINE; ninja -C build-gpu; cp build-gpu/ctrain build-gpu/ctrain-tl;
+      # then configure -Dcuda_args= back and rebuild): where a graph-launched batch-1 decode step's
+      # time goes between its early-launched kernels (never run yet: check that the step's tokens/s
+      # is within a few % of ctrain's, i.e. that the notes cost little)
+      TL=${TL:-build-gpu/ctrain-tl}
+      G="$TL generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto --batch 1"
+      timeout 60 $G 2>&1 >/dev/null | grep -E "^stats|decode timeline|^  " | head -170 ;;
     null)
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
       for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do

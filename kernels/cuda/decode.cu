@@ -52,6 +52,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef CT_DECODE_TIMELINE
+#include <string>
+#include <vector>
+#endif
 
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/pack16.cuh"
@@ -170,10 +174,42 @@ l2_hint_t take_hint(bool att = false) {
 // profile of ops_cuda.cu (keyed by kernel and grid; the events around a kernel cost it its early
 // launch: run with --cuda_graphs off and compare totals, not the step time).
 
+#ifdef CT_DECODE_TIMELINE
+// A measurement compiled in on request (meson configure build-gpu -Dcuda_args=-DCT_DECODE_TIMELINE;
+// default builds have none of it): block (0,0,0) of every decode kernel notes %globaltimer when
+// it starts (pdl_trigger) and when its wait for the kernel before returns (pdl_wait), in launch
+// order (block 0 of kernel k + 1 starts only after every block of kernel k has triggered, so the
+// counter's order is the launch order). The lent hosts have no timeline profiler, and ncu
+// serializes kernels; this shows where a graph-launched decode step's time goes between the
+// early-launched kernels. ct_cuda_decode_timeline (at ct_cuda_shutdown) prints it.
+#define TL_MAX (1 << 16)
+__device__ unsigned long long tl_t[2][TL_MAX]; // [0] start, [1] released (the wait returned)
+__device__ unsigned tl_seq;
+__device__ __forceinline__ unsigned long long tl_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ bool tl_block0() {
+  return threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+}
+__device__ __forceinline__ unsigned &tl_slot() { // this block's launch number (block 0 only)
+  __shared__ unsigned s;
+  return s;
+}
+#endif
+
 // Programmatic dependent launch (sm_90): let the next kernel in the stream launch now; wait
 // until the kernel before this one has finished and its writes are visible. Both are no-ops
 // for a kernel launched without the attribute.
 __device__ __forceinline__ void pdl_trigger() {
+#ifdef CT_DECODE_TIMELINE
+  if (tl_block0()) {
+    const unsigned s = atomicAdd(&tl_seq, 1u);
+    tl_slot() = s;
+    if (s < TL_MAX) tl_t[0][s] = tl_now();
+  }
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -181,6 +217,9 @@ __device__ __forceinline__ void pdl_trigger() {
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#ifdef CT_DECODE_TIMELINE
+  if (tl_block0() && tl_slot() < TL_MAX) tl_t[1][tl_slot()] = tl_now();
 #endif
 }
 
@@ -243,12 +282,33 @@ bool nulled(const char *name) {
 
 // A kernel launch on the current stream, with programmatic dependent launch allowed (see the
 // file comment) unless CT_CUDA_PDL=0; cluster > 1: blocks in clusters of that many along x.
+#ifdef CT_DECODE_TIMELINE
+// The kernels of the last decode step captured into a graph, in launch order (their names for
+// the timeline; a graph's replays launch the same sequence).
+std::vector<std::string> tl_names;
+void tl_note(const char *name) {
+  static bool in_capture = false;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream(), &cs) != cudaSuccess) cudaGetLastError();
+  if (cs != cudaStreamCaptureStatusActive) {
+    in_capture = false;
+    return;
+  }
+  if (!in_capture) tl_names.clear();
+  in_capture = true;
+  tl_names.push_back(name);
+}
+#endif
+
 template <typename... P, typename... A>
 bool launch_cl(const char *op, const char *name, void (*k)(P...), dim3 grid, dim3 block,
                size_t smem, unsigned cluster, A... args) {
   if (carveout_on()) max_carveout((const void *)k);
   if (strcmp(name, "null_kernel") && nulled(name))
     return launch_cl(op, "null_kernel", null_kernel, grid, block, 0, cluster);
+#ifdef CT_DECODE_TIMELINE
+  tl_note(name);
+#endif
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -2439,6 +2499,55 @@ template <typename T> void fill(ct_ops *t) {
 }
 
 } // namespace
+
+// The decode timeline (CT_DECODE_TIMELINE builds; nothing otherwise): for the last whole replays
+// of the last captured decode step, aligned at the end of what was noted, each kernel's mean
+// start after the kernel before was released (negative: launched early), its own release after
+// its start (the wait), and the time from its release to the next kernel's (what it adds to the
+// step's critical path), in microseconds. Run with one batch size, so the last capture is the
+// step that was replayed last.
+extern "C" void ct_cuda_decode_timeline(void) {
+#ifdef CT_DECODE_TIMELINE
+  unsigned n = 0;
+  if (cudaMemcpyFromSymbol(&n, tl_seq, sizeof n) != cudaSuccess || !n) {
+    cudaGetLastError();
+    return;
+  }
+  if (n > TL_MAX) n = TL_MAX;
+  std::vector<unsigned long long> t0(n), t1(n);
+  if (cudaMemcpyFromSymbol(t0.data(), tl_t, n * sizeof(unsigned long long), 0) != cudaSuccess ||
+      cudaMemcpyFromSymbol(t1.data(), tl_t, n * sizeof(unsigned long long),
+                           TL_MAX * sizeof(unsigned long long)) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  const size_t K = tl_names.size();
+  if (!K || n < 2 * K) {
+    fprintf(stderr, "decode timeline: %u kernels noted, %zu in the captured step: too few to align\n",
+            n, K);
+    return;
+  }
+  const size_t M = n / K - 1 < 200 ? n / K - 1 : 200, base = n - M * K;
+  fprintf(stderr, "decode timeline (%%globaltimer at block 0 of each kernel, %u noted; means over the"
+          " last %zu replays of the %zu-kernel step, us):\n", n, M, K);
+  fprintf(stderr, "  %-4s %-34s %9s %9s %9s\n", "#", "kernel", "start", "wait", "to next");
+  double step = 0;
+  for (size_t k = 0; k < K; k++) {
+    double a = 0, b = 0, c = 0;
+    for (size_t r = 0; r < M; r++) {
+      const size_t i = base + r * K + k;
+      a += (double)t0[i] - (double)t1[i - 1]; // base >= K >= 1
+      b += (double)t1[i] - (double)t0[i];
+      c += i + 1 < n ? (double)t1[i + 1] - (double)t1[i] : 0.0;
+    }
+    fprintf(stderr, "  %-4zu %-34s %9.2f %9.2f %9.2f\n", k, tl_names[k].c_str(), a / M / 1e3,
+            b / M / 1e3, c / M / 1e3);
+    step += c / M;
+  }
+  fprintf(stderr, "  a step, release to release: %.1f us (the last replay's last kernel counts 0)\n",
+          step / 1e3);
+#endif
+}
 
 extern "C" void ct_cuda_decode_table(ct_ops *t) {
   if (t->act_bytes == 4) fill<float>(t);

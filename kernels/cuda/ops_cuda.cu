@@ -4691,6 +4691,7 @@ extern "C" void ct_cuda_shutdown(void) {
   cudaStreamSynchronize(g.stream);
   if (prof.on) prof.report();
   if (marks.on) marks.report();
+  ct_cuda_decode_timeline();
   release();
 }
 

@@ -113,6 +113,9 @@ void ct_cuda_report(const char *op, const char *call, const char *why, const cha
 /* Fills the batched-inference and device entries of a table (kernels/cuda/decode.cu);
  * the table's act_bytes and dtype must be set. */
 void ct_cuda_decode_table(ct_ops *t);
+/* Builds with -DCT_DECODE_TIMELINE: prints the decode step's kernel timeline (decode.cu); nothing
+ * otherwise. ct_cuda_shutdown calls it. */
+void ct_cuda_decode_timeline(void);
 /* CT_CUDA_PROFILE timing of a kernel launched outside an op scope (kernels/cuda/decode.cu):
  * begin returns an event handle or NULL (not profiling, inside an op, or capturing a graph);
  * end files the time since it under key (at most 63 characters). */
