@@ -219,7 +219,8 @@ static ct_status post_backward(void *ctx, int u) {
    * (unless sparse: its rows follow, below) and, with the lean one, the first layer's bucket too:
    * issued a fraction of a millisecond before backward ends, it would still be crawling through
    * the lean communicator's few CTAs after backward (2 H200s, GPT-2 124M: tails of 1.1-3.2 ms
-   * with it there, bench/results/ddp_lean_marks_2026-11-30_2xH200_807a8db.txt). */
+   * with it there, bench/results/ddp_lean_marks_2026-11-30_2xH200_807a8db.txt; 1.3-2.5 ms with it
+   * here, call35_399fdea.txt and call41_3037e8e.txt: no clear change). */
   const bool full = u == 0 ? !sparse : d->lean && u == 1;
   if ((d->overlap && d->hi - d->lo >= d->bucket) || u == 0 || full) CT_TRY(flush(d, full));
   if (sparse && u == 0 && !d->planning) CT_TRY(reduce_rows(d));
