@@ -214,6 +214,11 @@ typedef struct ct_ops {
   /* out[n] = index of the largest of logits row n's first V entries (the lowest on ties);
    * logits (N, Vp) in the working dtype, out (N) int32 backend memory. */
   void (*argmax_rows)(int32_t *out, const void *logits, int N, int V, int Vp);
+  /* Optional (NULL on the CPU): argmax_rows, and then the next decode step's inputs from it:
+   * tok[n] = out[n], pos[n] += 1 (device arrays of N), so a step can be queued before the host
+   * has read this one's tokens (trainer/model.c: decoding ahead). */
+  void (*argmax_advance)(int32_t *out, int32_t *tok, int32_t *pos, const void *logits, int N,
+                         int V, int Vp);
   /* Decode-step fusions of a llama-style layer (RMSNorm, SwiGLU). Each computes what the plain
    * ops named beside it compute, rounding to the working dtype at the same points; only the
    * order of the fp32 sums inside a product may differ (the CPU composes the plain ops; CUDA
@@ -286,6 +291,14 @@ typedef struct ct_ops {
   /* dst_host = src (bytes), queued: valid after `sync`. */
   void (*to_host_async)(void *dst_host, const void *src, size_t bytes);
   void (*sync)(void);
+  /* Optional (NULL on the CPU): a point in the stream that the host can wait for without
+   * waiting for what was queued after it. event_new returns NULL on failure (the error recorded
+   * as for any op); event_record marks the stream's current end; event_wait returns when the
+   * work queued before the last record is done. */
+  void *(*event_new)(void);
+  void (*event_record)(void *ev);
+  void (*event_wait)(void *ev);
+  void (*event_free)(void *ev);
   /* A named point in the stream's timeline (optional, NULL on the CPU): with CT_STEP_MARKS=1 the
    * CUDA backend prints at shutdown the mean stream time from each mark to the next. */
   void (*mark)(const char *name);

@@ -166,8 +166,10 @@ ct_status ct_generate_infer(ct_infer *e, int n_seq, const int32_t *const *prompt
     gs.decode_steps++;
     gs.decode_tokens += nb;
   }
+  ct_infer_settle(e); /* a step decoded ahead and not wanted counts in the decode time */
   gs.decode_s = ct_now() - t1;
   gs.graph_steps = ct_infer_graph_steps(e);
+  gs.ahead_steps = ct_infer_ahead_steps(e);
   if (stats) *stats = gs;
   free(p);
   free(len);
@@ -482,10 +484,11 @@ ct_status ct_cmd_generate(int argc, char **argv) {
                 gs.decode_steps, gs.decode_tokens / (gs.decode_s > 0 ? gs.decode_s : 1),
                 gs.graph_steps ? " (CUDA graphs)" : "");
     fprintf(stderr, "stats: batch=%d prompt_tokens=%ld ttft_ms=%.3f prefill_tok_s=%.1f decode_steps=%ld"
-           " decode_tokens=%ld decode_s=%.6f decode_tok_s=%.1f graph_steps=%ld\n", n_seq,
+           " decode_tokens=%ld decode_s=%.6f decode_tok_s=%.1f graph_steps=%ld"
+           " ahead_steps=%ld\n", n_seq,
            gs.prompt_tokens, gs.ttft_s * 1e3, gs.prompt_tokens / (gs.ttft_s > 0 ? gs.ttft_s : 1),
            gs.decode_steps, gs.decode_tokens, gs.decode_s,
-           gs.decode_tokens / (gs.decode_s > 0 ? gs.decode_s : 1), gs.graph_steps);
+           gs.decode_tokens / (gs.decode_s > 0 ? gs.decode_s : 1), gs.graph_steps, gs.ahead_steps);
   }
   if (st != CT_OK) break;
   } /* batches */

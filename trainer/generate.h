@@ -32,7 +32,7 @@ typedef struct ct_sample_cfg {
  * token), then the decode steps (one batched forward each). */
 typedef struct ct_gen_stats {
   double ttft_s, decode_s;
-  long prompt_tokens, decode_tokens, decode_steps, graph_steps;
+  long prompt_tokens, decode_tokens, decode_steps, graph_steps, ahead_steps;
 } ct_gen_stats;
 
 typedef void (*ct_token_cb)(int seq, int32_t id, void *user);

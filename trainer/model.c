@@ -1044,10 +1044,31 @@ struct ct_infer {
   bool pinned;
   int graphs;              /* -1 auto, 0 off, 1 on */
   long graph_steps;
+  /* Decoding ahead (one device, greedy ids, a captured step): each decode call queues the next
+   * step right behind its own, fed on the device by its argmax (argmax_advance), so the GPU
+   * does not wait for the host between steps. The next call takes that step when it asks for
+   * the same rows with the tokens just returned; anything else waits for it and drops it (its
+   * cache writes are past the committed lengths, so later steps overwrite them). */
+  bool ahead_ok;           /* the backend can and CT_DECODE_AHEAD is not 0 */
+  int ahead_n;             /* rows of the step in flight ahead (0: none) */
+  int ahead_buf;           /* which of h_ab / ev it writes */
+  int *ahead_slots;        /* (S) its slots */
+  int32_t *ahead_tok;      /* (S) its tokens (the ids of the step before it) */
+  int32_t *h_ab[2];        /* pinned ids of a step and of the step ahead */
+  long ahead_steps;        /* steps decoded ahead and taken */
+  void *ev[2];             /* after the copies into h_ab */
 };
 
 static int infer_set(ct_infer *e, const infer_dev *d) {
   return (d->dev >= 0 && e->ops->set_device) ? e->ops->set_device(d->dev) : 0;
+}
+
+/* Waits for the decode step queued ahead, if any, and forgets it (it was never committed). */
+static void ahead_drop(ct_infer *e) {
+  if (!e->ahead_n) return;
+  e->ops->event_wait(e->ev[e->ahead_buf]);
+  e->ahead_n = 0;
+  e->graph_steps--;
 }
 
 /* working weights and activations use the ENGINE's dtype (ops->act_bytes), not the model's:
@@ -1061,6 +1082,7 @@ static int infer_set(ct_infer *e, const infer_dev *d) {
 void ct_infer_destroy(ct_infer *e) {
   if (!e) return;
   const ct_ops *o = e->ops;
+  ahead_drop(e);
   for (int i = 0; i < e->n_dev; i++) {
     infer_dev *d = &e->d[i];
     infer_set(e, d);
@@ -1081,6 +1103,12 @@ void ct_infer_destroy(ct_infer *e) {
   void (*hf)(void *) = e->pinned ? o->host_free : free;
   if (e->h_tok) hf(e->h_tok); /* h_pos, h_slot point into it */
   if (e->h_ids) hf(e->h_ids);
+  for (int i = 0; i < 2; i++) {
+    if (e->h_ab[i]) hf(e->h_ab[i]);
+    if (e->ev[i]) o->event_free(e->ev[i]);
+  }
+  free(e->ahead_slots);
+  free(e->ahead_tok);
   free(e->at);
   free(e->kc);
   free(e->vc);
@@ -1241,6 +1269,21 @@ ct_status ct_infer_create(ct_model *m, const ct_ops *ops, const ct_infer_cfg *cf
   if (!e->h_tok || !e->h_ids) { st = CT_ERR_NOMEM; goto fail; }
   e->h_pos = (int32_t *)((char *)e->h_tok + (a0->pos - a0->tok));
   e->h_slot = (int32_t *)((char *)e->h_tok + (a0->slot - a0->tok));
+  const char *av = getenv("CT_DECODE_AHEAD");
+  if (e->n_dev == 1 && e->graphs != 0 && e->pinned && ops->argmax_advance && ops->event_new &&
+      ops->to_host_async && !(av && !strcmp(av, "0"))) {
+    e->ahead_slots = malloc(sizeof(int) * (size_t)e->S);
+    e->ahead_tok = malloc(sizeof(int32_t) * (size_t)e->S);
+    for (int i = 0; i < 2; i++) {
+      e->h_ab[i] = ha(sizeof(int32_t) * (size_t)e->S);
+      e->ev[i] = ops->event_new();
+    }
+    if (!e->ahead_slots || !e->ahead_tok || !e->h_ab[0] || !e->h_ab[1] || !e->ev[0] || !e->ev[1]) {
+      st = ct_set_error(CT_ERR_NOMEM, "decoding ahead: out of memory (pinned buffers or events)");
+      goto fail;
+    }
+    e->ahead_ok = true;
+  }
   *out = e;
   return CT_OK;
 fail:
@@ -1248,12 +1291,18 @@ fail:
   return st;
 }
 
-void ct_infer_reset(ct_infer *e, int slot) { e->len[slot] = 0; }
+void ct_infer_settle(ct_infer *e) { ahead_drop(e); }
+
+void ct_infer_reset(ct_infer *e, int slot) {
+  ahead_drop(e);
+  e->len[slot] = 0;
+}
 int ct_infer_len(const ct_infer *e, int slot) { return e->len[slot]; }
 int ct_infer_capacity(const ct_infer *e) { return e->max_T; }
 ct_model *ct_infer_model(const ct_infer *e) { return e->m; }
 int ct_infer_max_rows(const ct_infer *e) { return e->R; }
 long ct_infer_graph_steps(const ct_infer *e) { return e->graph_steps; }
+long ct_infer_ahead_steps(const ct_infer *e) { return e->ahead_steps; }
 
 void ct_infer_describe(const ct_infer *e, char *buf, size_t cap) {
   const ct_model *m = e->m;
@@ -1448,7 +1497,11 @@ static void infer_segment(ct_infer *e, infer_dev *d, int N, bool decode, int nse
     infer_norm(e, d, DA(d, lnf), h, DW(d, G, P_LNF_W), DWO(d, G, P_LNF_B), nseq);
     o->matmul_fwd(DA(d, logits), DA(d, lnf), head, NULL, nseq, C, m->Vp);
   }
-  o->argmax_rows(DAI(d, ids), DA(d, logits), nseq, m->cfg.vocab_size, m->Vp);
+  if (decode && e->ahead_ok) /* one device: the next step's inputs from this one's ids */
+    o->argmax_advance(DAI(d, ids), DAI(d, tok), DAI(d, pos), DA(d, logits), nseq,
+                      m->cfg.vocab_size, m->Vp);
+  else
+    o->argmax_rows(DAI(d, ids), DA(d, logits), nseq, m->cfg.vocab_size, m->Vp);
 }
 
 static ct_status infer_check_tokens(const ct_infer *e, const int32_t *t, int n) {
@@ -1493,6 +1546,7 @@ ct_status ct_infer_prefill(ct_infer *e, int nseq, const int *slots, const int32_
   if (nseq <= 0 || n <= 0 || nseq > e->S || (long)nseq * n > e->R)
     return ct_set_error(CT_ERR_RUNTIME, "prefill of %d x %d tokens: at most %d sequences and %d"
                         " rows", nseq, n, e->S, e->R);
+  ahead_drop(e);
   const int p0 = e->len[slots[0]];
   for (int b = 0; b < nseq; b++) {
     if (slots[b] < 0 || slots[b] >= e->S || e->len[slots[b]] != p0)
@@ -1521,6 +1575,17 @@ ct_status ct_infer_prefill(ct_infer *e, int nseq, const int *slots, const int32_
   return infer_outputs(e, nseq, logits, ids);
 }
 
+/* Queues the captured nseq-row step again (its tokens and positions advanced on the device by
+ * the step before) and the copy of its ids into h_ab[buf], then ev[buf]: the step ahead. */
+static void ahead_queue(ct_infer *e, int nseq, int buf) {
+  infer_dev *d = &e->d[0];
+  e->ops->graph_launch(d->graph[nseq]);
+  e->ops->to_host_async(e->h_ab[buf], DAI(d, ids), sizeof(int32_t) * (size_t)nseq);
+  e->ops->event_record(e->ev[buf]);
+  e->ahead_n = nseq;
+  e->graph_steps++;
+}
+
 ct_status ct_infer_decode(ct_infer *e, int nseq, const int *slots, const int32_t *tokens,
                           float *logits, int32_t *ids) {
   if (nseq <= 0 || nseq > e->S)
@@ -1536,12 +1601,34 @@ ct_status ct_infer_decode(ct_infer *e, int nseq, const int *slots, const int32_t
         return ct_set_error(CT_ERR_RUNTIME, "decode: slot %d appears twice", slots[b]);
   }
   CT_TRY(infer_check_tokens(e, tokens, nseq));
+  const ct_ops *o = e->ops;
+  /* greedy ids on one device: decode ahead when the captured step exists and both this step and
+   * the one after it fit the cache */
+  const bool greedy = e->ahead_ok && !logits && ids;
+  bool ahead = greedy;
+  for (int b = 0; ahead && b < nseq; b++) ahead = e->len[slots[b]] + 2 <= e->max_T;
+  if (e->ahead_n) {
+    const size_t sb = sizeof(int) * (size_t)nseq, tb = sizeof(int32_t) * (size_t)nseq;
+    if (greedy && e->ahead_n == nseq && !memcmp(e->ahead_slots, slots, sb) &&
+        !memcmp(e->ahead_tok, tokens, tb)) { /* the step in flight is this one */
+      const int buf = e->ahead_buf;
+      e->ahead_n = 0;
+      if (ahead) ahead_queue(e, nseq, buf ^ 1); /* the next, before waiting for this one */
+      o->event_wait(e->ev[buf]);
+      memcpy(ids, e->h_ab[buf], tb);
+      memcpy(e->ahead_tok, ids, tb);
+      e->ahead_buf = buf ^ 1;
+      e->ahead_steps++;
+      for (int b = 0; b < nseq; b++) e->len[slots[b]]++;
+      return CT_OK;
+    }
+    ahead_drop(e);
+  }
   memcpy(e->h_tok, tokens, sizeof(int32_t) * (size_t)nseq);
   for (int b = 0; b < nseq; b++) {
     e->h_pos[b] = e->len[slots[b]];
     e->h_slot[b] = slots[b];
   }
-  const ct_ops *o = e->ops;
   for (int i = 0; i < e->n_dev; i++) {
     infer_dev *d = &e->d[i];
     if (infer_set(e, d) != 0) return ct_set_error(CT_ERR_RUNTIME, "cannot use device %d", d->dev);
@@ -1569,6 +1656,19 @@ ct_status ct_infer_decode(ct_infer *e, int nseq, const int *slots, const int32_t
     }
     if (!d->last) infer_hop(e, d, nseq);
   }
+  if (ahead && e->d[0].graph[nseq]) { /* this step's ids, then the step after it */
+    const size_t tb = sizeof(int32_t) * (size_t)nseq;
+    o->to_host_async(e->h_ab[0], DAI(&e->d[0], ids), tb);
+    o->event_record(e->ev[0]);
+    memcpy(e->ahead_slots, slots, sizeof(int) * (size_t)nseq);
+    ahead_queue(e, nseq, 1);
+    o->event_wait(e->ev[0]);
+    memcpy(ids, e->h_ab[0], tb);
+    memcpy(e->ahead_tok, ids, tb);
+    e->ahead_buf = 1;
+    for (int b = 0; b < nseq; b++) e->len[slots[b]]++;
+    return CT_OK;
+  }
   for (int b = 0; b < nseq; b++) e->len[slots[b]]++;
   return infer_outputs(e, nseq, logits, ids);
 }
@@ -1582,6 +1682,7 @@ ct_status ct_infer_loss(ct_infer *e, int nseq, const int32_t *inputs, const int3
     return ct_set_error(CT_ERR_RUNTIME, "evaluation of %d x %d tokens: at most %d sequences,"
                         " %d rows and %d tokens each", nseq, T, e->S, e->R, e->max_T);
   CT_TRY(infer_check_tokens(e, inputs, N));
+  ahead_drop(e);
   for (int i = 0; i < N; i++)
     if (targets[i] >= V)
       return ct_set_error(CT_ERR_INPUT, "target token %d outside the vocabulary [0, %d)",

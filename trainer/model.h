@@ -182,6 +182,8 @@ int ct_infer_capacity(const ct_infer *e);   /* max_len */
 int ct_infer_max_rows(const ct_infer *e);
 /* Decode steps replayed from captured graphs so far (0 when graphs are off). */
 long ct_infer_graph_steps(const ct_infer *e);
+/* Decode steps that were queued ahead and taken (ct_infer_decode). */
+long ct_infer_ahead_steps(const ct_infer *e);
 /* One line per device: "cuda:0: layers 0-13 + embedding, 1.23 GiB weights, 0.10 GiB KV cache". */
 void ct_infer_describe(const ct_infer *e, char *buf, size_t cap);
 
@@ -192,9 +194,14 @@ void ct_infer_describe(const ct_infer *e, char *buf, size_t cap);
 ct_status ct_infer_prefill(ct_infer *e, int nseq, const int *slots, const int32_t *tokens, int n,
                            float *logits, int32_t *ids);
 /* One decode step: token tokens[b] of sequence slots[b] (distinct slots, nseq <= max_seqs) at
- * position ct_infer_len(slots[b]); outputs as ct_infer_prefill. */
+ * position ct_infer_len(slots[b]); outputs as ct_infer_prefill. With greedy ids only (logits
+ * NULL) on one CUDA device the call queues the next step for the same rows before returning,
+ * fed with these ids on the device (CT_DECODE_AHEAD=0: never); a next call with those rows and
+ * tokens takes it, any other engine call waits for it and drops it. */
 ct_status ct_infer_decode(ct_infer *e, int nseq, const int *slots, const int32_t *tokens,
                           float *logits, int32_t *ids);
+/* Waits for a decode step queued ahead and drops it (the engine is then idle). */
+void ct_infer_settle(ct_infer *e);
 
 /* Evaluation: nseq fresh sequences of T tokens (inputs and targets (nseq, T) row-major,
  * nseq * T <= max_rows, nseq <= max_seqs) through the eval path; adds the token losses

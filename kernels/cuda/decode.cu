@@ -808,10 +808,21 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   if (threadIdx.x == 0) count[(long)n * KV + kv] = 0;
 }
 
+// Row n's argmax id into out, and (argmax_advance: tok not NULL) the row's next decode inputs:
+// the id as its token and the following position.
+__device__ __forceinline__ void argmax_put(int32_t *out, int32_t *tok, int32_t *pos, int n, int id) {
+  out[n] = id;
+  if (tok) {
+    tok[n] = id;
+    pos[n] += 1;
+  }
+}
+
 // One block per row: the largest of the first V entries, lowest index on ties.
 #define ARGMAX_THREADS 1024
 template <typename T>
-__global__ void argmax_rows_kernel(int32_t *out, const T *logits, int V, int Vp) {
+__global__ void argmax_rows_kernel(int32_t *out, int32_t *tok, int32_t *pos, const T *logits,
+                                   int V, int Vp) {
   __shared__ float sv[32];
   __shared__ int si[32];
   pdl_trigger();
@@ -840,7 +851,7 @@ __global__ void argmax_rows_kernel(int32_t *out, const T *logits, int V, int Vp)
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
       if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
     }
-    if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    if (lane == 0) argmax_put(out, tok, pos, blockIdx.x, bi == 0x7fffffff ? 0 : bi);
   }
 }
 
@@ -1505,8 +1516,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 #define AM_THREADS 256
 template <typename T>
 __global__ void __launch_bounds__(AM_THREADS)
-    argmax_split_kernel(int32_t *out, float *pv, int *pi, unsigned *count, const T *logits, int V,
-                        int Vp) {
+    argmax_split_kernel(int32_t *out, int32_t *tok, int32_t *pos, float *pv, int *pi,
+                        unsigned *count, const T *logits, int V, int Vp) {
   __shared__ float sv[AM_THREADS / 32];
   __shared__ int si[AM_THREADS / 32];
   __shared__ int last;
@@ -1547,7 +1558,7 @@ __global__ void __launch_bounds__(AM_THREADS)
     const int i = __ldcg(pi + (long)n * B + k);
     if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
   }
-  out[n] = bi == 0x7fffffff ? 0 : bi;
+  argmax_put(out, tok, pos, n, bi == 0x7fffffff ? 0 : bi);
   count[n] = 0;
 }
 
@@ -2030,7 +2041,9 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
          dim3(H, N), hd, 0, (T *)out, (const float *)part, pos, H, hd, splits);
 }
 
-template <typename T> void cu_argmax_rows(int32_t *out, const void *logits, int N, int V, int Vp) {
+template <typename T>
+void cu_argmax_advance(int32_t *out, int32_t *tok, int32_t *pos, const void *logits, int N, int V,
+                       int Vp) {
   if (N <= 0) return;
   const int B = V >= 64 * 2048 ? 64 : (V + 2047) / 2048;
   if (gemv_on() && v2_on() && B > 1 && N <= ARGMAX_MAX_ROWS) {
@@ -2040,11 +2053,14 @@ template <typename T> void cu_argmax_rows(int32_t *out, const void *logits, int 
     int *pi = (int *)(pv + (size_t)N * B);
     unsigned *cnt = (unsigned *)(buf + SPLIT_COUNT_BYTES) - ARGMAX_MAX_ROWS;
     launch("argmax_rows", "argmax_split_kernel", argmax_split_kernel<T>, dim3(B, N), AM_THREADS, 0,
-           out, pv, pi, cnt, (const T *)logits, V, Vp);
+           out, tok, pos, pv, pi, cnt, (const T *)logits, V, Vp);
     return;
   }
   launch("argmax_rows", "argmax_rows_kernel", argmax_rows_kernel<T>, N, ARGMAX_THREADS, 0, out,
-         (const T *)logits, V, Vp);
+         tok, pos, (const T *)logits, V, Vp);
+}
+template <typename T> void cu_argmax_rows(int32_t *out, const void *logits, int N, int V, int Vp) {
+  cu_argmax_advance<T>(out, NULL, NULL, logits, N, V, Vp);
 }
 
 
@@ -2324,6 +2340,16 @@ void cu_to_host_async(void *dst, const void *src, size_t bytes) {
 
 void cu_sync() { CKD("sync", cudaStreamSynchronize(stream())); }
 
+void *cu_event_new() {
+  cudaEvent_t ev = NULL;
+  return CKD("event_new", cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) ? (void *)ev : NULL;
+}
+void cu_event_record(void *ev) { CKD("event_record", cudaEventRecord((cudaEvent_t)ev, stream())); }
+void cu_event_wait(void *ev) { CKD("event_wait", cudaEventSynchronize((cudaEvent_t)ev)); }
+void cu_event_free(void *ev) {
+  if (ev) cudaEventDestroy((cudaEvent_t)ev);
+}
+
 // attention_decode_rope runs its one kernel for up to FA_MAX_ROWS rows: bit-identical to the two
 // kernels and faster at batch 1 (1,218 against 1,176 tokens/s on the Qwen3-0.6B shape, H200,
 // bench/results/gpu_next_decode_2026-11-30_2xH200_0bb99f2.txt), as fast at 8 and slower at 64
@@ -2488,6 +2514,7 @@ template <typename T> void fill(ct_ops *t) {
   t->kv_append = cu_kv_append<T>;
   t->attention_decode = cu_attention_decode<T>;
   t->argmax_rows = cu_argmax_rows<T>;
+  t->argmax_advance = cu_argmax_advance<T>;
   t->norm_matmul_fwd = cu_norm_matmul_fwd<T>;
   t->norm_matmul_swiglu_fwd = cu_norm_matmul_swiglu_fwd<T>;
   t->matmul_add_fwd = cu_matmul_add_fwd<T>;
@@ -2561,6 +2588,10 @@ extern "C" void ct_cuda_decode_table(ct_ops *t) {
   t->host_free = cu_host_free;
   t->to_host_async = cu_to_host_async;
   t->sync = cu_sync;
+  t->event_new = cu_event_new;
+  t->event_record = cu_event_record;
+  t->event_wait = cu_event_wait;
+  t->event_free = cu_event_free;
 }
 
 

@@ -2,7 +2,8 @@
 # GPU suite: generation on the GPU. Greedy generate on the GPU (fp32) gives the CPU backend's
 # text for the tiny HF fixtures; CUDA-graph decode equals non-graph decode token for token
 # (bf16 and fp32); a batch of prompts of different lengths gives each prompt's solo tokens
-# (greedy and sampled); with 2+ GPUs, --device_map balanced / sequential (--max_memory) equal
+# (greedy and sampled); decoding ahead (CT_DECODE_AHEAD) equals step-by-step decoding, with
+# and without --stop; with 2+ GPUs, --device_map balanced / sequential (--max_memory) equal
 # one GPU; bad --device_map / --max_memory input fails with a message. Usage:
 #   generate_gpu.sh CTRAIN [FIXTURES_DIR]      (exits 77 without a CUDA device; FIXTURES="qwen3"
 #   limits the models)
@@ -23,6 +24,19 @@ for m in ${FIXTURES:-gpt2 llama_gqa qwen3 qwen2}; do
     on=$(gen $m "${P[@]}" --greedy --precision $p --print_ids --cuda_graphs on)
     off=$(gen $m "${P[@]}" --greedy --precision $p --print_ids --cuda_graphs off)
     check "$m $p: CUDA-graph decode = non-graph decode" same "$on" "$off"
+  done
+  # decoding ahead (the default on one GPU: each step queued before the host has read the one
+  # before) against decoding step by step, for rows that stop at different steps
+  for p in bf16 fp32; do
+    on=$(gen $m "${P[@]}" --greedy --precision $p --print_ids --max_new_tokens 40)
+    off=$(CT_DECODE_AHEAD=0 gen $m "${P[@]}" --greedy --precision $p --print_ids --max_new_tokens 40)
+    check "$m $p: decoding ahead = step by step (3 mixed-length prompts)" same "$on" "$off"
+    w=$(CT_DECODE_AHEAD=0 gen $m --prompt "Once upon a time" --greedy --precision $p --max_new_tokens 12 | tail -c 4)
+    if [ -n "$w" ]; then
+      on=$(gen $m "${P[@]}" --greedy --precision $p --print_ids --stop "$w")
+      off=$(CT_DECODE_AHEAD=0 gen $m "${P[@]}" --greedy --precision $p --print_ids --stop "$w")
+      check "$m $p: decoding ahead = step by step with --stop" same "$on" "$off"
+    fi
   done
   for opt in "--greedy" "--temperature 1 --top_k 20 --seed 5"; do
     batch=$(gen $m "${P[@]}" $opt --print_ids --precision fp32 | grep -v '^===')

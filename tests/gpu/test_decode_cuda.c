@@ -131,6 +131,20 @@ static void run(const ct_ops *o, double tol) {
   o->to_host(am, dam, sizeof am);
   CHECK_MSG(!memcmp(am, want, sizeof am), "%s argmax_rows: %d %d %d %d %d vs %d %d %d %d %d",
             o->name, am[0], am[1], am[2], am[3], am[4], want[0], want[1], want[2], want[3], want[4]);
+  /* argmax_advance: the same ids, each row's token set to it and its position one further */
+  int32_t adv_tok[N], adv_pos[N];
+  o->to_device(dtok, tok, sizeof tok);
+  o->to_device(dpos, pos, sizeof pos);
+  memset(am, 0xff, sizeof am);
+  o->to_device(dam, am, sizeof am);
+  o->argmax_advance(dam, dtok, dpos, dl, N, V, 1024);
+  o->to_host(am, dam, sizeof am);
+  o->to_host(adv_tok, dtok, sizeof adv_tok);
+  o->to_host(adv_pos, dpos, sizeof adv_pos);
+  for (int n = 0; n < N; n++)
+    CHECK_MSG(am[n] == want[n] && adv_tok[n] == want[n] && adv_pos[n] == pos[n] + 1,
+              "%s argmax_advance row %d: id %d token %d position %d, expected %d %d %d", o->name,
+              n, am[n], adv_tok[n], adv_pos[n], want[n], want[n], pos[n] + 1);
   char err[512];
   CHECK_MSG(ct_cuda_check(err, sizeof err) == 0, "%s", err);
   void *dev[] = {dq, dk, dv, dpos, dslot, dout, dtok, dwte, dwpe, de, dl, dam};
@@ -327,6 +341,29 @@ static void test_fused(const ct_ops *o, double tol) {
       if (g) o->graph_destroy(g);
     }
     CHECK(want[0] == 5 && want[1] == 149999 && want[2] == 77777);
+    { /* argmax_advance through the split kernel, replayed twice from a graph: the positions
+       * move twice, the tokens are the ids */
+      const int32_t p0[AN] = {4, 0, 200};
+      int32_t tk[AN], ps[AN], *dtk = o->alloc(sizeof tk), *dps = o->alloc(sizeof ps);
+      o->to_device(dps, p0, sizeof p0);
+      o->zero(dtk, sizeof tk);
+      o->graph_begin();
+      o->argmax_advance(dam, dtk, dps, dl, AN, AV, AVp);
+      void *g = o->graph_end();
+      CHECK(g != NULL);
+      if (g) o->graph_launch(g);
+      if (g) o->graph_launch(g);
+      o->to_host(am, dam, sizeof am);
+      o->to_host(tk, dtk, sizeof tk);
+      o->to_host(ps, dps, sizeof ps);
+      for (int n = 0; n < AN; n++)
+        CHECK_MSG(am[n] == want[n] && tk[n] == want[n] && ps[n] == p0[n] + 2,
+                  "%s argmax_advance V=%d row %d: id %d token %d position %d, expected %d %d %d",
+                  o->name, AV, n, am[n], tk[n], ps[n], want[n], want[n], p0[n] + 2);
+      if (g) o->graph_destroy(g);
+      o->free(dtk);
+      o->free(dps);
+    }
     o->free(dl);
     o->free(dam);
     free(lg);
