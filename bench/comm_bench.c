@@ -24,6 +24,9 @@
 #if CT_HAVE_CUDA
 #include "kernels/cuda/ops_cuda.h"
 #endif
+#if CT_HAVE_NCCL
+#include <nccl.h>
+#endif
 
 typedef enum { AR, RS, AG } coll;
 static const char *coll_name[] = {"all_reduce", "reduce_scatter", "all_gather"};
@@ -94,10 +97,22 @@ int main(int argc, char **argv) {
 #endif
   /* buffers of max_b (rounded to n elements) */
   const size_t cap = (max_b / es / (size_t)n) * (size_t)n * es;
+  /* CT_COMM_REGISTER=1: the buffers registered with the communicator (ct_comm_register); 2:
+   * also allocated by NCCL (ncclMemAlloc, which registration is documented for) */
+  const char *rg = getenv("CT_COMM_REGISTER");
+  const int reg = nccl && rg ? atoi(rg) : 0;
 #if CT_HAVE_CUDA
   if (ops) {
-    buf = ct_ops_cuda()->alloc(cap);
-    out = ct_ops_cuda()->alloc(cap);
+#if CT_HAVE_NCCL
+    if (reg == 2) {
+      if (ncclMemAlloc(&buf, cap) != ncclSuccess || ncclMemAlloc(&out, cap) != ncclSuccess)
+        buf = out = NULL;
+    } else
+#endif
+    {
+      buf = ct_ops_cuda()->alloc(cap);
+      out = ct_ops_cuda()->alloc(cap);
+    }
   } else
 #endif
   {
@@ -109,10 +124,15 @@ int main(int argc, char **argv) {
     fprintf(stderr, "comm_bench: rank %d: out of memory for 2 x %zu bytes\n", env.rank, cap);
     return 1;
   }
+  if (reg) {
+    st = ct_comm_register(c, buf, cap);
+    if (st == CT_OK) st = ct_comm_register(c, out, cap);
+  }
   if (env.rank == 0)
-    printf("# ctrain comm layer: %s, %d ranks, %s, %d iterations after %d warm-up\n"
+    printf("# ctrain comm layer: %s, %d ranks, %s, %d iterations after %d warm-up%s\n"
            "# %-15s %12s %12s %10s %10s %10s\n", ct_comm_backend(c), n, ct_dtype_name(dt), iters,
-           warm, "collective", "bytes", "elements", "time_us", "algbw_GB/s", "busbw_GB/s");
+           warm, reg == 2 ? ", buffers from ncclMemAlloc, registered" : reg ? ", buffers registered" : "",
+           "collective", "bytes", "elements", "time_us", "algbw_GB/s", "busbw_GB/s");
   for (int k = AR; k <= AG && st == CT_OK; k++)
     for (size_t bytes = min_b; bytes <= max_b && st == CT_OK; bytes *= 2) {
       const size_t count = bytes / es / (size_t)n * (size_t)n;
@@ -148,8 +168,16 @@ int main(int argc, char **argv) {
   ct_store_server_stop_when_idle(server, 30);
 #if CT_HAVE_CUDA
   if (ops) {
-    ct_ops_cuda()->free(buf);
-    ct_ops_cuda()->free(out);
+#if CT_HAVE_NCCL
+    if (reg == 2) {
+      ncclMemFree(buf);
+      ncclMemFree(out);
+    } else
+#endif
+    {
+      ct_ops_cuda()->free(buf);
+      ct_ops_cuda()->free(out);
+    }
     ct_cuda_shutdown();
   } else
 #endif

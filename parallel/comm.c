@@ -231,6 +231,15 @@ ct_status ct_comm_make_lean(ct_comm *c, int max_ctas) {
   return after(c, c->ext->make_lean(c->impl, max_ctas));
 }
 
+ct_status ct_comm_register(ct_comm *c, void *buf, size_t bytes) {
+  CT_TRY(check_comm(c, "ct_comm_register"));
+  if (!buf || !bytes)
+    return ct_set_error(CT_ERR_USAGE, "ct_comm_register (group '%s'): no buffer (%p, %zu bytes)",
+                        c->prefix, buf, bytes);
+  if (!c->ext || !c->ext->register_buf) return CT_OK;
+  return after(c, c->ext->register_buf(c->impl, buf, bytes));
+}
+
 ct_status ct_comm_use_lean(ct_comm *c, bool on) {
   CT_TRY(check_comm(c, "ct_comm_use_lean"));
   if (!c->ext || !c->ext->use_lean) return CT_OK;

@@ -156,6 +156,13 @@ ct_status ct_comm_join_lagging(ct_comm *c, int keep);
 ct_status ct_comm_make_lean(ct_comm *c, int max_ctas);
 ct_status ct_comm_use_lean(ct_comm *c, bool on);
 
+/* Registers `bytes` of device memory at buf with the group's communicators (NCCL:
+ * ncclCommRegister, for collectives that read and write the buffer in place without NCCL's own
+ * staging copies; collective in the sense that every rank registers the buffers it passes to the
+ * same collectives). Deregistered when the group is destroyed; at most 8 buffers. Where NCCL
+ * declines (the memory cannot be shared), an error naming the buffer. Gloo: CT_OK. */
+ct_status ct_comm_register(ct_comm *c, void *buf, size_t bytes);
+
 /* ---- copy-engine all-reduce (NCCL groups whose ranks share one node) ----
  * An all-reduce of registered buckets of one device buffer that moves the bytes with the GPUs'
  * copy engines over NVLink (cudaMemcpyAsync between peer-mapped buffers) and uses the
@@ -239,6 +246,8 @@ typedef struct ct_comm_backend_ext {
   /* ct_comm_make_lean / ct_comm_use_lean (NULL: nothing to do) */
   ct_status (*make_lean)(void *impl, int max_ctas);
   ct_status (*use_lean)(void *impl, bool on);
+  /* ct_comm_register (NULL: nothing to do) */
+  ct_status (*register_buf)(void *impl, void *buf, size_t bytes);
 } ct_comm_backend_ext;
 
 /* Gloo (gloo_adapter.cc): creates the state of one rank of a new group. */

@@ -96,6 +96,10 @@ typedef struct ngroup {
   int32_t *one;           /* one device int: the barrier's all-reduce */
   ncclComm_t nocolor_out; /* where a CT_COMM_NO_COLOR split lets NCCL write (stays NULL) */
   ncclComm_t lean;        /* the same ranks limited to few CTAs (ct_comm_make_lean), or NULL */
+  struct {                /* ct_comm_register: handles in the main and the lean communicator */
+    void *main, *lean;
+  } reg[8];
+  int nreg;
   bool use_lean;          /* the next collectives go to `lean` (ct_comm_use_lean) */
   void (*abort_hook)(void *ctx); /* the copy-engine all-reduce's (ct_comm_nccl_set_abort_hook) */
   void *abort_ctx;
@@ -817,10 +821,44 @@ bad:
 
 /* ---- destroy ---- */
 
+/* ---- registered buffers ---- */
+
+/* ncclCommRegister of buf in the main communicator (and the lean one, when there is one), polled
+ * like every call of a non-blocking communicator. */
+static ct_status nccl_register(void *impl, void *buf, size_t bytes) {
+  ngroup *g = impl;
+  static const char what[] = "register";
+  if (g->nreg == (int)(sizeof g->reg / sizeof g->reg[0]))
+    return fail(g, what, CT_ERR_USAGE, "at most %d registered buffers", g->nreg);
+  CT_TRY(check_async(g, what));
+  ncclComm_t comms[2] = {g->comm, g->lean};
+  void **slots[2] = {&g->reg[g->nreg].main, &g->reg[g->nreg].lean};
+  for (int i = 0; i < 2; i++) {
+    if (!comms[i]) continue;
+    double t0 = ct_now();
+    ncclResult_t r = ncclCommRegister(comms[i], buf, bytes, slots[i]);
+    if (r != ncclSuccess && r != ncclInProgress)
+      return nccl_fail(g, what, i ? "ncclCommRegister (lean)" : "ncclCommRegister", r);
+    CT_TRY(wait_ready(g, comms[i], what, "ncclCommRegister", t0));
+  }
+  g->nreg++;
+  return CT_OK;
+}
+
+/* Before the communicators are finalized: their registrations go. */
+static void nccl_deregister_all(ngroup *g) {
+  for (int k = 0; k < g->nreg; k++) {
+    if (g->lean && g->reg[k].lean) (void)ncclCommDeregister(g->lean, g->reg[k].lean);
+    if (g->comm && g->reg[k].main) (void)ncclCommDeregister(g->comm, g->reg[k].main);
+  }
+  g->nreg = 0;
+}
+
 static void nccl_destroy(void *impl) {
   ngroup *g = impl;
   if (!g) return;
   trace_print(g);
+  nccl_deregister_all(g);
   if (g->lean) { /* its collectives ran on the stream the main communicator's finalize flushes */
     double t0 = ct_now();
     ncclResult_t r = ncclCommFinalize(g->lean);
@@ -889,5 +927,6 @@ const ct_comm_backend_ops ct_comm_nccl_ops = {
     nccl_all_gather, nccl_broadcast,    nccl_barrier,    nccl_destroy,
 };
 
-const ct_comm_backend_ext ct_comm_nccl_ext = {nccl_sync,  nccl_split_all, nccl_set_overlap,
-                                              nccl_join,  nccl_make_lean, nccl_use_lean};
+const ct_comm_backend_ext ct_comm_nccl_ext = {nccl_sync,      nccl_split_all, nccl_set_overlap,
+                                              nccl_join,      nccl_make_lean, nccl_use_lean,
+                                              nccl_register};
