@@ -323,18 +323,6 @@ ct_status ct_ddp_create(ct_model *model, ct_comm *c, const ct_ddp_cfg *cfg, ct_d
     }
     d->lean = true;
   }
-  /* CT_COMM_REGISTER=1 (a measurement switch): the gradients (and the bf16 wire) registered with
-   * the communicator, so NCCL can reduce them in place instead of through its staging buffers */
-  const char *rg = getenv("CT_COMM_REGISTER");
-  if (rg && !strcmp(rg, "1")) {
-    st = ct_comm_register(c, ct_model_grads(model), ct_model_numel(model) * sizeof(float));
-    if (st == CT_OK && d->wire)
-      st = ct_comm_register(c, d->wire, ct_model_numel(model) * sizeof(uint16_t));
-    if (st != CT_OK) {
-      ct_add_context(st, "ddp (CT_COMM_REGISTER=1): ");
-      goto fail;
-    }
-  }
   /* tensor parallelism: the tokens are not this rank's embedding rows (a vocabulary slice) */
   if (cfg->sparse_embedding && ct_model_tp_size(model) == 1)
     CT_TRY_GOTO(sparse_init(d, cfg->reduce_dtype == CT_BF16), fail);
