@@ -205,9 +205,9 @@ __device__ __forceinline__ unsigned &tl_slot() { // this block's launch number (
 __device__ __forceinline__ void pdl_trigger() {
 #ifdef CT_DECODE_TIMELINE
   if (tl_block0()) {
-    const unsigned s = atomicAdd(&tl_seq, 1u);
+    const unsigned s = atomicAdd(&tl_seq, 1u) & (TL_MAX - 1); // a ring: the latest TL_MAX
     tl_slot() = s;
-    if (s < TL_MAX) tl_t[0][s] = tl_now();
+    tl_t[0][s] = tl_now();
   }
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -219,7 +219,7 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 #ifdef CT_DECODE_TIMELINE
-  if (tl_block0() && tl_slot() < TL_MAX) tl_t[1][tl_slot()] = tl_now();
+  if (tl_block0()) tl_t[1][tl_slot()] = tl_now();
 #endif
 }
 
@@ -2142,11 +2142,17 @@ void gemv_shape(T *out, const T *inp, const T *nw, const T *w, const T *bias, co
     else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 2, 8>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
     else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
   } else if constexpr (MODE == GV_SWIGLU) {
-    // 2 gate/up pairs a task even where 3 would spread the blocks more evenly over the
-    // multiprocessors (Qwen3-0.6B: 128 blocks of 3 instead of 192 of 2, 60 multiprocessors with
-    // two): 3 ran slower, 1,194-1,208 against 1,293 tokens/s at batch 1 on an H200
-    // (bench/results/gpu_decode_swiglu_r3_2026-11-30_2xH200_7f359d9.txt)
-    if (IC <= 1024) gemv_go<T, N, NORM, MODE, 2, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    // One row, up to 1024 wide: one gate/up pair a task (a warp holds half the weights in
+    // registers, so more of the kernel's blocks sit beside the kernel before, with their weights
+    // loaded before they wait): 1,478 against 1,463 tokens/s at batch 1 on the Qwen3-0.6B shape,
+    // twice each, the same ids (bench/results/call45_3e44ff9_r1.txt); the qkv GEMV with one row a
+    // task ran slower (1,418). More rows: 2 pairs a task even where 3 would spread the blocks more
+    // evenly over the multiprocessors (Qwen3-0.6B: 128 blocks of 3 instead of 192 of 2, 60
+    // multiprocessors with two): 3 ran slower, 1,194-1,208 against 1,293 tokens/s at batch 1 on an
+    // H200 (bench/results/gpu_decode_swiglu_r3_2026-11-30_2xH200_7f359d9.txt)
+    if (N == 1 && IC <= 1024)
+      gemv_go<T, N, NORM, MODE, 1, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    else if (IC <= 1024) gemv_go<T, N, NORM, MODE, 2, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
     else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 1, 8>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
     else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
   } else {
@@ -2540,10 +2546,10 @@ extern "C" void ct_cuda_decode_timeline(void) {
     cudaGetLastError();
     return;
   }
-  if (n > TL_MAX) n = TL_MAX;
-  std::vector<unsigned long long> t0(n), t1(n);
-  if (cudaMemcpyFromSymbol(t0.data(), tl_t, n * sizeof(unsigned long long), 0) != cudaSuccess ||
-      cudaMemcpyFromSymbol(t1.data(), tl_t, n * sizeof(unsigned long long),
+  // the ring holds the latest TL_MAX notes; note i is at i % TL_MAX
+  std::vector<unsigned long long> t0(TL_MAX), t1(TL_MAX);
+  if (cudaMemcpyFromSymbol(t0.data(), tl_t, TL_MAX * sizeof(unsigned long long), 0) != cudaSuccess ||
+      cudaMemcpyFromSymbol(t1.data(), tl_t, TL_MAX * sizeof(unsigned long long),
                            TL_MAX * sizeof(unsigned long long)) != cudaSuccess) {
     cudaGetLastError();
     return;
@@ -2554,7 +2560,9 @@ extern "C" void ct_cuda_decode_timeline(void) {
             n, K);
     return;
   }
-  const size_t M = n / K - 1 < 200 ? n / K - 1 : 200, base = n - M * K;
+  size_t M = n / K - 1 < 200 ? n / K - 1 : 200;
+  if (M * K + 1 > TL_MAX) M = (TL_MAX - 1) / K; // note base - 1 must still be in the ring
+  const size_t base = n - M * K;
   fprintf(stderr, "decode timeline (%%globaltimer at block 0 of each kernel, %u noted; means over the"
           " last %zu replays of the %zu-kernel step, us):\n", n, M, K);
   fprintf(stderr, "  %-4s %-34s %9s %9s %9s\n", "#", "kernel", "start", "wait", "to next");
@@ -2562,10 +2570,10 @@ extern "C" void ct_cuda_decode_timeline(void) {
   for (size_t k = 0; k < K; k++) {
     double a = 0, b = 0, c = 0;
     for (size_t r = 0; r < M; r++) {
-      const size_t i = base + r * K + k;
-      a += (double)t0[i] - (double)t1[i - 1]; // base >= K >= 1
-      b += (double)t1[i] - (double)t0[i];
-      c += i + 1 < n ? (double)t1[i + 1] - (double)t1[i] : 0.0;
+      const size_t i = base + r * K + k, w = TL_MAX - 1; // base >= K >= 1
+      a += (double)t0[i & w] - (double)t1[(i - 1) & w];
+      b += (double)t1[i & w] - (double)t0[i & w];
+      c += i + 1 < n ? (double)t1[(i + 1) & w] - (double)t1[i & w] : 0.0;
     }
     fprintf(stderr, "  %-4zu %-34s %9.2f %9.2f %9.2f\n", k, tl_names[k].c_str(), a / M / 1e3,
             b / M / 1e3, c / M / 1e3);
