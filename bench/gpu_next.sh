@@ -1,21 +1,19 @@
 #!/usr/bin/env bash
 # What the next GPU session should run first, in priority order (each PART well under the
-# 10-minute call limit; CUDA build in build-gpu with cuDNN attention; pass COMMIT). Session 11
-# learned (bench/results/ddp_scaling_2026-11-30_2xH200_3054b91.txt): a 2-GPU ddp step goes at the
-# slower GPU's pace (lent machines' GPU 1 ran -3% .. +0.4% against GPU 0); overlapped NCCL
-# all-reduces cost backward ~3.7 ms a step (not through GEMM waves: GEMMs aimed at fewer SMs
-# meanwhile, CT_DDP_GEMM_SMS, were slower), the tail is the embedding's 154 MB gradient (0.9 ms),
-# and the lean communicator, the copy
-# engines, and one bf16 all-reduce after backward (parallel.overlap = false) all land within ~1%
-# of the default over repeated runs (ddp 96.6%, PyTorch DDP 96.9% on the same machine).
-# CT_COMM_TRACE=1 prints each rank's collective timeline (no nsys on the host). Decode at the
-# default: 1,458 tokens/s at batch 1 (42.7% of the bound), 4.68x Transformers static+compile.
-# Next for #6: ncu on one backward GEMM with and without an all-reduce beside it (what the
-# all-reduce takes from it: L2, DRAM or issue slots), and why NCCL's after-backward all-reduce
-# moves ~185 GB/s in training against comm_bench's ~300.
-# Next for #8 (60% of the bound = 488 us a token): the qkv GEMV, rope and attention fused per kv
-# head in one cluster (weights staged by bulk copy before the wait, q/k/v exchanged through
-# distributed shared memory): one grid boundary and one L2 round trip less a layer.
+# 10-minute call limit; CUDA build in build-gpu with cuDNN attention; pass COMMIT). Session 12
+# learned: #6 — the GPUs train at their 700 W power limit (686-688 W, SM 1710-1740 MHz alone);
+# overlapped all-reduces cost GPU 0 1.3-3% of its clock at the same power, which is the 2-GPU
+# step's loss (bench/results/ddp_power_2026-11-30_2xH200_dd51b6f.txt); NCCL buffer registration
+# does not help (NCCL declines cudaMalloc memory; ncclMemAlloc memory all-reduces no faster).
+# #8 — the decode timeline (now a ring, so the names align) shows 21 us a layer against 7.6 us of
+# weight DRAM time: qkv 4.5, attention 3.5, o_proj 3.8, gate/up 6.9 (one pair a task since:
+# +1%), down 2.6 us from release to release; attention's and o_proj's blocks start 2-3 us after
+# the kernel before is released. Decoding ahead removed ~10 us a token of the gap between graph
+# replays (19-20 us left: argmax + graph boundary; two steps a graph would halve it).
+# Next for #8: register / block budgets so each kernel's blocks fit beside the kernel before
+# (o_proj after attention, qkv with one row a task was slower); a per-block timeline (a global
+# block counter gives every block its kernel: kernel k+1's blocks start only after all of k's
+# have triggered) to see when a kernel's last block starts and ends.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
