@@ -521,7 +521,14 @@ __global__ void kv_append_kernel(T *kc, T *vc, const T *qkv, const int32_t *slot
 }
 
 #define DEC_CHUNK 16     // keys per warp (one split)
+// DEC_WARPS: -DDEC_WARPS=N builds are measurements. On an H200 (bench/results/call47_72ab9c2.txt,
+// Qwen3-0.6B shape, the same ids): 8 or 12 warps a block ran 1% slower at 384 cached keys
+// (clusters of 3 or 2 blocks instead of 6), and 12 ran 4% faster at 1,256 (1,218 against 1,170
+// tokens/s: a cluster of 7 where 4 warps need 20 blocks, past the cluster limit of 8, and merge
+// through L2): a block size chosen by the cache length would take both.
+#ifndef DEC_WARPS
 #define DEC_WARPS 4      // warps (splits) per block
+#endif
 #define DEC_MAXD 8       // head dim up to 32 * DEC_MAXD = 256
 
 // grid (ceil(splits / DEC_WARPS), H, N). Split sp of row n, head h: keys sp*DEC_CHUNK ..
