@@ -392,6 +392,12 @@ static void test_args(ct_comm *c) {
   CHECK(ct_comm_make_lean(c, 2) == CT_OK);
   CHECK(ct_comm_use_lean(c, true) == CT_OK && ct_comm_use_lean(c, false) == CT_OK);
   CHECK(ct_comm_make_lean(NULL, 2) == CT_ERR_USAGE);
+  /* registration: a buffer is required; Gloo has nothing to register (a no-op) */
+  CHECK(ct_comm_register(c, NULL, 16) == CT_ERR_USAGE);
+  CHECK(strstr(ct_last_error(), "ct_comm_register") && strstr(ct_last_error(), "no buffer"));
+  CHECK(ct_comm_register(c, x, 0) == CT_ERR_USAGE);
+  CHECK(ct_comm_register(c, x, sizeof(float) * 4) == CT_OK);
+  CHECK(ct_comm_register(NULL, x, 16) == CT_ERR_USAGE);
   /* usage errors do not poison the group: it still works (checked by the next collective) */
 }
 
