@@ -205,6 +205,18 @@ __device__ __forceinline__ unsigned &tl_slot() { // this block's launch number (
   __shared__ unsigned s;
   return s;
 }
+// Phases inside attention_decode_rope_kernel's block 0 (thread 0): after the q / k rope, after the
+// split math, after the first cluster barrier, after the merge.
+#define TL_PHASES 4
+__device__ unsigned long long tl_ph[TL_PHASES][TL_MAX];
+#define TL_PHASE(k)                                         \
+  do {                                                      \
+    if (tl_block0()) tl_ph[k][tl_slot()] = tl_now();        \
+  } while (0)
+#else
+#define TL_PHASE(k) \
+  do {              \
+  } while (0)
 #endif
 
 // Programmatic dependent launch (sm_90): let the next kernel in the stream launch now; wait
@@ -1487,14 +1499,17 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     T(*q)[hd] = qs[w];
     att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H, KV,
                              kv, k0, p, theta, eps, cs_, sn_, lane);
+    TL_PHASE(0);
     att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
                                    lane, CL ? &ps[CL ? w : 0][0][0] : nullptr);
+    TL_PHASE(1);
   }
   if constexpr (CL) {
 #ifdef _CG_HAS_CLUSTER_GROUP // sm_90 and up (the host launches CL only there: cluster_on)
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
     cl.sync(); // every split's rows written, and visible to the cluster
+    TL_PHASE(2);
     if (cl.block_rank() == 0) {
       const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
       for (int g = w; g < G; g += DEC_WARPS) { // split sp: block sp / DEC_WARPS, warp sp % DEC_WARPS
@@ -1506,6 +1521,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                               ld, used, lane);
       }
     }
+    TL_PHASE(3);
     cl.sync(); // block 0 has read every block's rows (and with OP written om)
     if constexpr (OP) oproj_tail<T, G * hd>(op, cl, &om[0], (const T *)att_dyn, &obar, n, kv, KV);
 #else
@@ -2596,6 +2612,29 @@ extern "C" void ct_cuda_decode_timeline(void) {
   }
   fprintf(stderr, "  a step, release to release: %.1f us (the last replay's last kernel counts 0)\n",
           step / 1e3);
+  // the attention kernels' phases (block 0 of the cluster of kv head 0), after their release
+  std::vector<unsigned long long> ph((size_t)TL_PHASES * TL_MAX);
+  if (cudaMemcpyFromSymbol(ph.data(), tl_ph, ph.size() * sizeof(unsigned long long)) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  double pm[TL_PHASES + 1] = {0};
+  long cnt = 0;
+  for (size_t k = 0; k < K; k++) {
+    if (tl_names[k] != "attention_decode_rope_kernel") continue;
+    for (size_t r = 0; r < M; r++) {
+      const size_t i = base + r * K + k, w = TL_MAX - 1;
+      for (int f = 0; f < TL_PHASES; f++)
+        pm[f] += (double)ph[(size_t)f * TL_MAX + (i & w)] - (double)t1[i & w];
+      pm[TL_PHASES] += i + 1 < n ? (double)t1[(i + 1) & w] - (double)t1[i & w] : 0.0;
+      cnt++;
+    }
+  }
+  if (cnt)
+    fprintf(stderr, "  attention_decode_rope_kernel phases (block 0, thread 0; us after its release,"
+            " mean of %ld): rope %.2f, split math %.2f, cluster barrier %.2f, merge %.2f; next"
+            " kernel released %.2f\n", cnt, pm[0] / cnt / 1e3, pm[1] / cnt / 1e3, pm[2] / cnt / 1e3,
+            pm[3] / cnt / 1e3, pm[4] / cnt / 1e3);
 #endif
 }
 
