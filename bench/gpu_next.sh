@@ -5,15 +5,21 @@
 # overlapped all-reduces cost GPU 0 1.3-3% of its clock at the same power, which is the 2-GPU
 # step's loss (bench/results/ddp_power_2026-11-30_2xH200_dd51b6f.txt); NCCL buffer registration
 # does not help (NCCL declines cudaMalloc memory; ncclMemAlloc memory all-reduces no faster).
-# #8 — the decode timeline (now a ring, so the names align) shows 21 us a layer against 7.6 us of
-# weight DRAM time: qkv 4.5, attention 3.5, o_proj 3.8, gate/up 6.9 (one pair a task since:
-# +1%), down 2.6 us from release to release; attention's and o_proj's blocks start 2-3 us after
-# the kernel before is released. Decoding ahead removed ~10 us a token of the gap between graph
-# replays (19-20 us left: argmax + graph boundary; two steps a graph would halve it).
-# Next for #8: register / block budgets so each kernel's blocks fit beside the kernel before
-# (o_proj after attention, qkv with one row a task was slower); a per-block timeline (a global
-# block counter gives every block its kernel: kernel k+1's blocks start only after all of k's
-# have triggered) to see when a kernel's last block starts and ends.
+# #8 — the decode timeline (now a ring: until call 46 a full buffer left its kernel names
+# rotated, so readings before it named the wrong kernels) shows ~22 us a layer against 7.6 us
+# of weight DRAM time. Decoding ahead removed ~10 us a token of the gap between graph replays
+# (~20 us left: argmax + graph boundary; two steps a graph would halve it); gate/up with one
+# pair a task +1%.
+# With the aligned timeline (call46_72ab9c2.txt) a layer is qkv 4.4, attention 7.2-8.7, o_proj
+# 2.5-3.3, gate/up 3.1-3.2, down 4.0-4.6 us from release to release; attention's phases
+# (call48_f7961d4.txt, 384 keys): q/k load + norm + rope 1.8 us, split math 1.8, first cluster
+# barrier 0.7, block 0's DSMEM merge of 24 splits 1.9, to o_proj's release 1.1.
+# Next for #8: the attention kernel (28 x 7.4 us of ~680 a token): each block merging its own
+# splits before block 0 merges the blocks (6 partials instead of 24 over DSMEM), q/k/v loads
+# earlier (the qkv GEMV writing the rope'd q/k itself), attention blocks sized by the cache
+# length (12 warps were 4% faster at 1,256 keys, call47_72ab9c2.txt: clusters stay <= 8);
+# a per-block timeline (a global block counter gives every block its kernel) to see when a
+# kernel's last block starts and ends.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation

@@ -43,14 +43,15 @@
 // needs fewer boundaries a layer, i.e. fusions across the grid-wide dependencies (o_proj into
 // the attention kernel with a fixed-order partial-sum buffer read by the next GEMV, or a
 // persistent layer kernel with cheaper-than-launch grid barriers), not faster GEMVs.
-// The timeline (CT_DECODE_TIMELINE builds, H200, bench/results/call45_3e44ff9_r1.txt; ~691 us a
-// graph-launched step) puts numbers on that: from each kernel's release (its wait returns) to
-// the next's, a layer's qkv GEMV takes 4.5-4.6 us, attention 3.5, o_proj 3.8, gate/up 6.9 (two
-// pairs a task; one pair since), down 2.6: 21 us a layer against 7.6 us of weight bytes at the
-// copy bandwidth; the head GEMV 70 us (311 MB, at the bandwidth); argmax and the gap between
-// graph replays 19-20 us (~30 before decoding ahead, trainer/model.c). Attention's and o_proj's
-// first blocks start 2-3 us after the kernel before them is released: until its blocks leave,
-// they hold the multiprocessors, so what they load before their wait is little.
+// The timeline (CT_DECODE_TIMELINE builds, H200, bench/results/call46_72ab9c2.txt and
+// call48_f7961d4.txt; ~705 us a graph-launched step there, 4.5% slower than without the notes)
+// puts numbers on that: from each kernel's release (its wait returns) to the next's, a layer's
+// qkv GEMV takes 4.4-5.8 us, attention 6.7-8.7, o_proj 2.5-3.4, gate/up 3.1-3.3, down 4.0-4.6:
+// ~22 us a layer against 7.6 us of weight bytes at the copy bandwidth; the head GEMV 70 us (311
+// MB, at the bandwidth); argmax and the gap between graph replays ~20 us (~30 before decoding
+// ahead, trainer/model.c). Attention's block 0 (384 keys): q/k loads + norm + rope 1.8 us, the
+// split math 1.8, the first cluster barrier 0.7, the merge over distributed shared memory 1.9,
+// then 1.1 to o_proj's release. The qkv GEMV's blocks start ~3 us after down is released.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -2618,23 +2619,33 @@ extern "C" void ct_cuda_decode_timeline(void) {
     cudaGetLastError();
     return;
   }
+  // a phase counts where this launch noted it (a note older than the kernel's start is another
+  // launch's: the cluster phases are not noted where attention merges through L2)
   double pm[TL_PHASES + 1] = {0};
-  long cnt = 0;
+  long cnt[TL_PHASES + 1] = {0};
   for (size_t k = 0; k < K; k++) {
     if (tl_names[k] != "attention_decode_rope_kernel") continue;
     for (size_t r = 0; r < M; r++) {
       const size_t i = base + r * K + k, w = TL_MAX - 1;
-      for (int f = 0; f < TL_PHASES; f++)
-        pm[f] += (double)ph[(size_t)f * TL_MAX + (i & w)] - (double)t1[i & w];
+      for (int f = 0; f < TL_PHASES; f++) {
+        const unsigned long long v = ph[(size_t)f * TL_MAX + (i & w)];
+        if (v < t0[i & w]) continue;
+        pm[f] += (double)v - (double)t1[i & w];
+        cnt[f]++;
+      }
       pm[TL_PHASES] += i + 1 < n ? (double)t1[(i + 1) & w] - (double)t1[i & w] : 0.0;
-      cnt++;
+      cnt[TL_PHASES]++;
     }
   }
-  if (cnt)
+  static const char *pn[TL_PHASES + 1] = {"rope", "split math", "cluster barrier", "merge",
+                                          "next kernel released"};
+  if (cnt[TL_PHASES]) {
     fprintf(stderr, "  attention_decode_rope_kernel phases (block 0, thread 0; us after its release,"
-            " mean of %ld): rope %.2f, split math %.2f, cluster barrier %.2f, merge %.2f; next"
-            " kernel released %.2f\n", cnt, pm[0] / cnt / 1e3, pm[1] / cnt / 1e3, pm[2] / cnt / 1e3,
-            pm[3] / cnt / 1e3, pm[4] / cnt / 1e3);
+            " means of %ld):", cnt[TL_PHASES]);
+    for (int f = 0; f <= TL_PHASES; f++)
+      if (cnt[f]) fprintf(stderr, " %s %.2f%s", pn[f], pm[f] / cnt[f] / 1e3, f < TL_PHASES ? "," : "");
+    fputc('\n', stderr);
+  }
 #endif
 }
 
