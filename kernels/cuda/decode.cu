@@ -2175,8 +2175,8 @@ void gemv_shape(T *out, const T *inp, const T *nw, const T *w, const T *bias, co
     else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
   } else if constexpr (MODE == GV_SWIGLU) {
     // One row, up to 1024 wide: one gate/up pair a task (a warp holds half the weights in
-    // registers, so more of the kernel's blocks sit beside the kernel before, with their weights
-    // loaded before they wait): 1,478 against 1,463 tokens/s at batch 1 on the Qwen3-0.6B shape,
+    // registers, so more of the kernel's blocks can be resident beside the kernel before, with
+    // their weights loaded before they wait): 1,478 against 1,463 tokens/s at batch 1 on the Qwen3-0.6B shape,
     // twice each, the same ids (bench/results/call45_3e44ff9_r1.txt); the qkv GEMV with one row a
     // task ran slower (1,418). More rows: 2 pairs a task even where 3 would spread the blocks more
     // evenly over the multiprocessors (Qwen3-0.6B: 128 blocks of 3 instead of 192 of 2, 60
