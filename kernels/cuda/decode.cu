@@ -718,9 +718,12 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
 // splits were written by other blocks just before), so each round's loads go out together: every
 // split's max and sum first (a lane a split), then the accumulator rows of MB splits at a time
 // (64 registers; 128 made the persistent kernel spill); the arithmetic stays in split order.
-template <typename T, int hd, typename Load>
-__device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int lane) {
-  constexpr int I = hd / 32, MB = 64 / I;
+// PARTS > 1: this warp makes only part `part` of the PARTS equal slices of the hd outputs (lane +
+// 32 i for i in the slice), so PARTS warps share a head; each output's arithmetic is the same.
+template <typename T, int hd, typename Load, int PARTS = 1>
+__device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int lane, int part = 0) {
+  constexpr int I = hd / 32 / PARTS, MB = 64 / I < 32 ? 64 / I : 32; // a round: <= 32 splits
+  const int i0 = part * I;
   float m0 = -INFINITY, l0 = 0.0f; // split `lane`'s max and sum
   if (lane < used) {
     m0 = ld(lane, hd);
@@ -744,7 +747,7 @@ __device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int la
 #pragma unroll
       for (int jj = 0; jj < MB; jj++)
 #pragma unroll
-        for (int i = 0; i < I; i++) v[jj][i] = j0 + jj < ns ? ld(s0 + j0 + jj, lane + 32 * i) : 0.0f;
+        for (int i = 0; i < I; i++) v[jj][i] = j0 + jj < ns ? ld(s0 + j0 + jj, lane + 32 * (i0 + i)) : 0.0f;
 #pragma unroll
       for (int jj = 0; jj < MB; jj++) {
         const float fj = __shfl_sync(0xffffffffu, f, (j0 + jj) & 31);
@@ -756,7 +759,7 @@ __device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int la
   }
   L = warp_sum(L);
 #pragma unroll
-  for (int i = 0; i < I; i++) stf(out + lane + 32 * i, a[i] / L);
+  for (int i = 0; i < I; i++) stf(out + lane + 32 * (i0 + i), a[i] / L);
 }
 
 // att_merge_core over part (query head h of row n, read through L2); shared with
@@ -1513,13 +1516,18 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     TL_PHASE(2);
     if (cl.block_rank() == 0) {
       const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
-      for (int g = w; g < G; g += DEC_WARPS) { // split sp: block sp / DEC_WARPS, warp sp % DEC_WARPS
+      // two warps a head where the block has them (each makes half the head's outputs: the
+      // merge's time is its load latency, and this halves each warp's loads)
+      constexpr int HP = DEC_WARPS >= 2 * G && hd % 64 == 0 ? 2 : 1;
+      for (int t = w; t < G * HP; t += DEC_WARPS) { // split sp: block sp / DEC_WARPS, warp sp % DEC_WARPS
+        const int g = t / HP;
         auto ld = [&](int sp_, int i) {
           const float *r = cl.map_shared_rank(&ps[0][0][0], (unsigned)(sp_ / DEC_WARPS));
           return r[((sp_ % DEC_WARPS) * G + g) * (hd + 4) + i];
         };
-        att_merge_core<T, hd>(OP ? &om[g * hd] : out + (long)n * H * hd + (long)(kv * G + g) * hd,
-                              ld, used, lane);
+        att_merge_core<T, hd, decltype(ld), HP>(
+            OP ? &om[g * hd] : out + (long)n * H * hd + (long)(kv * G + g) * hd, ld, used, lane,
+            t % HP);
       }
     }
     TL_PHASE(3);
