@@ -15,7 +15,8 @@
 # (call48_f7961d4.txt, 384 keys): q/k load + norm + rope 1.8 us, split math 1.8, first cluster
 # barrier 0.7, block 0's DSMEM merge of 24 splits 1.9, to o_proj's release 1.1.
 # Next for #8: the attention kernel (28 x 7.4 us of ~680 a token): each block merging its own
-# splits before block 0 merges the blocks (6 partials instead of 24 over DSMEM), q/k/v loads
+# splits before block 0 merges the blocks (6 partials instead of 24 over DSMEM; two warps a head
+# in block 0's merge gave +0.6%, call49_9c15eaa.txt), q/k/v loads
 # earlier (the qkv GEMV writing the rope'd q/k itself), attention blocks sized by the cache
 # length (12 warps were 4% faster at 1,256 keys, call47_72ab9c2.txt: clusters stay <= 8);
 # a per-block timeline (a global block counter gives every block its kernel) to see when a
