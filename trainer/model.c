@@ -1575,15 +1575,30 @@ ct_status ct_infer_prefill(ct_infer *e, int nseq, const int *slots, const int32_
   return infer_outputs(e, nseq, logits, ids);
 }
 
-/* Queues the captured nseq-row step again (its tokens and positions advanced on the device by
- * the step before) and the copy of its ids into h_ab[buf], then ev[buf]: the step ahead. */
-static void ahead_queue(ct_infer *e, int nseq, int buf) {
-  infer_dev *d = &e->d[0];
-  e->ops->graph_launch(d->graph[nseq]);
-  e->ops->to_host_async(e->h_ab[buf], DAI(d, ids), sizeof(int32_t) * (size_t)nseq);
+/* Queues the copy of the last queued step's ids into h_ab[buf], then ev[buf]. */
+static void ids_to_host(ct_infer *e, int nseq, int buf) {
+  e->ops->to_host_async(e->h_ab[buf], DAI(&e->d[0], ids), sizeof(int32_t) * (size_t)nseq);
   e->ops->event_record(e->ev[buf]);
+}
+
+/* Queues the captured nseq-row step again (its tokens and positions advanced on the device by
+ * the step before) and its ids' copy into h_ab[buf]: the step ahead. */
+static void ahead_queue(ct_infer *e, int nseq, int buf) {
+  e->ops->graph_launch(e->d[0].graph[nseq]);
+  ids_to_host(e, nseq, buf);
   e->ahead_n = nseq;
   e->graph_steps++;
+}
+
+/* Waits for the step whose ids go to h_ab[buf] and returns them in ids; they are also the tokens
+ * of the step queued behind it (in h_ab[buf ^ 1]). The rows' lengths grow by that step. */
+static void ahead_take(ct_infer *e, int nseq, const int *slots, int buf, int32_t *ids) {
+  const size_t tb = sizeof(int32_t) * (size_t)nseq;
+  e->ops->event_wait(e->ev[buf]);
+  memcpy(ids, e->h_ab[buf], tb);
+  memcpy(e->ahead_tok, ids, tb);
+  e->ahead_buf = buf ^ 1;
+  for (int b = 0; b < nseq; b++) e->len[slots[b]]++;
 }
 
 ct_status ct_infer_decode(ct_infer *e, int nseq, const int *slots, const int32_t *tokens,
@@ -1608,18 +1623,13 @@ ct_status ct_infer_decode(ct_infer *e, int nseq, const int *slots, const int32_t
   bool ahead = greedy;
   for (int b = 0; ahead && b < nseq; b++) ahead = e->len[slots[b]] + 2 <= e->max_T;
   if (e->ahead_n) {
-    const size_t sb = sizeof(int) * (size_t)nseq, tb = sizeof(int32_t) * (size_t)nseq;
-    if (greedy && e->ahead_n == nseq && !memcmp(e->ahead_slots, slots, sb) &&
-        !memcmp(e->ahead_tok, tokens, tb)) { /* the step in flight is this one */
+    if (greedy && e->ahead_n == nseq && !memcmp(e->ahead_slots, slots, sizeof(int) * (size_t)nseq) &&
+        !memcmp(e->ahead_tok, tokens, sizeof(int32_t) * (size_t)nseq)) { /* in flight: this one */
       const int buf = e->ahead_buf;
       e->ahead_n = 0;
       if (ahead) ahead_queue(e, nseq, buf ^ 1); /* the next, before waiting for this one */
-      o->event_wait(e->ev[buf]);
-      memcpy(ids, e->h_ab[buf], tb);
-      memcpy(e->ahead_tok, ids, tb);
-      e->ahead_buf = buf ^ 1;
+      ahead_take(e, nseq, slots, buf, ids);
       e->ahead_steps++;
-      for (int b = 0; b < nseq; b++) e->len[slots[b]]++;
       return CT_OK;
     }
     ahead_drop(e);
@@ -1657,16 +1667,10 @@ ct_status ct_infer_decode(ct_infer *e, int nseq, const int *slots, const int32_t
     if (!d->last) infer_hop(e, d, nseq);
   }
   if (ahead && e->d[0].graph[nseq]) { /* this step's ids, then the step after it */
-    const size_t tb = sizeof(int32_t) * (size_t)nseq;
-    o->to_host_async(e->h_ab[0], DAI(&e->d[0], ids), tb);
-    o->event_record(e->ev[0]);
+    ids_to_host(e, nseq, 0);
     memcpy(e->ahead_slots, slots, sizeof(int) * (size_t)nseq);
     ahead_queue(e, nseq, 1);
-    o->event_wait(e->ev[0]);
-    memcpy(ids, e->h_ab[0], tb);
-    memcpy(e->ahead_tok, ids, tb);
-    e->ahead_buf = 1;
-    for (int b = 0; b < nseq; b++) e->len[slots[b]]++;
+    ahead_take(e, nseq, slots, 0, ids);
     return CT_OK;
   }
   for (int b = 0; b < nseq; b++) e->len[slots[b]]++;

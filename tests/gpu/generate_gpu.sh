@@ -29,7 +29,11 @@ for m in ${FIXTURES:-gpt2 llama_gqa qwen3 qwen2}; do
   # before) against decoding step by step, for rows that stop at different steps
   for p in bf16 fp32; do
     on=$(gen $m "${P[@]}" --greedy --precision $p --print_ids --max_new_tokens 40)
+    a_on=$(grep '^stats:' "$TMP/log" | tail -1 | sed -n 's/.*ahead_steps=\([0-9]*\).*/\1/p')
     off=$(CT_DECODE_AHEAD=0 gen $m "${P[@]}" --greedy --precision $p --print_ids --max_new_tokens 40)
+    a_off=$(grep '^stats:' "$TMP/log" | tail -1 | sed -n 's/.*ahead_steps=\([0-9]*\).*/\1/p')
+    check "$m $p: the default run decoded ahead (ahead_steps ${a_on:-none} > 0), CT_DECODE_AHEAD=0 did not (${a_off:-none})" \
+      test "${a_on:-0}" -gt 0 -a "${a_off:-1}" -eq 0
     check "$m $p: decoding ahead = step by step (3 mixed-length prompts)" same "$on" "$off"
     w=$(CT_DECODE_AHEAD=0 gen $m --prompt "Once upon a time" --greedy --precision $p --max_new_tokens 12 | tail -c 4)
     if [ -n "$w" ]; then
