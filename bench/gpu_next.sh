@@ -21,6 +21,14 @@
 # length (12 warps were 4% faster at 1,256 keys, call47_72ab9c2.txt: clusters stay <= 8);
 # a per-block timeline (a global block counter gives every block its kernel) to see when a
 # kernel's last block starts and ends.
+# Session 13 rebuilt the persistent decode kernel (CT_DECODE_PERSIST=1: a shared-memory weight
+# ring fed by the bulk copy engine, a one-atomic grid barrier, a merge phase) and timed it per
+# phase (-DCT_DL_TIMES): bit-identical, 1,019 against 1,484 tokens/s (call59_persist8.txt). Its
+# weights arrive in time; barriers (1-2 us each, six a layer) and the L2 round trips of each
+# phase (x, the norm weight, attention's splits and merge) make ~32 us a layer (~25 without any
+# weight copies). A faster persistent step needs fewer phases a layer, not faster weight
+# streaming: e.g. the qkv GEMV computed by the attention blocks themselves (each kv head's 512
+# rows), the norm weights in the ring, and a merge inside a cluster as the per-layer kernel does.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation

@@ -1671,97 +1671,162 @@ float *split_scratch(size_t bytes) {
 // ---- decode_layers: a batch-1 decode step's layers in one persistent kernel ----
 // One block per multiprocessor (DL_WARPS warps, all resident: launched without programmatic
 // dependent launch, so the kernel before has finished and the one after waits for this one),
-// phases separated by a grid-wide barrier; per layer, as infer_layer_fused's ops and with their
-// arithmetic (the same device functions or the same loops), so the values equal the per-layer
-// kernels' bit for bit. Five phases a layer:
+// phases separated by a grid-wide barrier (one release-add a block on a counter that only grows);
+// per layer, as infer_layer_fused's ops and with their arithmetic (the same device functions or
+// the same loops), so the values equal the per-layer kernels' bit for bit. Six phases a layer:
 //   qkv GEMV (rms norm of x in every block)
-//   attention: a warp per (kv head, 16 keys) makes its query heads' q norm + rope itself (into
-//     its shared memory), the warp whose keys include the newest also that key's k norm + rope
-//     and v (used from shared memory and appended to the cache); the last split of a kv head to
-//     finish merges its query heads (a counter per kv head)
+//   attention splits: a warp per (kv head, 16 keys) makes its query heads' q norm + rope itself
+//     (into its shared memory), the warp whose keys include the newest also that key's k norm +
+//     rope and v (used from shared memory and appended to the cache); the keys cached by
+//     earlier steps are loaded before the qkv phase
+//   the merge of each query head's splits (hd / 32 warps a head)
 //   o_proj + residual | norm + gate/up + SwiGLU | down + residual
-// A GEMV warp issues its first rows' weight loads before the x prologue, and every phase's
-// weights are asked into L2 two GEMV phases ahead (cp.async.bulk.prefetch.L2, a slice per
-// block), so DRAM keeps streaming weights through the barriers. Activations written by other
-// blocks are read with ld.cg (never a stale L1 line).
-// STATUS (H200, 2026-11-30): the first version (seven phases: rope and the merge apart; the
-// GEMV loads after the prologue; a barrier that read the generation, fenced, then added) ran
-// bit-identical to the per-layer kernels but slower: 804 against 1181 tokens/s at batch 1 on the
-// Qwen3-0.6B shape (bench/results/gpu_decode_persist_2026-11-30_H200_19a67d2.txt). This version
-// (five phases, loads first, an acquire/release barrier) is bit-identical too (test_decode_cuda
-// on an H200) and still slower: 858 against 1,171 tokens/s in the same run
-// (bench/results/gpu_next_decode_2026-11-30_2xH200_cc33bec.txt), about 8 us a phase where a
-// per-layer kernel takes about 5: opt-in (CT_DECODE_PERSIST=1).
+// Each block owns a contiguous span of every GEMV's output rows, and their weight rows stream
+// into a ring in its shared memory (DL_RING bytes, the bulk copy engine) as far ahead as the
+// ring holds, so DRAM streams weights through the barriers; a phase reads its weights from shared
+// memory. Activations written by other blocks are read with ld.cg (never a stale L1 line).
+// STATUS (H200): slower than the per-layer kernels, so opt-in (CT_DECODE_PERSIST=1).
+// - 2026-11-30, first two versions (weights loaded into registers at each phase, L2 prefetch two
+//   phases ahead): 804 and 858 against 1,181 / 1,171 tokens/s at batch 1 on the Qwen3-0.6B shape
+//   (gpu_decode_persist_2026-11-30_H200_19a67d2.txt, gpu_next_decode_2026-11-30_2xH200_cc33bec.txt).
+// - 2026-12-01, this version: 1,019 against 1,484 (128-token prompt) and 898 against 1,172 (1,000)
+//   with the same ids (bench/results/call59_persist8.txt; test_decode_cuda bit-identical). Its
+//   timeline (a -DCT_DL_TIMES build prints each phase's events, min / mean / max over the blocks,
+//   at exit: call53_persist3t.txt .. call59_persist8.txt) says a layer takes ~32 us: the weights
+//   are in shared memory when each phase starts (the ring works: without barriers a layer's
+//   weights stream in 11.7 us), each grid barrier costs 1-2 us after its last block arrives, the
+//   GEMV phases 2-3.5 us (x from L2, the norm weight from DRAM, the stores), attention's splits
+//   ~3.5 and the merge ~2.5 + its barrier. Before the merge had its own phase the last split of a
+//   kv head merged its query heads (a counter per kv head): 935 tokens/s, that merge ~10 us a
+//   layer (call58_persist7.txt). Without the weight copies a layer still takes ~25 us (a build
+//   that skipped them, call59), so six dependent phases a layer cost more in barriers and L2
+//   round trips than the per-layer kernels' five launches with early weight loads (~22 us).
 #define DL_WARPS 8
 #define DL_MAX_LAYERS 96
-#define DL_MAX_KV 32 // the per-kv-head merge counters sit in the barrier buffer
+#define DL_MAX_KV 32
+#define DL_RING (200 * 1024) // bytes of weight ring (dynamic shared memory) a block
 struct dl_args {
   void *x, *res2, *raw, *qkv, *atty, *act;
   float *part;
-  unsigned *bar; // [0] arrivals, [1] generation, [2 .. 2 + KV) merge counters
+  unsigned *bar; // 64 words: [DL_CTR, DL_CTR + 4) the grid barrier
   const int32_t *slot, *pos;
   int nl, C, H, KV, hd, F, max_T, splits;
   float theta, eps, scale;
   ct_decode_layer L[DL_MAX_LAYERS];
 };
 
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ unsigned long long ld_acquire64(const unsigned long long *p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
 
-// All blocks of the grid reach this point before any goes on. bar[0] counts arrivals (reset by
-// the last), bar[1] is the generation; gen (shared, thread 0's) the generation this block last
-// saw, so arriving takes one atomic round trip.
-__device__ __forceinline__ void grid_barrier(unsigned *bar, unsigned *gen) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned g = *gen;
-    unsigned old;
-    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(bar) : "memory");
-    if (old == gridDim.x - 1) {
-      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
-      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(g + 1) : "memory");
-    } else {
-      while (ld_acquire(bar + 1) == g) {
-      }
-    }
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-    *gen = g + 1;
+// The grid barrier: a 64-bit arrival counter that only grows (dl_args.bar's words DL_CTR). A
+// block's thread 0 adds 1 with release semantics (no reply to wait for) and spins until the
+// counter reaches base + k * gridDim.x for the k-th barrier of this launch, base being the count
+// when the launch began; one atomic a block and no reset, where a count-and-reset barrier costs
+// the last block a second round trip. The launch's block 0 leaves the next launch's base behind
+// once every block has passed the last barrier (so every block has read this launch's base).
+#define DL_CTR 36 // words: [36, 37] the counter, [38, 39] the next launch's base
+__device__ __forceinline__ void dl_arrive(unsigned long long *ctr) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(ctr) : "memory");
+}
+__device__ __forceinline__ void dl_await(const unsigned long long *ctr, unsigned long long target) {
+  while (ld_acquire64(ctr) < target) {
   }
-  __syncthreads();
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
+// Output rows [*r0, *r0 + n) of OC are block b's (of nb): equal spans of ceil(OC / nb), the last
+// ones shorter or empty. Returns n.
+__device__ __forceinline__ int dl_rows(int OC, int b, int nb, int *r0) {
+  const int per = (OC + nb - 1) / nb;
+  *r0 = b * per;
+  const int e = min(OC, *r0 + per);
+  return e > *r0 ? e - *r0 : 0;
+}
 
-// One GEMV phase for one row (gemv_kernel's arithmetic with N = 1): a warp takes R output rows
-// at a time (R gate/up pairs for GV_SWIGLU), rows o, o + nw, ... with nw the grid's warps; its
-// first rows' U 16-byte chunks a lane are loaded before x (or its rms norm, gemv_kernel's
-// 16-byte-chunk prologue, by warp 0 with x kept in registers) goes into shared memory; then the
-// products in k order, a butterfly sum, gemv_kernel's epilogue.
-template <typename T, int U, int R, bool NORM, int MODE>
-__device__ __forceinline__ void dl_gemv(T *out, const T *inp, const T *nw, const T *w,
-                                        const T *bias, const T *res, int IC, int OC, float eps,
+// The weight ring: every GEMV phase's slice of this block's weight rows is copied into shared
+// memory by the bulk copy engine (cp.async.bulk) phases ahead of its use, as far as the ring
+// (DL_RING bytes) holds; thread 0 issues and keeps the books. Phase j = 4 * layer + {0 qkv,
+// 1 o_proj, 2 gate/up, 3 down}; its slice sits at a ring offset that does not wrap (a tail too
+// short for it is skipped) and completes on mbarrier j % 4 (so at most four are in flight).
+#define DL_NBAR 4
+struct dl_ring_t {
+  unsigned long long vbeg[DL_NBAR]; // virtual start (bytes since the launch began) of phase j
+  unsigned long long vhead;         // the virtual end of the last issued phase
+  int issued, consumed;             // phases issued / consumed so far
+};
+
+// Phase j's weight span(s) for this block: rows of its GEMV's weight matrix (gate rows then up
+// rows for gate/up), as (source, bytes) pairs; returns the block's row count.
+template <typename T>
+__device__ __forceinline__ int dl_span(const dl_args &a, int j, const char **s1, unsigned *b1,
+                                       const char **s2, unsigned *b2) {
+  const ct_decode_layer &Ly = a.L[j >> 2];
+  const int W = (a.H + 2 * a.KV) * a.hd;
+  int OC, IC, r0;
+  const T *w;
+  switch (j & 3) {
+  case 0: OC = W, IC = a.C, w = (const T *)Ly.qkv_w; break;
+  case 1: OC = a.C, IC = a.H * a.hd, w = (const T *)Ly.o_w; break;
+  case 2: OC = a.F, IC = a.C, w = (const T *)Ly.fc_w; break;
+  default: OC = a.C, IC = a.F, w = (const T *)Ly.proj_w; break;
+  }
+  const int n = dl_rows(OC, blockIdx.x, gridDim.x, &r0);
+  *s1 = (const char *)(w + (long)r0 * IC);
+  *b1 = (unsigned)((size_t)n * IC * sizeof(T));
+  *s2 = (j & 3) == 2 ? (const char *)(w + (long)(OC + r0) * IC) : NULL;
+  *b2 = (j & 3) == 2 ? *b1 : 0;
+  return n;
+}
+
+// Issue the next phases' copies while they fit: thread 0 hands each span to the bulk copy
+// engine, completing on the phase's mbarrier. Every thread keeps the same books (so every thread
+// knows where a phase's slice is). Copying with cp.async from every thread instead (16-byte
+// pieces, a commit group a phase) measured the same (bench/results/call55_persist4.txt).
+template <typename T>
+__device__ __forceinline__ void dl_issue(const dl_args &a, dl_ring_t &r, char *ring, uint64_t *mb) {
+  const int nph = 4 * a.nl;
+  bool fenced = false;
+  while (r.issued < nph && r.issued - r.consumed < DL_NBAR) {
+    const char *s1, *s2;
+    unsigned b1, b2;
+    dl_span<T>(a, r.issued, &s1, &b1, &s2, &b2);
+    const unsigned s = b1 + b2;
+    unsigned long long v = r.vhead;
+    if (v % DL_RING + s > DL_RING) v += DL_RING - v % DL_RING;
+    const unsigned long long oldest = r.consumed < r.issued ? r.vbeg[r.consumed % DL_NBAR] : v;
+    if (v + s - oldest > DL_RING) break;
+    const int k = r.issued % DL_NBAR;
+    r.vbeg[k] = v;
+    r.vhead = v + s;
+    const unsigned off = (unsigned)(v % DL_RING);
+    if (threadIdx.x == 0) {
+      if (!fenced) { // the ring's bytes were read by this block's threads (generic proxy)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+        fenced = true;
+      }
+      mbar_expect(mb + k, s);
+      if (b1) bulk_to_smem(ring + off, s1, b1, mb + k);
+      if (b2) bulk_to_smem(ring + off + b1, s2, b2, mb + k);
+    }
+    r.issued++;
+  }
+}
+
+// One GEMV phase for one row (gemv_kernel's arithmetic with N = 1) with this block's weight rows
+// [r0, r0 + n) in shared memory (ws; for GV_SWIGLU the n gate rows, then the n up rows): x (or
+// its rms norm, gemv_kernel's 16-byte-chunk prologue, by warp 0 with x kept in registers) goes
+// into shared memory; a warp per output row (gate/up pair): lane l sums the 16-byte chunks l,
+// l + 32, ... in k order, a butterfly sum, gemv_kernel's epilogue.
+template <typename T, int U, bool NORM, int MODE>
+__device__ __forceinline__ void dl_gemv(T *out, const T *inp, const T *nw, const uint4 *ws, int r0,
+                                        int n, const T *bias, const T *res, int IC, float eps,
                                         uint4 *xs4) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nchunk = IC / 8;
-  constexpr int RR = MODE == GV_SWIGLU ? 2 * R : R;
-  const int nw_all = gridDim.x * DL_WARPS;
-  uint4 wv[RR][U];
-  auto load = [&](int o0) {
-#pragma unroll
-    for (int rr = 0; rr < RR; rr++) {
-      const int r = MODE == GV_SWIGLU ? rr % R : rr, o = o0 + r * nw_all;
-      const bool ok = o < OC;
-      const T *wr = w + (long)(MODE == GV_SWIGLU && rr >= R ? OC + o : o) * IC;
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int c = u * 32 + lane;
-        wv[rr][u] = ok && c < nchunk ? ld_stream(wr + (long)c * 8) : make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
-  int o0 = blockIdx.x * DL_WARPS + warp;
-  if (o0 < OC) load(o0);
   const uint4 *x4 = (const uint4 *)inp;
   if constexpr (NORM) {
     if (warp == 0) {
@@ -1799,7 +1864,8 @@ __device__ __forceinline__ void dl_gemv(T *out, const T *inp, const T *nw, const
     for (int c = threadIdx.x; c < nchunk; c += blockDim.x) xs4[c] = __ldcg(x4 + c);
   }
   __syncthreads();
-  for (; o0 < OC; o0 += R * nw_all) {
+  constexpr int RR = MODE == GV_SWIGLU ? 2 : 1;
+  for (int i = warp; i < n; i += DL_WARPS) {
     float acc[RR];
 #pragma unroll
     for (int rr = 0; rr < RR; rr++) acc[rr] = 0.0f;
@@ -1812,32 +1878,48 @@ __device__ __forceinline__ void dl_gemv(T *out, const T *inp, const T *nw, const
 #pragma unroll
         for (int rr = 0; rr < RR; rr++) {
           float wf[8];
-          cvt8<T>(wv[rr][u], wf);
+          cvt8<T>(ws[(long)(i + rr * n) * nchunk + c], wf);
 #pragma unroll
           for (int e = 0; e < 8; e++) acc[rr] = fmaf(wf[e], xf[e], acc[rr]);
         }
       }
     }
-    if (o0 + R * nw_all < OC) load(o0 + R * nw_all); // the next rows' weights, before the sums
 #pragma unroll
     for (int rr = 0; rr < RR; rr++) acc[rr] = warp_sum(acc[rr]);
     if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < R; r++) {
-        const int o = o0 + r * nw_all;
-        if (o >= OC) continue;
-        if constexpr (MODE == GV_SWIGLU) {
-          const float gt = rounded<T>(acc[r]), up = rounded<T>(acc[R + r]);
-          stf(out + o, gt / (1.0f + expf(-gt)) * up);
-        } else {
-          float v = acc[r] + (bias ? ldf(bias + o) : 0.0f);
-          if (MODE == GV_RESID) v = rounded<T>(v) + ldcgf(res + o);
-          stf(out + o, v);
-        }
+      const int o = r0 + i;
+      if constexpr (MODE == GV_SWIGLU) {
+        const float gt = rounded<T>(acc[0]), up = rounded<T>(acc[1]);
+        stf(out + o, gt / (1.0f + expf(-gt)) * up);
+      } else {
+        float v = acc[0] + (bias ? ldf(bias + o) : 0.0f);
+        if (MODE == GV_RESID) v = rounded<T>(v) + ldcgf(res + o);
+        stf(out + o, v);
       }
     }
   }
 }
+
+#ifdef CT_DL_TIMES
+// A measurement compiled in on request (-DCT_DL_TIMES): thread 0 of every block of
+// decode_layers_kernel notes %globaltimer at each phase's events of every layer (the last launch's
+// stay); ct_cuda_decode_timeline prints them.
+#define DL_EV 16
+__device__ unsigned long long dl_tm[256][DL_MAX_LAYERS][DL_EV];
+__device__ int dl_tm_nl;
+#define DLT(l, ev)                                                                   \
+  do {                                                                               \
+    if (threadIdx.x == 0 && blockIdx.x < 256) {                                      \
+      unsigned long long t_;                                                         \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                         \
+      dl_tm[blockIdx.x][l][ev] = t_;                                                 \
+    }                                                                                \
+  } while (0)
+#else
+#define DLT(l, ev) \
+  do {             \
+  } while (0)
+#endif
 
 // UQ: 16-byte chunks per lane for the C-wide inputs (qkv, gate/up); UR: for the o_proj and down
 // inputs (H * hd and F wide; chunks past the row are not loaded).
@@ -1845,10 +1927,11 @@ template <typename T, int LK, int G, int UQ, int UR>
 __global__ void __launch_bounds__(DL_WARPS * 32, 1)
     decode_layers_kernel(const __grid_constant__ dl_args a) {
   constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
+  extern __shared__ __align__(128) char dl_ring[];
   __shared__ uint4 xs4[(UR > UQ ? UR : UQ) * 32];
   __shared__ float cs_[hd / 2], sn_[hd / 2];
   __shared__ __align__(16) T qs[DL_WARPS][G + 2][hd]; // a warp's q heads, then the newest k, v
-  __shared__ unsigned gen;
+  __shared__ __align__(8) uint64_t mb[DL_NBAR];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int gw = blockIdx.x * DL_WARPS + warp, nw_all = gridDim.x * DL_WARPS;
   const int H = a.H, KV = a.KV, C = a.C, F = a.F, nh = H + 2 * KV, W = nh * hd;
@@ -1857,44 +1940,84 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
   const int used = min(a.splits, nsp);
   T *x = (T *)a.x, *res2 = (T *)a.res2, *raw = (T *)a.raw;
   T *atty = (T *)a.atty, *act = (T *)a.act;
-  unsigned *cnt = a.bar + 2;
-  const size_t e = sizeof(T);
-  if (threadIdx.x == 0) gen = ld_acquire(a.bar + 1); // no barrier is in flight between launches
-  // the GEMV phases' weights: phase 4l + {0 qkv, 1 o_proj, 2 gate/up, 3 down}
-  auto prefetch = [&](int ph) {
-    if (ph >= 4 * a.nl) return;
-    const ct_decode_layer &Ly = a.L[ph >> 2];
-    switch (ph & 3) {
-    case 0: l2_prefetch_slice(Ly.qkv_w, e * W * C); break;
-    case 1: l2_prefetch_slice(Ly.o_w, e * C * H * hd); break;
-    case 2: l2_prefetch_slice(Ly.fc_w, e * 2 * F * C); break;
-    default: l2_prefetch_slice(Ly.proj_w, e * C * F); break;
-    }
-  };
-  prefetch(0);
-  prefetch(1);
+  unsigned long long *ctr = (unsigned long long *)(a.bar + DL_CTR);
+  dl_ring_t ring = {};         // the weight ring's books (every thread keeps the same)
+  unsigned long long base = 0; // thread 0's: the counter when this launch began
+  int nbar = 0;                // barriers passed
+  if (threadIdx.x == 0) base = ((volatile unsigned long long *)ctr)[1];
+  if (threadIdx.x == 0)
+    for (int k = 0; k < DL_NBAR; k++) mbar_init(mb + k, 1);
+  dl_issue<T>(a, ring, dl_ring, mb);
   rope_table(cs_, sn_, hd, p, a.theta); // the row's cos / sin table
+  __syncthreads();
+  // the end of a phase: this block's ring slice is consumed (when `done`), then the grid barrier
+  auto barrier = [&](bool done, int l, int ev) {
+    __syncthreads();
+    DLT(l, ev);
+    if (threadIdx.x == 0) dl_arrive(ctr);
+    if (done) {
+      ring.consumed++;
+      dl_issue<T>(a, ring, dl_ring, mb);
+    }
+    nbar++;
+    if (threadIdx.x == 0) dl_await(ctr, base + (unsigned long long)nbar * gridDim.x);
+    __syncthreads();
+    if (ev != 13) DLT(l, ev + 1);
+    else DLT(l + 1, 0);
+  };
+  int ph = 0; // the next GEMV phase
+  // phase ph's weights in shared memory (waits for its copy)
+  auto weights = [&]() -> const uint4 * {
+    const int k = ph % DL_NBAR;
+    mbar_wait(mb + k, (unsigned)(ph / DL_NBAR) & 1u);
+    return (const uint4 *)(dl_ring + ring.vbeg[k] % DL_RING);
+  };
   for (int l = 0; l < a.nl; l++) {
     const ct_decode_layer &Ly = a.L[l];
     T *kc = (T *)Ly.kc, *vc = (T *)Ly.vc;
     const T *qn = (const T *)Ly.q_norm, *kn = (const T *)Ly.k_norm;
+    // this warp's first attention split: the keys cached by earlier steps, loaded now (they do
+    // not depend on this step) so the loads overlap the qkv phase
+    uint4 kr[JK], vr[JK];
+    {
+      const int t = gw;
+      if (t < KV * nsp) {
+        const int kv = t / nsp, sp = t % nsp, k0 = sp * DEC_CHUNK;
+        const int ks = lane / LK, ch = lane % LK;
+        const T *K = kc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
+        const T *V = vc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
+#pragma unroll
+        for (int j = 0; j < JK; j++) {
+          const int key = k0 + j * KPL + ks;
+          kr[j] = key < len - 1 ? __ldcg((const uint4 *)(K + (long)key * hd)) : make_uint4(0, 0, 0, 0);
+          vr[j] = key < len - 1 ? __ldcg((const uint4 *)(V + (long)key * hd)) : make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+    int r0, n;
+    const uint4 *ws;
+    if (l == 0) DLT(0, 0);
     // raw = qkv projection of rmsnorm(x)
-    prefetch(4 * l + 2);
-    dl_gemv<T, UQ, 2, true, GV_PLAIN>(raw, x, (const T *)Ly.ln1_w, (const T *)Ly.qkv_w,
-                                      (const T *)Ly.qkv_b, NULL, C, W, a.eps, xs4);
-    grid_barrier(a.bar, &gen);
+    n = dl_rows(W, blockIdx.x, gridDim.x, &r0);
+    ws = weights();
+    DLT(l, 1);
+    dl_gemv<T, UQ, true, GV_PLAIN>(raw, x, (const T *)Ly.ln1_w, ws, r0, n, (const T *)Ly.qkv_b,
+                                   NULL, C, a.eps, xs4);
+    ph++;
+    barrier(true, l, 2);
     // attention (with q / k norm + rope and the cache append): a warp per (kv head, split)
     for (int t = gw; t < KV * nsp; t += nw_all) {
       const int kv = t / nsp, sp = t % nsp, k0 = sp * DEC_CHUNK;
-      const int ks = lane / LK, ch = lane % LK;
-      const T *K = kc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
-      const T *V = vc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
-      uint4 kr[JK], vr[JK];
+      if (t != gw) { // a later split of this warp (caches longer than the grid's warps)
+        const int ks = lane / LK, ch = lane % LK;
+        const T *K = kc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
+        const T *V = vc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
 #pragma unroll
-      for (int j = 0; j < JK; j++) { // keys cached by earlier steps
-        const int key = k0 + j * KPL + ks;
-        kr[j] = key < len - 1 ? __ldcg((const uint4 *)(K + (long)key * hd)) : make_uint4(0, 0, 0, 0);
-        vr[j] = key < len - 1 ? __ldcg((const uint4 *)(V + (long)key * hd)) : make_uint4(0, 0, 0, 0);
+        for (int j = 0; j < JK; j++) {
+          const int key = k0 + j * KPL + ks;
+          kr[j] = key < len - 1 ? __ldcg((const uint4 *)(K + (long)key * hd)) : make_uint4(0, 0, 0, 0);
+          vr[j] = key < len - 1 ? __ldcg((const uint4 *)(V + (long)key * hd)) : make_uint4(0, 0, 0, 0);
+        }
       }
       T(*q)[hd] = qs[warp];
       att_rope_split<T, LK, G>(q, kr, vr, raw, qn, kn, kc + ((s * KV + kv) * a.max_T) * (long)hd,
@@ -1902,39 +2025,53 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
                                a.theta, a.eps, cs_, sn_, lane);
       att_split_math<T, LK, G, true>(a.part, &q[0][0], kr, vr, 0, kv, sp, k0, len, H, a.splits,
                                      a.scale, lane);
-      // the last split of this kv head to finish merges its query heads, in split order
-      unsigned last = 0;
-      __syncwarp();
-      if (lane == 0) {
-        __threadfence();
-        last = atomicAdd(cnt + kv, 1u) == (unsigned)nsp - 1;
-      }
-      last = __shfl_sync(0xffffffffu, last, 0);
-      if (last) {
-        __threadfence();
-#pragma unroll
-        for (int g = 0; g < G; g++) att_merge_head<T, hd>(atty, a.part, 0, kv * G + g, H, a.splits, used, lane);
-        if (lane == 0) cnt[kv] = 0;
-      }
       __syncwarp();
     }
-    grid_barrier(a.bar, &gen);
+    barrier(false, l, 4);
+    // every query head's splits merged, in split order: hd / 32 warps a head, each making one
+    // output a lane (att_merge_core's parts: the same arithmetic as one warp a head)
+    {
+      constexpr int MP = hd / 32, PS = hd + 4;
+      for (int t = gw; t < H * MP; t += nw_all) {
+        const int h = t / MP;
+        const float *pp = a.part + (long)h * a.splits * PS;
+        auto ld = [pp](int sp, int i) { return __ldcg(pp + (long)sp * PS + i); };
+        att_merge_core<T, hd, decltype(ld), MP>(atty + (long)h * hd, ld, used, lane, t % MP);
+      }
+    }
+    barrier(false, l, 14);
     // res2 = o_proj(atty) + x
-    prefetch(4 * l + 3);
-    dl_gemv<T, UR, 1, false, GV_RESID>(res2, atty, NULL, (const T *)Ly.o_w, (const T *)Ly.o_b, x,
-                                       H * hd, C, 0.0f, xs4);
-    grid_barrier(a.bar, &gen);
+    n = dl_rows(C, blockIdx.x, gridDim.x, &r0);
+    ws = weights();
+    DLT(l, 6);
+    dl_gemv<T, UR, false, GV_RESID>(res2, atty, NULL, ws, r0, n, (const T *)Ly.o_b, x, H * hd,
+                                    0.0f, xs4);
+    ph++;
+    barrier(true, l, 7);
     // act = swiglu(rmsnorm(res2) @ fc^T)
-    prefetch(4 * l + 4);
-    dl_gemv<T, UQ, 1, true, GV_SWIGLU>(act, res2, (const T *)Ly.ln2_w, (const T *)Ly.fc_w, NULL,
-                                       NULL, C, F, a.eps, xs4);
-    grid_barrier(a.bar, &gen);
+    n = dl_rows(F, blockIdx.x, gridDim.x, &r0);
+    ws = weights();
+    DLT(l, 9);
+    dl_gemv<T, UQ, true, GV_SWIGLU>(act, res2, (const T *)Ly.ln2_w, ws, r0, n, NULL, NULL, C,
+                                    a.eps, xs4);
+    ph++;
+    barrier(true, l, 10);
     // x = proj(act) + res2
-    prefetch(4 * l + 5);
-    dl_gemv<T, UR, 1, false, GV_RESID>(x, act, NULL, (const T *)Ly.proj_w, (const T *)Ly.proj_b,
-                                       res2, F, C, 0.0f, xs4);
-    if (l + 1 < a.nl) grid_barrier(a.bar, &gen);
+    n = dl_rows(C, blockIdx.x, gridDim.x, &r0);
+    ws = weights();
+    DLT(l, 12);
+    dl_gemv<T, UR, false, GV_RESID>(x, act, NULL, ws, r0, n, (const T *)Ly.proj_b, res2, F, 0.0f,
+                                    xs4);
+    ph++;
+    if (l + 1 < a.nl) barrier(true, l, 13); // ev 14 -> the next layer's 0
+    else DLT(l, 13);
   }
+#ifdef CT_DL_TIMES
+  if (blockIdx.x == 0 && threadIdx.x == 0) dl_tm_nl = a.nl;
+#endif
+  // every block has passed the last barrier, so every block has read base: the next launch's
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    ((volatile unsigned long long *)ctr)[1] = base + (unsigned long long)nbar * gridDim.x;
 }
 
 unsigned *bar_bufs[16];
@@ -1956,20 +2093,37 @@ bool dl_launch(const dl_args &a) {
   void (*k)(dl_args) = ur == 4    ? decode_layers_kernel<T, LK, G, 4, 4>
                        : ur == 8 ? decode_layers_kernel<T, LK, G, 4, 8>
                                  : decode_layers_kernel<T, LK, G, 4, 12>;
-  // one resident block per multiprocessor (the barriers need every block resident): asked once
-  // per kernel
-  static int resident[3] = {-1, -1, -1};
-  int &fits = resident[ur / 4 - 1];
-  if (fits < 0) {
+  // the weight ring's shared memory, then one resident block per multiprocessor (the barriers
+  // need every block resident): asked once per kernel and device
+  static kernel_list checked, fitting;
+  bool in;
+  const int dev = listed(checked, (const void *)k, &in);
+  if (dev < 0) return false;
+  if (!in) {
     int per_sm = 0;
-    fits = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DL_WARPS * 32, 0) ==
-               cudaSuccess && per_sm >= 1;
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, DL_RING) ==
+            cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DL_WARPS * 32, DL_RING) ==
+            cudaSuccess &&
+        per_sm >= 1)
+      add_listed(fitting, dev, (const void *)k);
     cudaGetLastError();
+    add_listed(checked, dev, (const void *)k);
   }
-  if (!fits) return false;
+  listed(fitting, (const void *)k, &in);
+  if (!in) return false;
+  const int nb = num_sms();
+  // every GEMV phase's slice a block fits in half the ring (so the next streams beside it)
+  const int W = (a.H + 2 * a.KV) * a.hd;
+  const size_t e = sizeof(T), half = DL_RING / 2;
+  auto per = [&](int oc) { return (size_t)((oc + nb - 1) / nb); };
+  if (per(W) * a.C * e > half || per(a.C) * a.H * a.hd * e > half ||
+      2 * per(a.F) * a.C * e > half || per(a.C) * a.F * e > half)
+    return false;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)num_sms());
+  cfg.gridDim = dim3((unsigned)nb);
   cfg.blockDim = dim3(DL_WARPS * 32);
+  cfg.dynamicSmemBytes = DL_RING;
   cfg.stream = stream();
   void *ev = ct_cuda_prof_begin();
   const bool ok = CKD("decode_layers", cudaLaunchKernelEx(&cfg, k, a));
@@ -2582,6 +2736,51 @@ template <typename T> void fill(ct_ops *t) {
 // step's critical path), in microseconds. Run with one batch size, so the last capture is the
 // step that was replayed last.
 extern "C" void ct_cuda_decode_timeline(void) {
+#ifdef CT_DL_TIMES
+  { // decode_layers_kernel's last launch: each event's time after the layer's first block began
+    // it, min / mean / max over the blocks, means over the layers 1 .. nl - 2
+    int nl = 0;
+    const int nb = num_sms() < 256 ? num_sms() : 256;
+    static unsigned long long t[256][DL_MAX_LAYERS][DL_EV];
+    if (cudaMemcpyFromSymbol(&nl, dl_tm_nl, sizeof nl) == cudaSuccess && nl > 2 &&
+        cudaMemcpyFromSymbol(t, dl_tm, sizeof t) == cudaSuccess) {
+      static const char *en[DL_EV] = {"layer start", "qkv weights in", "qkv done", "barrier",
+                                      "attention done", "barrier", "o_proj weights in",
+                                      "o_proj done", "barrier", "gate/up weights in",
+                                      "gate/up done", "barrier", "down weights in", "down done",
+                                      "merge done", "barrier"};
+      fprintf(stderr, "decode_layers times (us after the layer's first block started it; min / mean"
+              " / max over %d blocks, means over layers 1 .. %d):\n", nb, nl - 2);
+      double per = 0;
+      for (int l = 1; l < nl - 1; l++) {
+        unsigned long long r0 = ~0ull, r1 = ~0ull;
+        for (int b = 0; b < nb; b++) {
+          r0 = t[b][l][0] < r0 ? t[b][l][0] : r0;
+          r1 = t[b][l + 1][0] < r1 ? t[b][l + 1][0] : r1;
+        }
+        per += (double)(r1 - r0);
+      }
+      for (int e = 0; e < DL_EV; e++) {
+        double mn = 0, me = 0, mx = 0;
+        for (int l = 1; l < nl - 1; l++) {
+          unsigned long long r0 = ~0ull;
+          for (int b = 0; b < nb; b++) r0 = t[b][l][0] < r0 ? t[b][l][0] : r0;
+          double lo = 1e30, sum = 0, hi = -1e30;
+          for (int b = 0; b < nb; b++) {
+            const double v = (double)t[b][l][e] - (double)r0;
+            lo = v < lo ? v : lo, hi = v > hi ? v : hi, sum += v;
+          }
+          mn += lo, me += sum / nb, mx += hi;
+        }
+        const double k = 1e3 * (nl - 2);
+        fprintf(stderr, "  %2d %-20s %8.2f %8.2f %8.2f\n", e, en[e], mn / k, me / k, mx / k);
+      }
+      fprintf(stderr, "  a layer: %.2f us\n", per / 1e3 / (nl - 2));
+    } else {
+      cudaGetLastError();
+    }
+  }
+#endif
 #ifdef CT_DECODE_TIMELINE
   unsigned n = 0;
   if (cudaMemcpyFromSymbol(&n, tl_seq, sizeof n) != cudaSuccess || !n) {
