@@ -2277,8 +2277,15 @@ bool gemv_fits(int N, int IC, const void *inp, const void *w, const void *nw = N
 // Qwen3-0.6B shape (bench/results/gpu_decode_variants_2026-11-30_2xH200_8ecbce4.txt). gemv_kernel
 // already has every weight of a step's GEMV in flight before it waits; what the step waits on is
 // the chain of dependent latencies (bench/results/gpu_decode_null_2026-11-30_2xH200_cc0e9f0.txt).
-// Opt-in. Read at every call, so a test can compare both paths in one process.
-bool stage_on() { return env_on("CT_DECODE_STAGE"); }
+// Opt-in at one row; for 2-8 rows the default since it measured 1.2% faster at batch 8 on the
+// final kernels of 2026-12-01 (4,438-4,441 against 4,387 tokens/s, the same ids,
+// bench/results/call50_a95ea69.txt). CT_DECODE_STAGE=1 / =0 force it on / off at any row count.
+// Read at every call, so a test can compare both paths in one process.
+bool stage_on(int nr) {
+  const char *v = getenv("CT_DECODE_STAGE");
+  if (v && !strcmp(v, "0")) return false;
+  return nr > 1 || (v && !strcmp(v, "1"));
+}
 long staged_launches; // gemv_staged_kernel launches (tests)
 #define GV_STAGE_MAX (112 * 1024) // a block's shared memory: two such blocks share a multiprocessor
 
@@ -2290,7 +2297,7 @@ bool gemv_staged(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
   const int S = MODE == GV_SWIGLU ? 2 : 1, sms = num_sms();
   const int rpb = (OC + sms - 1) / sms;
   const size_t smem = ((size_t)S * rpb + N) * IC * sizeof(T);
-  if (!stage_on() || smem > GV_STAGE_MAX) return false;
+  if (!stage_on(nr) || smem > GV_STAGE_MAX) return false;
   auto k = gemv_staged_kernel<T, N, NORM, MODE>;
   static bool raised[16]; // the kernel's dynamic shared-memory limit, raised once per device
   int dev = 0;

@@ -669,9 +669,10 @@ static void test_l2_hints(void) {
   ct_model_destroy(m);
 }
 
-/* the staged GEMV (CT_DECODE_STAGE=1: each block's weight slice copied to shared memory by the
- * bulk copy engine before the kernel waits) changes no value: logits bit for bit equal without it,
- * for 1 row and 3 rows, at C 512 (its slices fit) and with GQA, qk norm and the fused attention */
+/* the staged GEMV (each block's weight slice copied to shared memory by the bulk copy engine
+ * before the kernel waits: the default for 2-8 rows, CT_DECODE_STAGE=1 / =0 force it on / off)
+ * changes no value: logits bit for bit equal without it (=0), for 1 row forced on and 3 rows by
+ * default, at C 512 (its slices fit) and with GQA, qk norm and the fused attention */
 static void test_staged_gemv(void) {
   static const int S[][3] = {{512, 8, 2}, {256, 4, 4}};
   for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
@@ -684,11 +685,14 @@ static void test_staged_gemv(void) {
       char what[128];
       snprintf(what, sizeof what, "staged gemv C%d H%d KV%d, %s", S[si][0], S[si][1], S[si][2],
                batch ? "3 rows" : "1 row");
-      unsetenv("CT_DECODE_STAGE");
+      setenv("CT_DECODE_STAGE", "0", 1);
+      const long off0 = ct_cuda_gemv_staged_launches();
       if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, a);
       else engine_logits_1row(m, ct_ops_cuda_bf16(), a);
+      CHECK_MSG(ct_cuda_gemv_staged_launches() == off0, "%s: CT_DECODE_STAGE=0 still staged", what);
       const long before = ct_cuda_gemv_staged_launches();
-      setenv("CT_DECODE_STAGE", "1", 1);
+      if (batch) unsetenv("CT_DECODE_STAGE"); /* the default for 3 rows */
+      else setenv("CT_DECODE_STAGE", "1", 1);
       if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, b);
       else engine_logits_1row(m, ct_ops_cuda_bf16(), b);
       unsetenv("CT_DECODE_STAGE");
