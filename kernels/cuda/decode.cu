@@ -2299,10 +2299,13 @@ bool gemv_staged(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
   const size_t smem = ((size_t)S * rpb + N) * IC * sizeof(T);
   if (!stage_on(nr) || smem > GV_STAGE_MAX) return false;
   auto k = gemv_staged_kernel<T, N, NORM, MODE>;
-  static bool raised[16]; // the kernel's dynamic shared-memory limit, raised once per device
+  // the kernel's dynamic shared-memory limit, raised once per device whatever this launch asks:
+  // 48 KB of dynamic memory plus the kernel's static bytes is past the default (4 rows of the
+  // Qwen3-0.6B shape's output projection ask exactly 48 KB)
+  static bool raised[16];
   int dev = 0;
   if (!CKD("decode gemv", cudaGetDevice(&dev)) || dev < 0 || dev >= 16) return false;
-  if (smem > 48 * 1024 && !raised[dev]) {
+  if (!raised[dev]) {
     if (!CKD("decode gemv", cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  GV_STAGE_MAX)))
       return false;

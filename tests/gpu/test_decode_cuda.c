@@ -167,6 +167,10 @@ static const fcase fcases[] = {
     {F_NORM, 12, 1024, 500, 1},   {F_SWIGLU, 1, 1024, 3072, 0}, {F_SWIGLU, 8, 1024, 100, 0},
     {F_SWIGLU, 4, 2048, 64, 0},   {F_SWIGLU, 6, 3072, 33, 0}, {F_ADD, 1, 2048, 1024, 0},
     {F_ADD, 8, 3072, 1024, 1},    {F_ADD, 2, 1024, 130, 0},   {F_ADD, 16, 1024, 256, 0},
+    /* 4 rows of the Qwen3-0.6B shape's GEMVs (the staged GEMV by default: on 132
+     * multiprocessors the output projection's slice asks exactly 48 KB of shared memory) */
+    {F_NORM, 4, 1024, 4096, 0},   {F_SWIGLU, 4, 1024, 3072, 0}, {F_ADD, 4, 2048, 1024, 0},
+    {F_ADD, 4, 3072, 1024, 0},
 };
 #define GUARD 64
 static const float guard_val = 4096.0f; /* exact in bf16 and fp16 */
