@@ -2277,14 +2277,17 @@ bool gemv_fits(int N, int IC, const void *inp, const void *w, const void *nw = N
 // Qwen3-0.6B shape (bench/results/gpu_decode_variants_2026-11-30_2xH200_8ecbce4.txt). gemv_kernel
 // already has every weight of a step's GEMV in flight before it waits; what the step waits on is
 // the chain of dependent latencies (bench/results/gpu_decode_null_2026-11-30_2xH200_cc0e9f0.txt).
-// Opt-in at one row; for 2-8 rows the default since it measured 1.2% faster at batch 8 on the
-// final kernels of 2026-12-01 (4,438-4,441 against 4,387 tokens/s, the same ids,
-// bench/results/call50_a95ea69.txt). CT_DECODE_STAGE=1 / =0 force it on / off at any row count.
-// Read at every call, so a test can compare both paths in one process.
+// The default for 5-8 rows (the 8-row kernels), opt-in below: on the Qwen3-0.6B shape (H200,
+// 2026-12-01, the same ids both ways, bench/results/call62_6ba50d4.txt) batch 8 ran 1.8% faster
+// with it (4,484-4,490 against 4,406-4,413 tokens/s), batch 2 and 4 19% slower (1,670 against
+// 2,062; 3,063 against 3,762: at 4 rows gate/up's slice fills 106 KB, one block a
+// multiprocessor; at 8 it does not fit and stays with gemv_kernel). CT_DECODE_STAGE=1 / =0 force
+// it on / off at any row count. Read at every call, so a test can compare both paths in one
+// process.
 bool stage_on(int nr) {
   const char *v = getenv("CT_DECODE_STAGE");
   if (v && !strcmp(v, "0")) return false;
-  return nr > 1 || (v && !strcmp(v, "1"));
+  return nr > 4 || (v && !strcmp(v, "1"));
 }
 long staged_launches; // gemv_staged_kernel launches (tests)
 #define GV_STAGE_MAX (112 * 1024) // a block's shared memory: two such blocks share a multiprocessor

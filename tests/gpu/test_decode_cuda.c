@@ -167,7 +167,7 @@ static const fcase fcases[] = {
     {F_NORM, 12, 1024, 500, 1},   {F_SWIGLU, 1, 1024, 3072, 0}, {F_SWIGLU, 8, 1024, 100, 0},
     {F_SWIGLU, 4, 2048, 64, 0},   {F_SWIGLU, 6, 3072, 33, 0}, {F_ADD, 1, 2048, 1024, 0},
     {F_ADD, 8, 3072, 1024, 1},    {F_ADD, 2, 1024, 130, 0},   {F_ADD, 16, 1024, 256, 0},
-    /* 4 rows of the Qwen3-0.6B shape's GEMVs (the staged GEMV by default: on 132
+    /* 4 rows of the Qwen3-0.6B shape's GEMVs (staged with CT_DECODE_STAGE=1: on 132
      * multiprocessors the output projection's slice asks exactly 48 KB of shared memory) */
     {F_NORM, 4, 1024, 4096, 0},   {F_SWIGLU, 4, 1024, 3072, 0}, {F_ADD, 4, 2048, 1024, 0},
     {F_ADD, 4, 3072, 1024, 0},
@@ -674,9 +674,10 @@ static void test_l2_hints(void) {
 }
 
 /* the staged GEMV (each block's weight slice copied to shared memory by the bulk copy engine
- * before the kernel waits: the default for 2-8 rows, CT_DECODE_STAGE=1 / =0 force it on / off)
- * changes no value: logits bit for bit equal without it (=0), for 1 row forced on and 3 rows by
- * default, at C 512 (its slices fit) and with GQA, qk norm and the fused attention */
+ * before the kernel waits: the default for 5-8 rows, CT_DECODE_STAGE=1 / =0 force it on / off)
+ * changes no value: logits bit for bit equal without it (=0), for 1 row and 3 rows forced on, at
+ * C 512 (its slices fit) and with GQA, qk norm and the fused attention; test_fused runs the
+ * 8-row default against the CPU */
 static void test_staged_gemv(void) {
   static const int S[][3] = {{512, 8, 2}, {256, 4, 4}};
   for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
@@ -695,8 +696,7 @@ static void test_staged_gemv(void) {
       else engine_logits_1row(m, ct_ops_cuda_bf16(), a);
       CHECK_MSG(ct_cuda_gemv_staged_launches() == off0, "%s: CT_DECODE_STAGE=0 still staged", what);
       const long before = ct_cuda_gemv_staged_launches();
-      if (batch) unsetenv("CT_DECODE_STAGE"); /* the default for 3 rows */
-      else setenv("CT_DECODE_STAGE", "1", 1);
+      setenv("CT_DECODE_STAGE", "1", 1);
       if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, b);
       else engine_logits_1row(m, ct_ops_cuda_bf16(), b);
       unsetenv("CT_DECODE_STAGE");
@@ -795,6 +795,12 @@ int main(void) {
   }
   test_fused(ct_ops_cuda(), 1e-5);
   test_fused(ct_ops_cuda_bf16(), 2e-2);
+  /* again with the staged GEMV at every row count where its slices fit */
+  setenv("CT_DECODE_STAGE", "1", 1);
+  const long staged0 = ct_cuda_gemv_staged_launches();
+  test_fused(ct_ops_cuda_bf16(), 2e-2);
+  CHECK_MSG(ct_cuda_gemv_staged_launches() > staged0, "CT_DECODE_STAGE=1: no staged GEMV ran");
+  unsetenv("CT_DECODE_STAGE");
   test_engine();
   test_decode_layers();
   test_attention_decode_rope();
