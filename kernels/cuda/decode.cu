@@ -1979,21 +1979,19 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
     // this warp's first attention split: the keys cached by earlier steps, loaded now (they do
     // not depend on this step) so the loads overlap the qkv phase
     uint4 kr[JK], vr[JK];
-    {
-      const int t = gw;
-      if (t < KV * nsp) {
-        const int kv = t / nsp, sp = t % nsp, k0 = sp * DEC_CHUNK;
-        const int ks = lane / LK, ch = lane % LK;
-        const T *K = kc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
-        const T *V = vc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
+    auto load_keys = [&](int t) { // split t's keys older than this step's, into kr / vr
+      const int kv = t / nsp, k0 = (t % nsp) * DEC_CHUNK;
+      const int ks = lane / LK, ch = lane % LK;
+      const T *K = kc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
+      const T *V = vc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
 #pragma unroll
-        for (int j = 0; j < JK; j++) {
-          const int key = k0 + j * KPL + ks;
-          kr[j] = key < len - 1 ? __ldcg((const uint4 *)(K + (long)key * hd)) : make_uint4(0, 0, 0, 0);
-          vr[j] = key < len - 1 ? __ldcg((const uint4 *)(V + (long)key * hd)) : make_uint4(0, 0, 0, 0);
-        }
+      for (int j = 0; j < JK; j++) {
+        const int key = k0 + j * KPL + ks;
+        kr[j] = key < len - 1 ? __ldcg((const uint4 *)(K + (long)key * hd)) : make_uint4(0, 0, 0, 0);
+        vr[j] = key < len - 1 ? __ldcg((const uint4 *)(V + (long)key * hd)) : make_uint4(0, 0, 0, 0);
       }
-    }
+    };
+    if (gw < KV * nsp) load_keys(gw);
     int r0, n;
     const uint4 *ws;
     if (l == 0) DLT(0, 0);
@@ -2008,17 +2006,7 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
     // attention (with q / k norm + rope and the cache append): a warp per (kv head, split)
     for (int t = gw; t < KV * nsp; t += nw_all) {
       const int kv = t / nsp, sp = t % nsp, k0 = sp * DEC_CHUNK;
-      if (t != gw) { // a later split of this warp (caches longer than the grid's warps)
-        const int ks = lane / LK, ch = lane % LK;
-        const T *K = kc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
-        const T *V = vc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
-#pragma unroll
-        for (int j = 0; j < JK; j++) {
-          const int key = k0 + j * KPL + ks;
-          kr[j] = key < len - 1 ? __ldcg((const uint4 *)(K + (long)key * hd)) : make_uint4(0, 0, 0, 0);
-          vr[j] = key < len - 1 ? __ldcg((const uint4 *)(V + (long)key * hd)) : make_uint4(0, 0, 0, 0);
-        }
-      }
+      if (t != gw) load_keys(t); // a later split of this warp (caches longer than the grid's warps)
       T(*q)[hd] = qs[warp];
       att_rope_split<T, LK, G>(q, kr, vr, raw, qn, kn, kc + ((s * KV + kv) * a.max_T) * (long)hd,
                                vc + ((s * KV + kv) * a.max_T) * (long)hd, H, KV, kv, k0, p,
