@@ -108,6 +108,10 @@ bool env_on(const char *name) {
   const char *v = getenv(name);
   return v && !strcmp(v, "1");
 }
+// A switch with a default: "0" forces it off, "1" on, anything else (or unset) leaves dflt.
+bool env_switch(const char *name, bool dflt) {
+  return env_off(name) ? false : env_on(name) ? true : dflt;
+}
 bool pdl_on() {
   static int on = -1;
   if (on < 0) on = !env_off("CT_CUDA_PDL");
@@ -1708,7 +1712,7 @@ float *split_scratch(size_t bytes) {
 struct dl_args {
   void *x, *res2, *raw, *qkv, *atty, *act;
   float *part;
-  unsigned *bar; // 64 words: [DL_CTR, DL_CTR + 4) the grid barrier
+  unsigned long long *bar; // the grid barrier: [0] the counter, [1] the next launch's base
   const int32_t *slot, *pos;
   int nl, C, H, KV, hd, F, max_T, splits;
   float theta, eps, scale;
@@ -1721,13 +1725,12 @@ __device__ __forceinline__ unsigned long long ld_acquire64(const unsigned long l
   return v;
 }
 
-// The grid barrier: a 64-bit arrival counter that only grows (dl_args.bar's words DL_CTR). A
+// The grid barrier: a 64-bit arrival counter that only grows (dl_args.bar[0]). A
 // block's thread 0 adds 1 with release semantics (no reply to wait for) and spins until the
 // counter reaches base + k * gridDim.x for the k-th barrier of this launch, base being the count
 // when the launch began; one atomic a block and no reset, where a count-and-reset barrier costs
 // the last block a second round trip. The launch's block 0 leaves the next launch's base behind
 // once every block has passed the last barrier (so every block has read this launch's base).
-#define DL_CTR 36 // words: [36, 37] the counter, [38, 39] the next launch's base
 __device__ __forceinline__ void dl_arrive(unsigned long long *ctr) {
   asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(ctr) : "memory");
 }
@@ -1940,7 +1943,7 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
   const int used = min(a.splits, nsp);
   T *x = (T *)a.x, *res2 = (T *)a.res2, *raw = (T *)a.raw;
   T *atty = (T *)a.atty, *act = (T *)a.act;
-  unsigned long long *ctr = (unsigned long long *)(a.bar + DL_CTR);
+  unsigned long long *ctr = a.bar;
   dl_ring_t ring = {};         // the weight ring's books (every thread keeps the same)
   unsigned long long base = 0; // thread 0's: the counter when this launch began
   int nbar = 0;                // barriers passed
@@ -2062,7 +2065,7 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
     ((volatile unsigned long long *)ctr)[1] = base + (unsigned long long)nbar * gridDim.x;
 }
 
-unsigned *bar_bufs[16];
+unsigned long long *bar_bufs[16]; // decode_layers' grid barriers, a device each
 long dl_launches; // decode_layers kernels launched (or recorded into a graph)
 
 // CT_DECODE_PERSIST=1 (opt-in: slower than the per-layer kernels, see above): decode_layers runs.
@@ -2149,9 +2152,9 @@ int cu_decode_layers(void *x, void *res2, void *raw, void *qkv, void *atty, void
       cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
       cudaStreamIsCapturing(stream(), &cs);
       if (cs != cudaStreamCaptureStatusNone) return 1;
-      unsigned *b = NULL;
-      if (!CKD("decode_layers", cudaMalloc((void **)&b, 256))) return -1;
-      if (!CKD("decode_layers", cudaMemsetAsync(b, 0, 256, stream()))) return -1;
+      unsigned long long *b = NULL;
+      if (!CKD("decode_layers", cudaMalloc((void **)&b, 2 * sizeof *b))) return -1;
+      if (!CKD("decode_layers", cudaMemsetAsync(b, 0, 2 * sizeof *b, stream()))) return -1;
       bar_bufs[dev] = b;
     }
     const int splits = (max_T + DEC_CHUNK - 1) / DEC_CHUNK;
@@ -2272,11 +2275,7 @@ bool gemv_fits(int N, int IC, const void *inp, const void *w, const void *nw = N
 // multiprocessor; at 8 it does not fit and stays with gemv_kernel). CT_DECODE_STAGE=1 / =0 force
 // it on / off at any row count. Read at every call, so a test can compare both paths in one
 // process.
-bool stage_on(int nr) {
-  const char *v = getenv("CT_DECODE_STAGE");
-  if (v && !strcmp(v, "0")) return false;
-  return nr > 4 || (v && !strcmp(v, "1"));
-}
+bool stage_on(int nr) { return env_switch("CT_DECODE_STAGE", nr > 4); }
 long staged_launches; // gemv_staged_kernel launches (tests)
 #define GV_STAGE_MAX (112 * 1024) // a block's shared memory: two such blocks share a multiprocessor
 
@@ -2560,11 +2559,7 @@ void cu_event_free(void *ev) {
 // CT_DECODE_FUSED_ATT=1 / =0 force it on / off at any row count. Read at every call, so a test
 // can compare both paths in one process.
 #define FA_MAX_ROWS 8
-bool fused_att_on(int N) {
-  const char *v = getenv("CT_DECODE_FUSED_ATT");
-  if (v && !strcmp(v, "0")) return false;
-  return N <= FA_MAX_ROWS || (v && !strcmp(v, "1"));
-}
+bool fused_att_on(int N) { return env_switch("CT_DECODE_FUSED_ATT", N <= FA_MAX_ROWS); }
 long fa_launches; // attention_decode_rope kernels launched (or recorded into a graph)
 // attention_decode_rope merges within a thread block cluster where a (row, kv head) has 2 to 8
 // blocks, on devices that have clusters (compute capability 9 and up), unless CT_DECODE_CLUSTER=0.
