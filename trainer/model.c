@@ -1357,9 +1357,19 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
   char *x = DA(d, x), *ln = DA(d, ln), *qkv = DA(d, qkv), *res2 = DA(d, res2);
   char *raw = m->cfg.qk_norm ? DA(d, raw) : qkv, *atty = DA(d, atty);
   const int32_t *pos = DAI(d, pos), *slot = DAI(d, slot);
+  const void *qn = m->cfg.qk_norm ? DW(d, l, P_QNORM) : NULL;
+  const void *kn = m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL;
+  const float theta = (float)m->cfg.rope_theta;
+  /* norm + qkv projection + attention as one kernel where the table has it (one row) */
+  const bool with_qkv =
+      o->attention_decode_qkv &&
+      o->attention_decode_qkv(atty, raw, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W),
+                              DWO(d, l, P_QKV_B), qn, kn, e->kc[l], e->vc[l], slot, pos, N, C, H,
+                              KV, hd, e->max_T, theta, eps) <= 0;
   HINT(DW(d, l, P_ATTO_W), (size_t)C * H * hd * ab);
-  o->norm_matmul_fwd(raw, ln, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C,
-                     W, eps);
+  if (!with_qkv)
+    o->norm_matmul_fwd(raw, ln, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C,
+                       W, eps);
   { /* for attention: the output projection's and gate/up weights, one span where the layer's
      * parameters lie in that order (CT_DECODE_PREFETCH=att prefetches only here) */
     const char *ow = DW(d, l, P_ATTO_W), *fw = DW(d, l, P_FC_W);
@@ -1367,17 +1377,14 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
     if (fw > ow) HINT(ow, (size_t)(fw - ow) + fb);
     else HINT(fw, fb);
   }
-  const void *qn = m->cfg.qk_norm ? DW(d, l, P_QNORM) : NULL;
-  const void *kn = m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL;
-  const float theta = (float)m->cfg.rope_theta;
   /* attention with the output projection, or attention, as one kernel where the table has it
    * (< 0: a device error, reported by the backend's check) */
   const bool with_proj =
-      o->attention_decode_oproj &&
+      !with_qkv && o->attention_decode_oproj &&
       o->attention_decode_oproj(res2, raw, qn, kn, e->kc[l], e->vc[l], slot, pos,
                                 DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), x, N, H, KV, hd, C,
                                 e->max_T, theta, eps) <= 0;
-  if (!with_proj &&
+  if (!with_qkv && !with_proj &&
       (!o->attention_decode_rope ||
        o->attention_decode_rope(atty, raw, qn, kn, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd,
                                 e->max_T, theta, eps) > 0)) {

@@ -1556,6 +1556,127 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   if (threadIdx.x == 0) count[(long)n * KV + kv] = 0;
 }
 
+// norm_matmul_fwd (inp -> raw: rmsnorm, then the qkv projection) and attention_decode_rope as one
+// kernel for one row (attention_decode_qkv, ops.h): grid (QA_CS, KV), a cluster of QA_CS blocks a
+// kv head. Block r of kv head kv owns rows [r * rpb, (r + 1) * rpb) of the head's (G + 2) * hd
+// projection rows (its G query heads, then its k head, then its v head: three spans of w); its
+// first thread hands them to the bulk copy engine before the kernel waits, so they stream into
+// shared memory while the kernel before (the last layer's down projection) runs. After the wait
+// every block makes the normed input as gemv_kernel does (gv_x_rows), multiplies its rows with
+// gemv_kernel's arithmetic (a warp a row; lane l sums the 16-byte chunks l, l + 32, ... in k
+// order; the butterfly; + bias; rounded to T) and stores them into raw; after a cluster barrier
+// the first DEC_WARPS warps of each block go on as attention_decode_rope_kernel's cluster variant
+// (split sp = block * DEC_WARPS + warp). The same bits as the two kernels, one kernel boundary a
+// layer fewer; the qkv GEMV's input reload and its blocks' late start leave the critical path.
+#define QA_CS 8    // blocks a cluster: room for QA_CS * DEC_WARPS splits (max_T <= 512)
+#define QA_WARPS 8 // warps a block (the GEMV's); DEC_WARPS of them run attention's splits
+template <typename T, int LK, int G>
+__global__ void __launch_bounds__(QA_WARPS * 32, 1)
+    attention_decode_qkv_kernel(T *out, T *raw, const T *inp, const T *nw, const T *w,
+                                const T *bias, const T *qnw, const T *knw, T *kc, T *vc,
+                                const int32_t *slot, const int32_t *pos, int IC, int H, int KV,
+                                int max_T, int splits, int rpb, float scale, float theta,
+                                float eps, int vn) {
+#ifdef _CG_HAS_CLUSTER_GROUP // sm_90 and up (the host launches it only there: cluster_on)
+  namespace cg = cooperative_groups;
+  constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL, RT = (G + 2) * hd;
+  cg::cluster_group cl = cg::this_cluster();
+  const int lane = threadIdx.x & 31, w8 = threadIdx.x >> 5, kv = blockIdx.y, n = 0;
+  extern __shared__ uint4 qa_smem[];
+  T *ws = (T *)qa_smem;               // the block's rpb projection rows
+  T *xs = ws + (size_t)rpb * IC;      // the normed input
+  T *nws = xs + IC;                   // the norm weight (vn == 2)
+  __shared__ uint64_t bar;
+  __shared__ float cs_[hd / 2], sn_[hd / 2];
+  __shared__ __align__(16) T qs[DEC_WARPS][G + 2][hd];
+  __shared__ __align__(16) float ps[DEC_WARPS][G][hd + 4];
+  const int r0 = (int)blockIdx.x * rpb, rows = max(0, min(RT - r0, rpb));
+  auto grow = [&](int i) -> long { // the head's projection row i: its row of w and raw
+    return i < G * hd         ? (long)kv * G * hd + i
+           : i < (G + 1) * hd ? (long)H * hd + (long)kv * hd + (i - G * hd)
+                              : (long)(H + KV) * hd + (long)kv * hd + (i - (G + 1) * hd);
+  };
+  if (threadIdx.x == 0) {
+    mbar_init(&bar, 1);
+    mbar_expect(&bar, (unsigned)((size_t)rows * IC * sizeof(T)));
+    for (int i = 0; i < rows;) { // a copy a contiguous piece: the spans end at G*hd and (G+1)*hd
+      const int a = r0 + i, end = a < G * hd ? G * hd : a < (G + 1) * hd ? (G + 1) * hd : RT;
+      const int m = min(rows - i, end - a);
+      bulk_to_smem(ws + (size_t)i * IC, w + grow(a) * IC, (unsigned)((size_t)m * IC * sizeof(T)),
+                   &bar);
+      i += m;
+    }
+  }
+  if (vn == 2) gv_norm_weight(nws, nw, IC);
+  // attention's split of this warp, and its keys cached by earlier steps
+  const int sp = (int)blockIdx.x * DEC_WARPS + w8;
+  const int p = pos[n], len = p + 1, k0 = sp * DEC_CHUNK;
+  const bool active = w8 < DEC_WARPS && sp < splits && k0 < len;
+  const int ks = lane / LK, ch = lane % LK;
+  const long s = slot ? slot[n] : n;
+  T *Kc = kc + ((s * KV + kv) * max_T) * (long)hd, *Vc = vc + ((s * KV + kv) * max_T) * (long)hd;
+  uint4 kr[JK], vr[JK];
+#pragma unroll
+  for (int j = 0; j < JK; j++) {
+    const int key = k0 + j * KPL + ks;
+    const bool old_key = active && key < len - 1;
+    kr[j] = old_key ? *(const uint4 *)(Kc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
+    vr[j] = old_key ? *(const uint4 *)(Vc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
+  }
+  rope_table(cs_, sn_, hd, p, theta);
+  pdl_trigger();
+  pdl_wait();
+  gv_x_rows<T, 1, true>(xs, inp, nw, 1, IC, eps, vn, vn == 2 ? nws : NULL);
+  __syncthreads(); // xs, and the barrier's initialization, seen by every thread
+  mbar_wait(&bar, 0);
+  const int nchunk = IC / 8;
+  for (int r = w8; r < rows; r += QA_WARPS) {
+    float acc = 0.0f;
+    for (int c = lane; c < nchunk; c += 32) {
+      float wf[8], xf[8];
+      cvt8<T>(*(const uint4 *)(ws + (size_t)r * IC + (size_t)c * 8), wf);
+      cvt8<T>(*(const uint4 *)(xs + (size_t)c * 8), xf);
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc = fmaf(wf[e], xf[e], acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) {
+      const long o = grow(r0 + r);
+      stf(raw + o, acc + (bias ? ldf(bias + o) : 0.0f));
+    }
+  }
+  __threadfence();
+  cl.sync(); // the head's projection rows stored, and visible to the cluster
+  TL_PHASE(0);
+  if (active) {
+    T(*q)[hd] = qs[w8];
+    att_rope_split<T, LK, G>(q, kr, vr, raw, qnw, knw, Kc, Vc, H, KV, kv, k0, p, theta, eps, cs_,
+                             sn_, lane);
+    att_split_math<T, LK, G, true>(nullptr, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits,
+                                   scale, lane, &ps[w8][0][0]);
+  }
+  TL_PHASE(1);
+  cl.sync(); // every split's rows written, and visible to the cluster
+  TL_PHASE(2);
+  if (cl.block_rank() == 0 && w8 < DEC_WARPS) { // attention_decode_rope_kernel's merge
+    const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
+    constexpr int HP = DEC_WARPS >= 2 * G && hd % 64 == 0 ? 2 : 1;
+    for (int t = w8; t < G * HP; t += DEC_WARPS) {
+      const int g = t / HP;
+      auto ld = [&](int sp_, int i) {
+        const float *rp = cl.map_shared_rank(&ps[0][0][0], (unsigned)(sp_ / DEC_WARPS));
+        return rp[((sp_ % DEC_WARPS) * G + g) * (hd + 4) + i];
+      };
+      att_merge_core<T, hd, decltype(ld), HP>(out + (long)(kv * G + g) * hd, ld, used, lane, t % HP);
+    }
+  }
+  TL_PHASE(3);
+  cl.sync(); // block 0 has read every block's rows
+#else
+  __trap();
+#endif
+}
+
 // argmax over many blocks: grid (B, N); block b scans a slice of row n, writes its (value,
 // index), and the last block of the row (a counter, reset by it) takes the best of the B in
 // block order. Ties go to the lowest index, as argmax_rows_kernel.
@@ -2706,6 +2827,75 @@ int cu_attention_decode_oproj(void *out, const void *raw, const void *qnw, const
   }
 }
 
+// attention_decode_qkv (ops.h): attention_decode_qkv_kernel for one row where it applies (16-bit
+// tables, thread block clusters, head dims 64 / 128, 1, 2 or 4 query heads a kv head, max_T <= 512,
+// the block's projection rows within QA_SMEM_MAX) unless CT_DECODE_QKV_ATT=0; 1 where it does not
+// (the caller runs norm_matmul_fwd and attention_decode_rope). CT_DECODE_QKV_ATT=1 changes nothing
+// (it is the default); the variable is read at every call, so a test can compare both paths in one
+// process.
+#define QA_SMEM_MAX (200 * 1024)
+bool qkv_att_on() { return env_switch("CT_DECODE_QKV_ATT", true); }
+long qa_launches; // attention_decode_qkv kernels launched (or recorded into a graph)
+
+template <typename T>
+int cu_attention_decode_qkv(void *out, void *raw, const void *inp, const void *nw, const void *w,
+                            const void *bias, const void *qnw, const void *knw, void *kc,
+                            void *vc, const int32_t *slot, const int32_t *pos, int N, int C,
+                            int H, int KV, int hd, int max_T, float theta, float eps) {
+  if constexpr (sizeof(T) != 2) {
+    return 1;
+  } else {
+    // CT_DECODE_FUSED_ATT=0 (no fused attention) and CT_DECODE_OPROJ=1 (attention with the
+    // output projection) keep their kernels
+    if (N != 1 || !qkv_att_on() || !fused_att_on(N) || oproj_on() || !gemv_on() || !v2_on() ||
+        !cluster_on() ||
+        (hd != 64 && hd != 128) || KV <= 0 || H % KV || C <= 0 || C % 8 || !raw || !out)
+      return 1;
+    const int G = H / KV, splits = (max_T + DEC_CHUNK - 1) / DEC_CHUNK;
+    if ((G != 1 && G != 2 && G != 4) || splits > QA_CS * DEC_WARPS || !aligned16(kc) ||
+        !aligned16(vc) || !aligned16(inp) || !aligned16(w) || !aligned16(nw))
+      return 1;
+    const int rpb = ((G + 2) * hd + QA_CS - 1) / QA_CS;
+    const size_t smem = ((size_t)rpb + 2) * C * sizeof(T);
+    if (smem > QA_SMEM_MAX) return 1;
+    // gemv_go's choice of norm (the same bits): 2 = the norm weight into shared memory first
+    const int vn = (size_t)2 * C * sizeof(T) <= 48 * 1024 ? 2 : 1;
+    const float sc = 1.0f / sqrtf((float)hd);
+    take_hint(); // its weights are copied before it waits: an L2 hint adds nothing
+    T *o = (T *)out, *r = (T *)raw, *K = (T *)kc, *V = (T *)vc;
+    const T *x = (const T *)inp, *g = (const T *)nw, *W = (const T *)w, *b = (const T *)bias,
+            *gq = (const T *)qnw, *gk = (const T *)knw;
+    const dim3 grid(QA_CS, KV, 1);
+    bool ok = false;
+#define QA(LK, G_)                                                                                \
+  {                                                                                               \
+    auto k = attention_decode_qkv_kernel<T, LK, G_>;                                              \
+    static kernel_list raised;                                                                    \
+    bool in;                                                                                      \
+    const int dev = listed(raised, (const void *)k, &in);                                         \
+    if (dev < 0) return 1;                                                                        \
+    if (!in) {                                                                                    \
+      if (!CKD("attention_decode_qkv",                                                            \
+               cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, QA_SMEM_MAX))) \
+        return -1;                                                                                \
+      add_listed(raised, dev, (const void *)k);                                                   \
+    }                                                                                             \
+    ok = launch_cl("attention_decode_qkv", "attention_decode_qkv_kernel", k, grid,                \
+                   QA_WARPS * 32, smem, QA_CS, o, r, x, g, W, b, gq, gk, K, V, slot, pos, C, H,   \
+                   KV, max_T, splits, rpb, sc, theta, eps, vn);                                   \
+  }
+    if (hd == 64) {
+      if (G == 1) QA(8, 1) else if (G == 2) QA(8, 2) else QA(8, 4)
+    } else {
+      if (G == 1) QA(16, 1) else if (G == 2) QA(16, 2) else QA(16, 4)
+    }
+#undef QA
+    if (!ok) return -1;
+    qa_launches++;
+    return 0;
+  }
+}
+
 template <typename T> void fill(ct_ops *t) {
   t->embed_pos_fwd = cu_embed_pos_fwd<T>;
   t->rope_pos_fwd = cu_rope_pos_fwd<T>;
@@ -2720,6 +2910,7 @@ template <typename T> void fill(ct_ops *t) {
   t->decode_layers = cu_decode_layers<T>;
   t->attention_decode_rope = cu_attention_decode_rope<T>;
   t->attention_decode_oproj = cu_attention_decode_oproj<T>;
+  t->attention_decode_qkv = cu_attention_decode_qkv<T>;
   t->l2_hint = cu_l2_hint;
 }
 
@@ -2879,3 +3070,4 @@ extern "C" long ct_cuda_l2_hints_used(void) { return hints_used; }
 extern "C" long ct_cuda_gemv_staged_launches(void) { return staged_launches; }
 extern "C" long ct_cuda_attention_cluster_launches(void) { return cluster_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
+extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

@@ -131,6 +131,8 @@ long ct_cuda_l2_hints_used(void);
 long ct_cuda_gemv_staged_launches(void);
 /* How many attention_decode_oproj kernels were launched or recorded into graphs (tests). */
 long ct_cuda_attention_oproj_launches(void);
+/* How many attention_decode_qkv kernels were launched or recorded into graphs (tests). */
+long ct_cuda_attention_qkv_launches(void);
 /* How many attention_decode_rope kernels ran as thread block clusters (CT_DECODE_CLUSTER=1; tests). */
 long ct_cuda_attention_cluster_launches(void);
 

@@ -778,6 +778,68 @@ static void test_attention_oproj(void) {
   }
 }
 
+/* attention_decode_qkv (the norm + qkv projection inside the cluster attention kernel: the default
+ * for one row, CT_DECODE_QKV_ATT=0 turns it off) gives the separate projection's and attention
+ * kernel's logits bit for bit, with CUDA graphs and without: GQA 1, 2 and 4, head dims 64 and 128,
+ * with and without qk norm, with a (zero) qkv bias; a 14-token prompt then 8 steps (3 splits),
+ * 70 then 12 (clusters with idle blocks), and 490 then 12 in a 512-position cache (every split of
+ * the 8-block cluster busy, the largest max_T it takes) */
+static void test_attention_qkv(void) {
+  static const int S[][5] = {
+      {256, 2, 1, 1, 0}, {256, 4, 4, 1, 0}, {512, 8, 2, 1, 0}, {256, 4, 1, 0, 0}, {256, 4, 2, 1, 1}};
+  static const int L[][3] = {{40, 14, 8}, {200, 70, 12}, {512, 490, 12}}; /* max_len, prompt, steps */
+  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+    ct_model *m = NULL;
+    {
+      ct_config c;
+      ct_config_defaults(&c);
+      snprintf(c.model.arch, sizeof c.model.arch, "llama");
+      c.model.n_layer = 2;
+      c.model.d_model = S[si][0];
+      c.model.n_head = S[si][1];
+      c.model.n_kv_head = S[si][2];
+      c.model.vocab_size = 300;
+      c.model.max_seq_len = 512;
+      c.model.qk_norm = S[si][3];
+      c.model.attn_bias = S[si][4];
+      c.model.init_std = 0.05;
+      c.train.seq_len = 512;
+      CHECK(ct_config_validate(&c) == CT_OK);
+      CHECK(ct_model_create(&c.model, ct_ops_cpu(), 1, 1, &m) == CT_OK);
+      if (!m) return;
+      ct_model_init_weights(m, 61 + (uint64_t)si);
+    }
+    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m));
+    for (size_t li = 0; li < sizeof L / sizeof L[0]; li++) {
+      const size_t n = (size_t)(1 + L[li][2]) * Vp;
+      float *a = calloc(n, 4), *b = calloc(n, 4), *c = calloc(n, 4);
+      char what[192];
+      snprintf(what, sizeof what, "norm + qkv + attention C%d H%d KV%d hd%d%s%s, %d-position cache, "
+               "%d-token prompt", S[si][0], S[si][1], S[si][2], S[si][0] / S[si][1],
+               S[si][3] ? "" : " no qk norm", S[si][4] ? " qkv bias" : "", L[li][0], L[li][1]);
+      setenv("CT_DECODE_QKV_ATT", "0", 1);
+      const long off0 = ct_cuda_attention_qkv_launches();
+      engine_logits_seq(m, ct_ops_cuda_bf16(), a, L[li][0], L[li][0], L[li][1], L[li][2]);
+      CHECK_MSG(ct_cuda_attention_qkv_launches() == off0, "%s: CT_DECODE_QKV_ATT=0 still ran it", what);
+      unsetenv("CT_DECODE_QKV_ATT");
+      const long before = ct_cuda_attention_qkv_launches();
+      engine_logits_seq(m, ct_ops_cuda_bf16(), b, L[li][0], L[li][0], L[li][1], L[li][2]);
+      g_graphs = 0;
+      engine_logits_seq(m, ct_ops_cuda_bf16(), c, L[li][0], L[li][0], L[li][1], L[li][2]);
+      g_graphs = 1;
+      const long ran = ct_cuda_attention_qkv_launches() - before;
+      same_bits(what, a, b, n, ran, "launches");
+      size_t diff = 0;
+      for (size_t i = 0; i < n; i++) diff += memcmp(&b[i], &c[i], 4) != 0;
+      CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ between graphs and no graphs", what, diff, n);
+      free(a);
+      free(b);
+      free(c);
+    }
+    ct_model_destroy(m);
+  }
+}
+
 int main(void) {
   char err[512];
   const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -803,11 +865,18 @@ int main(void) {
   unsetenv("CT_DECODE_STAGE");
   test_engine();
   test_decode_layers();
+  setenv("CT_DECODE_QKV_ATT", "0", 1); /* it tests the kernels the one-row default replaces */
   test_attention_decode_rope();
+  unsetenv("CT_DECODE_QKV_ATT");
+  setenv("CT_DECODE_QKV_ATT", "0", 1); /* it tests the kernels the one-row default replaces */
   test_l2_hints();
+  unsetenv("CT_DECODE_QKV_ATT");
   test_staged_gemv();
+  setenv("CT_DECODE_QKV_ATT", "0", 1); /* it tests the kernels the one-row default replaces */
   test_attention_cluster();
+  unsetenv("CT_DECODE_QKV_ATT");
   test_attention_oproj();
+  test_attention_qkv();
   const char *perf = getenv("CT_TEST_PERF");
   if (perf && perf[0] == '1') perf_fused(ct_ops_cuda_bf16());
   ct_cuda_shutdown();
