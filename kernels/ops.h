@@ -266,9 +266,9 @@ typedef struct ct_ops {
                                 int KV, int hd, int C, int max_T, float theta, float eps);
   /* norm_matmul_fwd(raw, ln, inp, nw, w, bias, N, C, (H + 2*KV)*hd, eps) then
    * attention_decode_rope(out, raw, ...) with the same values, as one kernel where it applies
-   * (CUDA, 16-bit, one row, thread block clusters (sm_90), max_T <= 512; CT_DECODE_QKV_ATT=0 turns
-   * it off); raw is written, ln is not. Returns as attention_decode_rope. NULL in tables without
-   * it. */
+   * (CUDA, 16-bit, one row, thread block clusters (sm_90), max_T <= 512, opt-in:
+   * CT_DECODE_QKV_ATT=1); raw is written, ln is not. Returns as attention_decode_rope. NULL in
+   * tables without it. */
   int (*attention_decode_qkv)(void *out, void *raw, const void *inp, const void *nw, const void *w,
                               const void *bias, const void *qnw, const void *knw, void *kc,
                               void *vc, const int32_t *slot, const int32_t *pos, int N, int C,

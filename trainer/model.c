@@ -1360,7 +1360,7 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
   const void *qn = m->cfg.qk_norm ? DW(d, l, P_QNORM) : NULL;
   const void *kn = m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL;
   const float theta = (float)m->cfg.rope_theta;
-  /* norm + qkv projection + attention as one kernel where the table has it (one row) */
+  /* norm + qkv projection + attention as one kernel where the table has it (one row, opt-in) */
   const bool with_qkv =
       o->attention_decode_qkv &&
       o->attention_decode_qkv(atty, raw, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W),

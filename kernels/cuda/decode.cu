@@ -1567,7 +1567,18 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 // order; the butterfly; + bias; rounded to T) and stores them into raw; after a cluster barrier
 // the first DEC_WARPS warps of each block go on as attention_decode_rope_kernel's cluster variant
 // (split sp = block * DEC_WARPS + warp). The same bits as the two kernels, one kernel boundary a
-// layer fewer; the qkv GEMV's input reload and its blocks' late start leave the critical path.
+// layer fewer.
+// STATUS (H200, Qwen3-0.6B shape, batch 1, the same ids both ways; bench/results/call66_2dbd9ad,
+// call67_2dbd9ad, call68_2dbd9ad): slower, 1,373-1,379 against 1,475-1,485 tokens/s, so opt-in
+// (CT_DECODE_QKV_ATT=1). The timeline shows why: its blocks (155 registers a thread, 141 KB of
+// shared memory, clusters of 8) find no room beside the down projection's and gate/up's blocks, so
+// they start ~4.4 us after the down projection is released, when the GPU has drained, and then
+// stream 128 KB of weights each into 64 multiprocessors: ~11 us from its release to the output
+// projection's, against 3.8 + 7.6 for the two kernels it replaces. Capping the gate/up GEMV at 48
+// registers (so the kernels after it launch early) made every kernel start early and the step
+// slower (1,383 tokens/s; 1,303 with this kernel), as did the staged GEMV (1,280; 1,302): a kernel
+// that starts early with its weights in shared memory still takes 3-6 us after the kernel before
+// completes (its input from L2, the norm, the stores, the grid's completion).
 #define QA_CS 8    // blocks a cluster: room for QA_CS * DEC_WARPS splits (max_T <= 512)
 #define QA_WARPS 8 // warps a block (the GEMV's); DEC_WARPS of them run attention's splits
 template <typename T, int LK, int G>
@@ -2829,12 +2840,11 @@ int cu_attention_decode_oproj(void *out, const void *raw, const void *qnw, const
 
 // attention_decode_qkv (ops.h): attention_decode_qkv_kernel for one row where it applies (16-bit
 // tables, thread block clusters, head dims 64 / 128, 1, 2 or 4 query heads a kv head, max_T <= 512,
-// the block's projection rows within QA_SMEM_MAX) unless CT_DECODE_QKV_ATT=0; 1 where it does not
-// (the caller runs norm_matmul_fwd and attention_decode_rope). CT_DECODE_QKV_ATT=1 changes nothing
-// (it is the default); the variable is read at every call, so a test can compare both paths in one
-// process.
+// the block's projection rows within QA_SMEM_MAX) and CT_DECODE_QKV_ATT=1 (opt-in: slower on an
+// H200, see the kernel's STATUS); 1 otherwise (the caller runs norm_matmul_fwd and
+// attention_decode_rope). Read at every call, so a test can compare both paths in one process.
 #define QA_SMEM_MAX (200 * 1024)
-bool qkv_att_on() { return env_switch("CT_DECODE_QKV_ATT", true); }
+bool qkv_att_on() { return env_on("CT_DECODE_QKV_ATT"); }
 long qa_launches; // attention_decode_qkv kernels launched (or recorded into a graph)
 
 template <typename T>

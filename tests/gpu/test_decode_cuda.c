@@ -778,8 +778,8 @@ static void test_attention_oproj(void) {
   }
 }
 
-/* attention_decode_qkv (the norm + qkv projection inside the cluster attention kernel: the default
- * for one row, CT_DECODE_QKV_ATT=0 turns it off) gives the separate projection's and attention
+/* attention_decode_qkv (the norm + qkv projection inside the cluster attention kernel for one row,
+ * opt-in: CT_DECODE_QKV_ATT=1) gives the separate projection's and attention
  * kernel's logits bit for bit, with CUDA graphs and without: GQA 1, 2 and 4, head dims 64 and 128,
  * with and without qk norm, with a (zero) qkv bias; a 14-token prompt then 8 steps (3 splits),
  * 70 then 12 (clusters with idle blocks), and 490 then 12 in a 512-position cache (every split of
@@ -821,12 +821,13 @@ static void test_attention_qkv(void) {
       const long off0 = ct_cuda_attention_qkv_launches();
       engine_logits_seq(m, ct_ops_cuda_bf16(), a, L[li][0], L[li][0], L[li][1], L[li][2]);
       CHECK_MSG(ct_cuda_attention_qkv_launches() == off0, "%s: CT_DECODE_QKV_ATT=0 still ran it", what);
-      unsetenv("CT_DECODE_QKV_ATT");
+      setenv("CT_DECODE_QKV_ATT", "1", 1);
       const long before = ct_cuda_attention_qkv_launches();
       engine_logits_seq(m, ct_ops_cuda_bf16(), b, L[li][0], L[li][0], L[li][1], L[li][2]);
       g_graphs = 0;
       engine_logits_seq(m, ct_ops_cuda_bf16(), c, L[li][0], L[li][0], L[li][1], L[li][2]);
       g_graphs = 1;
+      unsetenv("CT_DECODE_QKV_ATT");
       const long ran = ct_cuda_attention_qkv_launches() - before;
       same_bits(what, a, b, n, ran, "launches");
       size_t diff = 0;
@@ -865,16 +866,10 @@ int main(void) {
   unsetenv("CT_DECODE_STAGE");
   test_engine();
   test_decode_layers();
-  setenv("CT_DECODE_QKV_ATT", "0", 1); /* it tests the kernels the one-row default replaces */
   test_attention_decode_rope();
-  unsetenv("CT_DECODE_QKV_ATT");
-  setenv("CT_DECODE_QKV_ATT", "0", 1); /* it tests the kernels the one-row default replaces */
   test_l2_hints();
-  unsetenv("CT_DECODE_QKV_ATT");
   test_staged_gemv();
-  setenv("CT_DECODE_QKV_ATT", "0", 1); /* it tests the kernels the one-row default replaces */
   test_attention_cluster();
-  unsetenv("CT_DECODE_QKV_ATT");
   test_attention_oproj();
   test_attention_qkv();
   const char *perf = getenv("CT_TEST_PERF");
