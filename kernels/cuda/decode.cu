@@ -1481,15 +1481,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   __shared__ __align__(16) T qs[DEC_WARPS][G + 2][hd]; // a warp's q heads, the newest k, v
   __shared__ __align__(16) float ps[CL ? DEC_WARPS : 1][G][hd + 4]; // CL: the splits' rows
   __shared__ __align__(16) T om[OP ? G * hd : 8];                    // OP: the merged heads
-  __shared__ T qn_s[hd], kn_s[hd]; // the q / k norm weights (weights: loaded before the wait)
   __shared__ int last;
   l2_prefetch_slice(pf, pfb);
   pdl_trigger();
-  if (qnw)
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-      qn_s[i] = qnw[i];
-      kn_s[i] = knw[i];
-    }
   const int p = pos[n], len = p + 1, k0 = sp * DEC_CHUNK;
   const bool active = sp < splits && k0 < len;
   const int ks = lane / LK, ch = lane % LK;
@@ -1507,33 +1501,15 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   extern __shared__ uint4 att_dyn[]; // OP: the block's rows of the projection (oproj_stage)
   __shared__ uint64_t obar;
   if constexpr (OP) oproj_stage<T, G * hd>(op, H * hd, kv, gridDim.x, blockIdx.x, (T *)att_dyn, &obar);
-  // CL without OP, given the dynamic shared memory for it: every split pushes its rows into
-  // block 0's (att_dyn, split order), so block 0 merges from its own shared memory and the
-  // other blocks leave after one cluster barrier
-  bool push = false;
-  if constexpr (CL && !OP) {
-    unsigned dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    push = dyn >= gridDim.x * DEC_WARPS * G * (hd + 4) * sizeof(float);
-  }
   pdl_wait();
   __syncthreads();
   if (active) {
     T(*q)[hd] = qs[w];
-    att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw ? qn_s : nullptr,
-                             qnw ? kn_s : nullptr, Kc, Vc, H, KV, kv, k0, p, theta, eps, cs_,
-                             sn_, lane);
+    att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H, KV,
+                             kv, k0, p, theta, eps, cs_, sn_, lane);
     TL_PHASE(0);
-    float *dst = nullptr;
-    if constexpr (CL) {
-#ifdef _CG_HAS_CLUSTER_GROUP
-      dst = push ? cooperative_groups::this_cluster().map_shared_rank((float *)att_dyn, 0u) +
-                       (long)sp * G * (hd + 4)
-                 : &ps[w][0][0];
-#endif
-    }
     att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
-                                   lane, dst);
+                                   lane, CL ? &ps[CL ? w : 0][0][0] : nullptr);
     TL_PHASE(1);
   }
   if constexpr (CL) {
@@ -1542,20 +1518,6 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     cg::cluster_group cl = cg::this_cluster();
     cl.sync(); // every split's rows written, and visible to the cluster
     TL_PHASE(2);
-    if (push) { // the same merge, from block 0's own shared memory
-      if (cl.block_rank() != 0) return;
-      const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
-      constexpr int HP = DEC_WARPS >= 2 * G && hd % 64 == 0 ? 2 : 1;
-      const float *rows = (const float *)att_dyn;
-      for (int t = w; t < G * HP; t += DEC_WARPS) {
-        const int g = t / HP;
-        auto ld = [&](int sp_, int i) { return rows[((long)sp_ * G + g) * (hd + 4) + i]; };
-        att_merge_core<T, hd, decltype(ld), HP>(out + (long)n * H * hd + (long)(kv * G + g) * hd,
-                                                ld, used, lane, t % HP);
-      }
-      TL_PHASE(3);
-      return;
-    }
     if (cl.block_rank() == 0) {
       const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
       // two warps a head where the block has them (each makes half the head's outputs: the
@@ -2750,12 +2712,11 @@ bool cluster_on() {
   return major[dev] >= 9;
 }
 long cluster_launches; // of them, launched as clusters
-// The cluster merge's rows pushed into block 0's shared memory by the blocks that make them,
-// unless CT_DECODE_PUSH=0 (then block 0 reads them from the other blocks' shared memory after the
-// barrier, and a second barrier keeps those blocks resident until it has). Same arithmetic, so the
-// same bits. Read at every call.
-bool push_on() { return !env_off("CT_DECODE_PUSH"); }
-long push_launches; // of them, with the push
+// Tried and taken out (f528c9f, bench/results/call72_f528c9f): each split pushing its rows into
+// block 0's shared memory (block 0 merges locally, the other blocks leave after one barrier) and
+// the q / k norm weights loaded into shared memory before the wait: bit-identical and no faster
+// (1,455-1,465 against 1,476-1,481 tokens/s at batch 1); the merge phase stayed ~1.7 us, so
+// reading the other blocks' shared memory was not its cost.
 
 // attention_decode_oproj (ops.h): the output projection inside the cluster attention kernel, so
 // a layer's step has one kernel boundary fewer (oproj_tail). Correct on an H200 (test_decode_cuda:
@@ -2806,9 +2767,6 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   const int splits = (max_T + DEC_CHUNK - 1) / DEC_CHUNK;
   const dim3 g((splits + DEC_WARPS - 1) / DEC_WARPS, KV, N);
   const bool cl = cluster_on() && g.x > 1 && g.x <= 8;
-  // the cluster merge's push (attention_decode_rope_kernel): block 0's room for every split's rows
-  const size_t pushb = (size_t)g.x * DEC_WARPS * G * (hd + 4) * sizeof(float);
-  const size_t psmem = cl && !op.w && push_on() && pushb <= 48 * 1024 ? pushb : 0;
   // OP: the block's rows of the projection in shared memory (oproj_stage), at most OP_SMEM_MAX
   const size_t osmem = op.w ? (size_t)((op.C + g.x - 1) / g.x) * G * hd * sizeof(T) : 0;
   if (op.w && (!cl || !aligned16(op.w) || op.C <= 0 || osmem > OP_SMEM_MAX)) return 1;
@@ -2834,9 +2792,9 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
                             DEC_WARPS * 32, osmem, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, \
                             H, KV, max_T, splits, sc, theta, eps, h.p, h.bytes, op)               \
      : cl ? launch_cl("attention_decode_rope", "attention_decode_rope_kernel",                    \
-                      attention_decode_rope_kernel<T, LK, G_, true>, g, DEC_WARPS * 32, psmem,    \
-                      g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc,    \
-                      theta, eps, h.p, h.bytes, op)                                               \
+                      attention_decode_rope_kernel<T, LK, G_, true>, g, DEC_WARPS * 32, 0, g.x,   \
+                      o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta,  \
+                      eps, h.p, h.bytes, op)                                                      \
           : launch("attention_decode_rope", "attention_decode_rope_kernel",                       \
                    attention_decode_rope_kernel<T, LK, G_>, g, DEC_WARPS * 32, 0, o, part, cnt,   \
                    r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, h.p,         \
@@ -2854,7 +2812,6 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   if (!ok) return -1;
   fa_launches++;
   if (cl) cluster_launches++;
-  if (psmem) push_launches++;
   if (op.w) oproj_launches++;
   return 0;
 }
@@ -3127,6 +3084,5 @@ extern "C" long ct_cuda_attention_decode_rope_launches(void) { return fa_launche
 extern "C" long ct_cuda_l2_hints_used(void) { return hints_used; }
 extern "C" long ct_cuda_gemv_staged_launches(void) { return staged_launches; }
 extern "C" long ct_cuda_attention_cluster_launches(void) { return cluster_launches; }
-extern "C" long ct_cuda_attention_push_launches(void) { return push_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

@@ -135,8 +135,6 @@ long ct_cuda_attention_oproj_launches(void);
 long ct_cuda_attention_qkv_launches(void);
 /* How many attention_decode_rope kernels ran as thread block clusters (CT_DECODE_CLUSTER=1; tests). */
 long ct_cuda_attention_cluster_launches(void);
-/* Of them, how many pushed the splits' rows into block 0's shared memory (CT_DECODE_PUSH; tests). */
-long ct_cuda_attention_push_launches(void);
 
 #ifdef __cplusplus
 }

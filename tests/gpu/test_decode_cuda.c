@@ -456,11 +456,10 @@ static void perf_fused(const ct_ops *o) {
 
 /* prefill 3 prompts (lengths 20, 7, 20: two go together), then 4 batched decode steps; logits
  * of every output row appended to out (rows x Vp) */
-static void engine_logits_T(ct_model *m, const ct_ops *o, const int *layer_dev, float *out,
-                            int max_len) {
+static void engine_logits(ct_model *m, const ct_ops *o, const int *layer_dev, float *out) {
   ct_infer_cfg ic = CT_INFER_CFG_INIT;
   ic.max_seqs = 3;
-  ic.max_len = max_len;
+  ic.max_len = 40;
   ic.max_rows = 64;
   ic.layer_dev = layer_dev;
   ic.device = o == ct_ops_cpu() ? -1 : 0;
@@ -483,9 +482,6 @@ static void engine_logits_T(ct_model *m, const ct_ops *o, const int *layer_dev, 
     CHECK(ct_infer_decode(e, 3, slots, t, out + (size_t)(3 + 3 * step) * Vp, NULL) == CT_OK);
   }
   ct_infer_destroy(e);
-}
-static void engine_logits(ct_model *m, const ct_ops *o, const int *layer_dev, float *out) {
-  engine_logits_T(m, o, layer_dev, out, 40);
 }
 
 /* a small llama-style model (vocabulary 300, max_T positions; tiny_llama: 64) with random weights,
@@ -740,41 +736,6 @@ static void test_attention_cluster(void) {
   }
 }
 
-/* the cluster merge with each split's rows pushed into block 0's shared memory (the default;
- * CT_DECODE_PUSH=0 has block 0 read them from the other blocks' after the barrier) gives the same
- * logits bit for bit: GQA 1, 2 and 4, head dims 64 and 128, one row (the cluster test's lengths:
- * clusters of 4, a new split opened at 80) and three rows of different lengths (a 200-position
- * cache: clusters of 4 with idle blocks) */
-static void test_attention_push(void) {
-  static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
-  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
-    ct_model *m = tiny_llama_T(2, S[si][0], S[si][1], S[si][2], true, 71 + (uint64_t)si, 256);
-    if (!m) return;
-    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m));
-    for (int batch = 0; batch < 2; batch++) {
-      const size_t rows = batch ? 15 : 13;
-      float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
-      char what[128];
-      snprintf(what, sizeof what, "attention cluster push C%d H%d KV%d, %s", S[si][0], S[si][1],
-               S[si][2], batch ? "3 rows" : "1 row");
-      setenv("CT_DECODE_PUSH", "0", 1);
-      const long off0 = ct_cuda_attention_push_launches();
-      if (batch) engine_logits_T(m, ct_ops_cuda_bf16(), NULL, a, 200);
-      else engine_logits_seq(m, ct_ops_cuda_bf16(), a, 200, 256, 70, 12);
-      CHECK_MSG(ct_cuda_attention_push_launches() == off0, "%s: CT_DECODE_PUSH=0 still pushed", what);
-      unsetenv("CT_DECODE_PUSH");
-      const long before = ct_cuda_attention_push_launches();
-      if (batch) engine_logits_T(m, ct_ops_cuda_bf16(), NULL, b, 200);
-      else engine_logits_seq(m, ct_ops_cuda_bf16(), b, 200, 256, 70, 12);
-      const long ran = ct_cuda_attention_push_launches() - before;
-      same_bits(what, a, b, rows * Vp, ran, "push launches");
-      free(a);
-      free(b);
-    }
-    ct_model_destroy(m);
-  }
-}
-
 /* attention_decode_oproj (CT_DECODE_OPROJ=1: the output projection inside the cluster attention
  * kernel, each kv head's share summed apart and the shares in kv order) against the separate
  * projection (which test_engine checks against the CPU engine): logits within bf16 tolerance
@@ -909,7 +870,6 @@ int main(void) {
   test_l2_hints();
   test_staged_gemv();
   test_attention_cluster();
-  test_attention_push();
   test_attention_oproj();
   test_attention_qkv();
   const char *perf = getenv("CT_TEST_PERF");
