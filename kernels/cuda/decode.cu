@@ -52,6 +52,27 @@
 // ahead, trainer/model.c). Attention's block 0 (384 keys): q/k loads + norm + rope 1.8 us, the
 // split math 1.8, the first cluster barrier 0.7, the merge over distributed shared memory 1.9,
 // then 1.1 to o_proj's release. The qkv GEMV's blocks start ~3 us after down is released.
+// What the chain waits on (2026-12-01, H200, bench/results/call66_2dbd9ad .. call74_a06070e; every
+// variant below gave the same ids and none was faster than 1,476-1,485 tokens/s):
+//  - Kernels launched early slow the kernel they wait on. Attention's phases (block 0, after its
+//    release) take q/k rope 1.55 us, split math 2.15, barrier 0.8, merge 1.9 with the output
+//    projection's and gate/up's blocks resident beside it (their weight loads in flight), but
+//    0.95 / 0.95 / 1.2 / 1.5 without early launches (CT_CUDA_PDL=0, where the step is 28% slower
+//    for the launch gaps). Triggering attention's dependents after its split math made the rope
+//    and split math fast and the merge slow (1,483 against 1,483 tokens/s, call 73); the output
+//    projection triggering gate/up only after its own wait ran 1% slower (call 74).
+//  - The old keys' DRAM loads are not on attention's critical path: without them (a measurement
+//    build) its phases are the same (call 70). Pushing the splits' rows into block 0's shared
+//    memory and loading the q/k norm weights before the wait changed nothing (call 72).
+//  - A GEMV whose weights are already in shared memory (the staged GEMV at one row: 1,280) or
+//    registers still takes 3-6 us from the kernel before's completion to its own; register caps
+//    that let later kernels launch earlier (gate/up at 48 registers: 1,383; the residual GEMVs at
+//    64: 1,409) made the step slower (calls 67-69).
+//  - norm + qkv + attention as one cluster kernel (attention_decode_qkv, opt-in): 1,375 (call 66).
+// So the per-layer chain (~21.4 us: qkv 3.7, attention 7.7, o_proj 2.8, gate/up 3.3, down 3.8)
+// is bounded by latencies that more overlap does not remove; the next step toward 60% of the
+// bound is fewer dependent stages a layer with less work resident beside each, not another
+// placement of the same five.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
