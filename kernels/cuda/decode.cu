@@ -1471,6 +1471,47 @@ __device__ __forceinline__ void oproj_tail(const oproj_args<T> &op, cooperative_
 }
 #endif
 
+// A split's keys cached by earlier steps (k0 .. len - 2 of the DEC_CHUNK from k0) into its key
+// registers kr / vr (lane l: key k0 + j * (32 / LK) + l / LK, 16-byte chunk l % LK; zeros past
+// them, and everywhere when !active). Kc / Vc: the (row, kv head)'s cache rows, position 0.
+template <typename T, int LK>
+__device__ __forceinline__ void att_old_keys(uint4 (&kr)[DEC_CHUNK / (32 / LK)],
+                                             uint4 (&vr)[DEC_CHUNK / (32 / LK)], const T *Kc,
+                                             const T *Vc, int k0, int len, bool active, int lane) {
+  constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
+  const int ks = lane / LK, ch = lane % LK;
+#pragma unroll
+  for (int j = 0; j < JK; j++) {
+    const int key = k0 + j * KPL + ks;
+    const bool old_key = active && key < len - 1;
+    kr[j] = old_key ? *(const uint4 *)(Kc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
+    vr[j] = old_key ? *(const uint4 *)(Vc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+#ifdef _CG_HAS_CLUSTER_GROUP
+// The cluster merge (block 0, after the barrier that follows the split math): warp w of block 0
+// (w < DEC_WARPS) merges query heads of the kv head from the split rows ps[DEC_WARPS][G][hd + 4]
+// of every block of the cluster (split sp: block sp / DEC_WARPS, warp sp % DEC_WARPS, read through
+// distributed shared memory) into out + g * hd, g < G. Two warps a head where the block has them
+// (each makes half the head's outputs: the merge's time is its load latency, and this halves each
+// warp's loads): 1,485-1,486 against 1,476-1,478 tokens/s at batch 1 on the Qwen3-0.6B shape,
+// batch 8 within 0.2%, the same ids (bench/results/call49_9c15eaa.txt).
+template <typename T, int hd, int G>
+__device__ __forceinline__ void att_cluster_merge(T *out, cooperative_groups::cluster_group &cl,
+                                                  const float *ps, int used, int w, int lane) {
+  constexpr int HP = DEC_WARPS >= 2 * G && hd % 64 == 0 ? 2 : 1;
+  for (int t = w; t < G * HP; t += DEC_WARPS) {
+    const int g = t / HP;
+    auto ld = [&](int sp_, int i) {
+      const float *r = cl.map_shared_rank(ps, (unsigned)(sp_ / DEC_WARPS));
+      return r[((sp_ % DEC_WARPS) * G + g) * (hd + 4) + i];
+    };
+    att_merge_core<T, hd, decltype(ld), HP>(out + (long)g * hd, ld, used, lane, t % HP);
+  }
+}
+#endif
+
 // qkv_rope_append_kernel and attention_decode_vec_kernel in one kernel (attention_decode_rope):
 // grid (ceil(splits / DEC_WARPS), KV, N) as the vec kernel. Each active split warp makes its G
 // query heads' q norm + rope from raw itself (into its shared memory, rounded to T as
@@ -1507,17 +1548,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   pdl_trigger();
   const int p = pos[n], len = p + 1, k0 = sp * DEC_CHUNK;
   const bool active = sp < splits && k0 < len;
-  const int ks = lane / LK, ch = lane % LK;
   const long s = slot ? slot[n] : n;
   T *Kc = kc + ((s * KV + kv) * max_T) * (long)hd, *Vc = vc + ((s * KV + kv) * max_T) * (long)hd;
   uint4 kr[JK], vr[JK];
-#pragma unroll
-  for (int j = 0; j < JK; j++) { // keys cached by earlier steps
-    const int key = k0 + j * KPL + ks;
-    const bool old_key = active && key < len - 1;
-    kr[j] = old_key ? *(const uint4 *)(Kc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
-    vr[j] = old_key ? *(const uint4 *)(Vc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
-  }
+  att_old_keys<T, LK>(kr, vr, Kc, Vc, k0, len, active, lane);
   rope_table(cs_, sn_, hd, p, theta); // qkv_rope_append_kernel's table
   extern __shared__ uint4 att_dyn[]; // OP: the block's rows of the projection (oproj_stage)
   __shared__ uint64_t obar;
@@ -1539,24 +1573,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     cg::cluster_group cl = cg::this_cluster();
     cl.sync(); // every split's rows written, and visible to the cluster
     TL_PHASE(2);
-    if (cl.block_rank() == 0) {
-      const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
-      // two warps a head where the block has them (each makes half the head's outputs: the
-      // merge's time is its load latency, and this halves each warp's loads): 1,485-1,486
-      // against 1,476-1,478 tokens/s at batch 1 on the Qwen3-0.6B shape, batch 8 within 0.2%,
-      // the same ids (bench/results/call49_9c15eaa.txt)
-      constexpr int HP = DEC_WARPS >= 2 * G && hd % 64 == 0 ? 2 : 1;
-      for (int t = w; t < G * HP; t += DEC_WARPS) { // split sp: block sp / DEC_WARPS, warp sp % DEC_WARPS
-        const int g = t / HP;
-        auto ld = [&](int sp_, int i) {
-          const float *r = cl.map_shared_rank(&ps[0][0][0], (unsigned)(sp_ / DEC_WARPS));
-          return r[((sp_ % DEC_WARPS) * G + g) * (hd + 4) + i];
-        };
-        att_merge_core<T, hd, decltype(ld), HP>(
-            OP ? &om[g * hd] : out + (long)n * H * hd + (long)(kv * G + g) * hd, ld, used, lane,
-            t % HP);
-      }
-    }
+    if (cl.block_rank() == 0)
+      att_cluster_merge<T, hd, G>(OP ? &om[0] : out + (long)n * H * hd + (long)kv * G * hd, cl,
+                                  &ps[0][0][0], min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK), w,
+                                  lane);
     TL_PHASE(3);
     cl.sync(); // block 0 has read every block's rows (and with OP written om)
     if constexpr (OP) oproj_tail<T, G * hd>(op, cl, &om[0], (const T *)att_dyn, &obar, n, kv, KV);
@@ -1644,17 +1664,10 @@ __global__ void __launch_bounds__(QA_WARPS * 32, 1)
   const int sp = (int)blockIdx.x * DEC_WARPS + w8;
   const int p = pos[n], len = p + 1, k0 = sp * DEC_CHUNK;
   const bool active = w8 < DEC_WARPS && sp < splits && k0 < len;
-  const int ks = lane / LK, ch = lane % LK;
   const long s = slot ? slot[n] : n;
   T *Kc = kc + ((s * KV + kv) * max_T) * (long)hd, *Vc = vc + ((s * KV + kv) * max_T) * (long)hd;
   uint4 kr[JK], vr[JK];
-#pragma unroll
-  for (int j = 0; j < JK; j++) {
-    const int key = k0 + j * KPL + ks;
-    const bool old_key = active && key < len - 1;
-    kr[j] = old_key ? *(const uint4 *)(Kc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
-    vr[j] = old_key ? *(const uint4 *)(Vc + (long)key * hd + ch * 8) : make_uint4(0, 0, 0, 0);
-  }
+  att_old_keys<T, LK>(kr, vr, Kc, Vc, k0, len, active, lane);
   rope_table(cs_, sn_, hd, p, theta);
   pdl_trigger();
   pdl_wait();
@@ -1690,18 +1703,9 @@ __global__ void __launch_bounds__(QA_WARPS * 32, 1)
   TL_PHASE(1);
   cl.sync(); // every split's rows written, and visible to the cluster
   TL_PHASE(2);
-  if (cl.block_rank() == 0 && w8 < DEC_WARPS) { // attention_decode_rope_kernel's merge
-    const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
-    constexpr int HP = DEC_WARPS >= 2 * G && hd % 64 == 0 ? 2 : 1;
-    for (int t = w8; t < G * HP; t += DEC_WARPS) {
-      const int g = t / HP;
-      auto ld = [&](int sp_, int i) {
-        const float *rp = cl.map_shared_rank(&ps[0][0][0], (unsigned)(sp_ / DEC_WARPS));
-        return rp[((sp_ % DEC_WARPS) * G + g) * (hd + 4) + i];
-      };
-      att_merge_core<T, hd, decltype(ld), HP>(out + (long)(kv * G + g) * hd, ld, used, lane, t % HP);
-    }
-  }
+  if (cl.block_rank() == 0 && w8 < DEC_WARPS)
+    att_cluster_merge<T, hd, G>(out + (long)kv * G * hd, cl, &ps[0][0][0],
+                                min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK), w8, lane);
   TL_PHASE(3);
   cl.sync(); // block 0 has read every block's rows
 #else

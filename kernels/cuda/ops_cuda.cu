@@ -4085,11 +4085,11 @@ int attn_auto_pick(E *out, float *state, const E *qkv, int B, int T, int H, int 
   auto it = attn_auto.find(key);
   if (it != attn_auto.end()) return it->second.variant;
   bool has3 = false, hasc = false;
-  char why[512] = "not in this build";
 #if CT_HAVE_FLASH3
   has3 = g.cc == 90;
 #endif
 #if CT_HAVE_CUDNN
+  char why[512] = "not in this build";
   const ct_cudnn_attn_shape s = cudnn_shape<E>(B, T, H, KV, hd);
   size_t wf = 0, wb = 0;
   hasc = cudnn_plan(s, 0, &wf, why, sizeof why) && cudnn_plan(s, 1, &wb, why, sizeof why);

@@ -484,10 +484,11 @@ static void engine_logits(ct_model *m, const ct_ops *o, const int *layer_dev, fl
   ct_infer_destroy(e);
 }
 
-/* a small llama-style model (vocabulary 300, max_T positions; tiny_llama: 64) with random weights,
- * on the CPU table (engines copy it to their device); NULL when it cannot be made */
-static ct_model *tiny_llama_T(int layers, int C, int H, int KV, bool qk_norm, uint64_t seed,
-                              int max_T) {
+/* a small llama-style model (vocabulary 300, max_T positions; tiny_llama: 64; attn_bias: with a
+ * qkv bias, zeros as initialized) with random weights, on the CPU table (engines copy it to their
+ * device); NULL when it cannot be made */
+static ct_model *tiny_llama_B(int layers, int C, int H, int KV, bool qk_norm, bool attn_bias,
+                              uint64_t seed, int max_T) {
   ct_config c;
   ct_config_defaults(&c);
   snprintf(c.model.arch, sizeof c.model.arch, "llama");
@@ -498,6 +499,7 @@ static ct_model *tiny_llama_T(int layers, int C, int H, int KV, bool qk_norm, ui
   c.model.vocab_size = 300;
   c.model.max_seq_len = max_T;
   c.model.qk_norm = qk_norm;
+  c.model.attn_bias = attn_bias;
   c.model.init_std = 0.05;
   c.train.seq_len = max_T;
   CHECK(ct_config_validate(&c) == CT_OK);
@@ -505,6 +507,10 @@ static ct_model *tiny_llama_T(int layers, int C, int H, int KV, bool qk_norm, ui
   CHECK(ct_model_create(&c.model, ct_ops_cpu(), 1, 1, &m) == CT_OK);
   if (m) ct_model_init_weights(m, seed);
   return m;
+}
+static ct_model *tiny_llama_T(int layers, int C, int H, int KV, bool qk_norm, uint64_t seed,
+                              int max_T) {
+  return tiny_llama_B(layers, C, H, KV, qk_norm, false, seed, max_T);
 }
 static ct_model *tiny_llama(int layers, int C, int H, int KV, bool qk_norm, uint64_t seed) {
   return tiny_llama_T(layers, C, H, KV, qk_norm, seed, 64);
@@ -789,26 +795,9 @@ static void test_attention_qkv(void) {
       {256, 2, 1, 1, 0}, {256, 4, 4, 1, 0}, {512, 8, 2, 1, 0}, {256, 4, 1, 0, 0}, {256, 4, 2, 1, 1}};
   static const int L[][3] = {{40, 14, 8}, {200, 70, 12}, {512, 490, 12}}; /* max_len, prompt, steps */
   for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
-    ct_model *m = NULL;
-    {
-      ct_config c;
-      ct_config_defaults(&c);
-      snprintf(c.model.arch, sizeof c.model.arch, "llama");
-      c.model.n_layer = 2;
-      c.model.d_model = S[si][0];
-      c.model.n_head = S[si][1];
-      c.model.n_kv_head = S[si][2];
-      c.model.vocab_size = 300;
-      c.model.max_seq_len = 512;
-      c.model.qk_norm = S[si][3];
-      c.model.attn_bias = S[si][4];
-      c.model.init_std = 0.05;
-      c.train.seq_len = 512;
-      CHECK(ct_config_validate(&c) == CT_OK);
-      CHECK(ct_model_create(&c.model, ct_ops_cpu(), 1, 1, &m) == CT_OK);
-      if (!m) return;
-      ct_model_init_weights(m, 61 + (uint64_t)si);
-    }
+    ct_model *m = tiny_llama_B(2, S[si][0], S[si][1], S[si][2], S[si][3], S[si][4],
+                               61 + (uint64_t)si, 512);
+    if (!m) return;
     const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m));
     for (size_t li = 0; li < sizeof L / sizeof L[0]; li++) {
       const size_t n = (size_t)(1 + L[li][2]) * Vp;
