@@ -353,6 +353,23 @@ static void rmsnorm_bwd(void *dinp_, float *dw, const void *dout_, const void *i
  * is longer; boundaries are multiples of 16 so the BLAS micro-kernels see full tiles. */
 #define CT_GEMM_PAR_MIN (1L << 21) /* flops below which one thread does the whole sgemm */
 
+/* Every sgemm of this backend goes through here. OpenBLAS's OpenMP build threads whenever the
+ * caller's OpenMP thread count is above one and it is not inside an ACTIVE parallel region,
+ * and our regions are inactive when their `if` clause is false (a small matmul, a decode step):
+ * there it opened a nested team for each call, whose threads libgomp creates afresh (2,611
+ * thread creations for 30 decode steps of SmolLM2-135M on 2 cores: 3.5 instead of 12 tokens/s).
+ * A thread count of one for the call (this task's own setting, put back after) keeps it on
+ * the calling thread in every case. */
+static void sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, long M, long N, long K, float alpha,
+                  const float *A, long lda, const float *B, long ldb, float beta, float *C,
+                  long ldc) {
+  const int nt = omp_get_max_threads();
+  if (nt > 1) omp_set_num_threads(1);
+  cblas_sgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb,
+              beta, C, (int)ldc);
+  if (nt > 1) omp_set_num_threads(nt);
+}
+
 static inline void ct_split16(long n, long *lo, long *hi) {
   long blocks = (n + 15) / 16;
   ct_split(blocks, lo, hi);
@@ -378,7 +395,7 @@ static void gemm_slice(int ta, int tb, long M, long Nc, long K, const float *A, 
     C += lo;
     Nc = hi - lo;
   }
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+  sgemm(ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
               (int)M, (int)Nc, (int)K, 1.0f, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
 
@@ -525,10 +542,10 @@ static void attention_fwd(void *out_, float *state, const void *qkv_, int B, int
       float *O = out + (long)b * T * HD + (long)h * hd;
       for (int t0 = 0; t0 < T; t0 += ATT_BQ) {
         int t1 = t0 + ATT_BQ < T ? t0 + ATT_BQ : T, bt = t1 - t0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bt, t1, hd, scale, Q + t0 * W3,
+        sgemm(CblasNoTrans, CblasTrans, bt, t1, hd, scale, Q + t0 * W3,
                     (int)W3, K, (int)W3, 0.0f, P + (long)t0 * T, T);
         for (int t = t0; t < t1; t++) softmax_row(P + (long)t * T, t + 1, T);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bt, hd, t1, 1.0f,
+        sgemm(CblasNoTrans, CblasNoTrans, bt, hd, t1, 1.0f,
                     P + (long)t0 * T, T, V, (int)W3, 0.0f, O + t0 * HD, (int)HD);
       }
     }
@@ -589,7 +606,7 @@ static void attention_bwd(void *dqkv_, const void *dout_, const void *qkv_, cons
             float *dQ = dqkv + (long)b * T * W3 + (long)h * hd;
             for (int t0 = 0; t0 < T; t0 += ATT_BQ) {
               int t1 = t0 + ATT_BQ < T ? t0 + ATT_BQ : T, bt = t1 - t0;
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bt, t1, hd, 1.0f,
+              sgemm(CblasNoTrans, CblasTrans, bt, t1, hd, 1.0f,
                           dO + t0 * HD, (int)HD, V, (int)W3, 0.0f, dS, T);
               for (int t = t0; t < t1; t++) {
                 const float *p = P + (long)t * T;
@@ -601,11 +618,11 @@ static void attention_bwd(void *dqkv_, const void *dout_, const void *qkv_, cons
                 for (int s = 0; s <= t; s++) ds[s] = p[s] * (ds[s] - sdf) * scale;
                 for (int s = t + 1; s < t1; s++) ds[s] = 0.0f;
               }
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bt, hd, t1, 1.0f, dS, T, K,
+              sgemm(CblasNoTrans, CblasNoTrans, bt, hd, t1, 1.0f, dS, T, K,
                           (int)W3, 1.0f, dQ + t0 * W3, (int)W3);
-              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1, hd, bt, 1.0f, dS, T,
+              sgemm(CblasTrans, CblasNoTrans, t1, hd, bt, 1.0f, dS, T,
                           Q + t0 * W3, (int)W3, 1.0f, dK, (int)ldk);
-              cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t1, hd, bt, 1.0f,
+              sgemm(CblasTrans, CblasNoTrans, t1, hd, bt, 1.0f,
                           P + (long)t0 * T, T, dO + t0 * HD, (int)HD, 1.0f, dV, (int)ldk);
             }
           }
@@ -996,11 +1013,11 @@ static const ct_ops cpu_ops = {
 
 /* Every sgemm here is issued by an OpenMP thread on its own slice (see matmul), so OpenMP is
  * the backend's one thread pool and `threads` its size; OpenBLAS must not thread on its own.
- * The pthread build (openblas_get_parallel() == 1) would, with a pool that spins against
- * ours, so it is set to one thread. The OpenMP build (== 2) already runs single-threaded
- * inside an active parallel region, and there openblas_set_num_threads would also set OUR
- * OpenMP thread count (it calls omp_set_num_threads), so it is left alone. Which build is
- * loaded is a run-time fact (Debian switches libopenblas.so.0 by alternatives). */
+ * Which OpenBLAS is loaded is a run-time fact (Debian switches libopenblas.so.0 by
+ * alternatives). The pthread build (openblas_get_parallel() == 1) would, with a pool that spins
+ * against ours, so it is set to one thread here. The OpenMP build (== 2) follows the caller's
+ * OpenMP thread count instead (openblas_set_num_threads would also set OUR count: it calls
+ * omp_set_num_threads), which sgemm above sets to one around each call. */
 static void blas_keep_single_threaded(void) {
   if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
 }
