@@ -1,9 +1,10 @@
 /* kernels/cpu/decode.c — CPU references of the batched-inference ops (see ops.h, "batched
  * inference"): embedding at per-row positions, RoPE at per-row positions, KV append by
  * (slot, position), attention of one query row over its own slot's cache, row argmax, and the
- * decode-step fusions, composed from the table's plain ops (the reference of the CUDA kernels).
- * Each computes exactly what the single-sequence ops compute for that row (same operation
- * order), so a batched decode step equals per-sequence decode bit for bit on this backend.
+ * decode-step fusions, composed from the table's plain ops (the reference of the CUDA kernels)
+ * except for their projections, which go through gemv_rows below instead of sgemm. Each
+ * computes for a row exactly what a single-sequence call computes (same operation order), so a
+ * batched decode step equals per-sequence decode bit for bit on this backend.
  * The devices-and-graphs entries stay NULL: the CPU has one "device" and no graphs. */
 #include <math.h>
 #include <stdint.h>
@@ -100,11 +101,43 @@ void ct_cpu_argmax_rows(int32_t *out, const void *logits_, int N, int V, int Vp)
 
 /* ---- decode-step fusions: the plain ops in order (ops.h) ---- */
 
+/* w (OC, IC) row o times x (IC): 16 running sums, lane j taking k = j, j + 16, ... in k order,
+ * then the tail, then a fixed pairwise tree. gcc vectorizes the lanes (unit stride, no
+ * cross-lane dependence), so the sum order is the same however the caller loops. */
+static inline float dot_row(const float *restrict w, const float *restrict x, int IC) {
+  float s[16] = {0};
+  int k = 0;
+  for (; k + 16 <= IC; k += 16)
+    for (int j = 0; j < 16; j++) s[j] += w[k + j] * x[k + j];
+  for (int j = 0; k + j < IC; j++) s[j] += w[k + j] * x[k + j];
+  for (int h = 8; h > 0; h /= 2)
+    for (int j = 0; j < h; j++) s[j] += s[j + h];
+  return s[0];
+}
+
+/* out (N, OC) = inp (N, IC) @ w^T (+ bias) for the few rows of a decode step. sgemm packs the
+ * whole weight matrix into its tile layout on every call, which at one or a few rows costs more
+ * than the product (38% of a SmolLM2-135M decode step on 2 cores); here each weight row is read
+ * once, from memory, and used for every input row while it is in L1. Threads split the outputs;
+ * an output's arithmetic depends only on its own row of inp (dot_row), not on N or the number of
+ * threads, so a batch row equals its solo run. */
+static void gemv_rows(float *restrict out, const float *restrict inp, const float *restrict w,
+                      const float *restrict bias, int N, int IC, int OC) {
+#pragma omp parallel for schedule(static) if ((long)N * IC * OC > (1L << 20))
+  for (int o = 0; o < OC; o++) {
+    const float *wo = w + (size_t)o * IC;
+    for (int n = 0; n < N; n++) {
+      const float d = dot_row(wo, inp + (size_t)n * IC, IC);
+      out[(size_t)n * OC + o] = bias ? bias[o] + d : d;
+    }
+  }
+}
+
 void ct_cpu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, const void *w,
                             const void *bias, int N, int IC, int OC, float eps) {
   const ct_ops *o = ct_ops_cpu();
   o->rmsnorm_fwd(ln, NULL, inp, nw, N, IC, N, 0, eps);
-  o->matmul_fwd(out, ln, w, bias, N, IC, OC);
+  gemv_rows(out, ln, w, bias, N, IC, OC);
 }
 
 void ct_cpu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp,
@@ -112,14 +145,14 @@ void ct_cpu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *i
                                    float eps) {
   const ct_ops *o = ct_ops_cpu();
   o->rmsnorm_fwd(ln, NULL, inp, nw, N, IC, N, 0, eps);
-  o->matmul_fwd(pre, ln, w, NULL, N, IC, 2 * F);
+  gemv_rows(pre, ln, w, NULL, N, IC, 2 * F);
   o->swiglu_fwd(act, pre, N, F);
 }
 
 void ct_cpu_matmul_add_fwd(void *out, const void *inp, const void *w, const void *bias,
                            const void *res, int N, int IC, int OC) {
   const ct_ops *o = ct_ops_cpu();
-  o->matmul_fwd(out, inp, w, bias, N, IC, OC);
+  gemv_rows(out, inp, w, bias, N, IC, OC);
   o->add_fwd(out, out, res, (size_t)N * OC);
 }
 
