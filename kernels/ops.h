@@ -219,10 +219,18 @@ typedef struct ct_ops {
    * has read this one's tokens (trainer/model.c: decoding ahead). */
   void (*argmax_advance)(int32_t *out, int32_t *tok, int32_t *pos, const void *logits, int N,
                          int V, int Vp);
+  /* out(N,OC) = inp @ w^T + bias (bias may be NULL) for the few rows of a decode step (and the
+   * head's rows): matmul_fwd's values up to the order of the fp32 sums, with each output's
+   * arithmetic depending only on its own row of inp (not on N or the thread count), so a batch
+   * row equals its solo run. CPU: a GEMV that reads each weight row once (sgemm repacks the whole
+   * weight on every call, which dominates at one row). NULL where matmul_fwd serves (CUDA). */
+  void (*matmul_rows_fwd)(void *out, const void *inp, const void *w, const void *bias, int N,
+                          int IC, int OC);
   /* Decode-step fusions of a llama-style layer (RMSNorm, SwiGLU). Each computes what the plain
    * ops named beside it compute, rounding to the working dtype at the same points; only the
-   * order of the fp32 sums inside a product may differ (the CPU composes the plain ops; CUDA
-   * streams each weight once for a few rows, and composes for more). Scratch buffers (ln (N,IC),
+   * order of the fp32 sums inside a product may differ (the CPU composes the plain ops with
+   * matmul_rows_fwd for the products; CUDA streams each weight once for a few rows, and
+   * composes for more). Scratch buffers (ln (N,IC),
    * pre (N,2F)) hold the composition's intermediates and may be left unwritten.
    * norm_matmul_fwd: out(N,OC) = rmsnorm(inp; nw) @ w^T + bias (bias may be NULL)
    *   = rmsnorm_fwd into ln, matmul_fwd. */

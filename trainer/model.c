@@ -1416,17 +1416,20 @@ static void infer_layer(ct_infer *e, infer_dev *d, int l, int N, bool decode, in
   const float eps = (float)m->cfg.norm_eps;
   char *x = DA(d, x), *ln = DA(d, ln), *qkv = DA(d, qkv), *res2 = DA(d, res2), *tmp = DA(d, tmp);
   const int32_t *pos = DAI(d, pos), *slot = DAI(d, slot);
+  /* a decode step's products through the table's row GEMV where it has one (ops.h) */
+  void (*mm)(void *, const void *, const void *, const void *, int, int, int) =
+      decode && o->matmul_rows_fwd ? o->matmul_rows_fwd : o->matmul_fwd;
   infer_norm(e, d, ln, x, DW(d, l, P_LN1_W), DWO(d, l, P_LN1_B), N);
   if (m->cfg.qk_norm) {
     char *raw = DA(d, raw);
-    o->matmul_fwd(raw, ln, DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C, W);
+    mm(raw, ln, DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C, W);
     const size_t row = (size_t)W * ab, v0 = (size_t)(H + KV) * hd;
     o->copy2d(qkv + v0 * ab, row, raw + v0 * ab, row, (size_t)KV * hd * ab, (size_t)N);
     o->rmsnorm_fwd(qkv, DAF(d, qn), raw, DW(d, l, P_QNORM), N * H, hd, H, W, eps);
     o->rmsnorm_fwd(qkv + (size_t)H * hd * ab, DAF(d, kn), raw + (size_t)H * hd * ab,
                    DW(d, l, P_KNORM), N * KV, hd, KV, W, eps);
   } else {
-    o->matmul_fwd(qkv, ln, DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C, W);
+    mm(qkv, ln, DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C, W);
   }
   if (!m->gpt2) o->rope_pos_fwd(qkv, pos, N, H, KV, hd, (float)m->cfg.rope_theta);
   o->kv_append(e->kc[l], e->vc[l], qkv, slot, pos, N, H, KV, hd, e->max_T);
@@ -1442,17 +1445,17 @@ static void infer_layer(ct_infer *e, infer_dev *d, int l, int N, bool decode, in
                           e->kc[l] + slots[b] * seq, e->vc[l] + slots[b] * seq, n, p0, H, KV, hd,
                           e->max_T);
   }
-  o->matmul_fwd(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), N, H * hd, C);
+  mm(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), N, H * hd, C);
   o->add_fwd(res2, res2, x, (size_t)N * C);
   infer_norm(e, d, ln, res2, DW(d, l, P_LN2_W), DWO(d, l, P_LN2_B), N);
   if (m->gpt2) {
-    o->matmul_fwd(DA(d, fch), ln, DW(d, l, P_FC_W), DWO(d, l, P_FC_B), N, C, F);
+    mm(DA(d, fch), ln, DW(d, l, P_FC_W), DWO(d, l, P_FC_B), N, C, F);
     o->gelu_fwd(DA(d, act), DA(d, fch), (size_t)N * F);
   } else {
-    o->matmul_fwd(DA(d, fch), ln, DW(d, l, P_FC_W), NULL, N, C, 2 * F);
+    mm(DA(d, fch), ln, DW(d, l, P_FC_W), NULL, N, C, 2 * F);
     o->swiglu_fwd(DA(d, act), DA(d, fch), N, F);
   }
-  o->matmul_fwd(tmp, DA(d, act), DW(d, l, P_PROJ_W), DWO(d, l, P_PROJ_B), N, F, C);
+  mm(tmp, DA(d, act), DW(d, l, P_PROJ_W), DWO(d, l, P_PROJ_B), N, F, C);
   o->add_fwd(x, tmp, res2, (size_t)N * C);
 }
 
@@ -1502,7 +1505,8 @@ static void infer_segment(ct_infer *e, infer_dev *d, int N, bool decode, int nse
                        m->Vp, (float)m->cfg.norm_eps);
   } else {
     infer_norm(e, d, DA(d, lnf), h, DW(d, G, P_LNF_W), DWO(d, G, P_LNF_B), nseq);
-    o->matmul_fwd(DA(d, logits), DA(d, lnf), head, NULL, nseq, C, m->Vp);
+    (o->matmul_rows_fwd ? o->matmul_rows_fwd : o->matmul_fwd)(DA(d, logits), DA(d, lnf), head,
+                                                              NULL, nseq, C, m->Vp);
   }
   if (decode && e->ahead_ok) /* one device: the next step's inputs from this one's ids */
     o->argmax_advance(DAI(d, ids), DAI(d, tok), DAI(d, pos), DA(d, logits), nseq,

@@ -2,7 +2,7 @@
  * inference"): embedding at per-row positions, RoPE at per-row positions, KV append by
  * (slot, position), attention of one query row over its own slot's cache, row argmax, and the
  * decode-step fusions, composed from the table's plain ops (the reference of the CUDA kernels)
- * except for their projections, which go through gemv_rows below instead of sgemm. Each
+ * with their products through matmul_rows_fwd (a GEMV) instead of matmul_fwd (sgemm). Each
  * computes for a row exactly what a single-sequence call computes (same operation order), so a
  * batched decode step equals per-sequence decode bit for bit on this backend.
  * The devices-and-graphs entries stay NULL: the CPU has one "device" and no graphs. */
@@ -121,8 +121,10 @@ static inline float dot_row(const float *restrict w, const float *restrict x, in
  * once, from memory, and used for every input row while it is in L1. Threads split the outputs;
  * an output's arithmetic depends only on its own row of inp (dot_row), not on N or the number of
  * threads, so a batch row equals its solo run. */
-static void gemv_rows(float *restrict out, const float *restrict inp, const float *restrict w,
-                      const float *restrict bias, int N, int IC, int OC) {
+void ct_cpu_matmul_rows_fwd(void *out_, const void *inp_, const void *w_, const void *bias_,
+                            int N, int IC, int OC) {
+  float *restrict out = out_;
+  const float *restrict inp = inp_, *restrict w = w_, *restrict bias = bias_;
 #pragma omp parallel for schedule(static) if ((long)N * IC * OC > (1L << 20))
   for (int o = 0; o < OC; o++) {
     const float *wo = w + (size_t)o * IC;
@@ -137,7 +139,7 @@ void ct_cpu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw
                             const void *bias, int N, int IC, int OC, float eps) {
   const ct_ops *o = ct_ops_cpu();
   o->rmsnorm_fwd(ln, NULL, inp, nw, N, IC, N, 0, eps);
-  gemv_rows(out, ln, w, bias, N, IC, OC);
+  ct_cpu_matmul_rows_fwd(out, ln, w, bias, N, IC, OC);
 }
 
 void ct_cpu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp,
@@ -145,14 +147,14 @@ void ct_cpu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *i
                                    float eps) {
   const ct_ops *o = ct_ops_cpu();
   o->rmsnorm_fwd(ln, NULL, inp, nw, N, IC, N, 0, eps);
-  gemv_rows(pre, ln, w, NULL, N, IC, 2 * F);
+  ct_cpu_matmul_rows_fwd(pre, ln, w, NULL, N, IC, 2 * F);
   o->swiglu_fwd(act, pre, N, F);
 }
 
 void ct_cpu_matmul_add_fwd(void *out, const void *inp, const void *w, const void *bias,
                            const void *res, int N, int IC, int OC) {
   const ct_ops *o = ct_ops_cpu();
-  gemv_rows(out, inp, w, bias, N, IC, OC);
+  ct_cpu_matmul_rows_fwd(out, inp, w, bias, N, IC, OC);
   o->add_fwd(out, out, res, (size_t)N * OC);
 }
 

@@ -876,6 +876,8 @@ void ct_cpu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw
                             const void *bias, int N, int IC, int OC, float eps);
 void ct_cpu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp,
                                    const void *nw, const void *w, int N, int IC, int F, float eps);
+void ct_cpu_matmul_rows_fwd(void *out, const void *inp, const void *w, const void *bias, int N,
+                            int IC, int OC);
 void ct_cpu_matmul_add_fwd(void *out, const void *inp, const void *w, const void *bias,
                            const void *res, int N, int IC, int OC);
 void ct_cpu_qkv_rope_append(void *qkv, const void *raw, const void *qnw, const void *knw,
@@ -1005,6 +1007,7 @@ static const ct_ops cpu_ops = {
     .kv_append = ct_cpu_kv_append,
     .attention_decode = ct_cpu_attention_decode,
     .argmax_rows = ct_cpu_argmax_rows,
+    .matmul_rows_fwd = ct_cpu_matmul_rows_fwd,
     .norm_matmul_fwd = ct_cpu_norm_matmul_fwd,
     .norm_matmul_swiglu_fwd = ct_cpu_norm_matmul_swiglu_fwd,
     .matmul_add_fwd = ct_cpu_matmul_add_fwd,

@@ -420,7 +420,30 @@ static void mm_large(int N, int IC, int OC) {
   free(dwr); free(dxr);
 }
 
+/* matmul_rows_fwd (the decode GEMV): matmul_fwd's values against naive sums, and each row's bits
+ * independent of the other rows and of the thread count (a batch row equals its solo run). */
+static void mm_rows(int N, int IC, int OC, int bias) {
+  char what[96];
+  float *x = frand((size_t)N * IC, 1), *w = frand((size_t)OC * IC, 1), *b = frand(OC, 1);
+  float *o = fnew((size_t)N * OC), *r = fnew((size_t)N * OC), *solo = fnew(OC);
+  ops->matmul_rows_fwd(o, x, w, bias ? b : NULL, N, IC, OC);
+  mm_naive(r, x, w, bias ? b : NULL, N, IC, OC);
+  snprintf(what, sizeof what, "matmul_rows_fwd %dx%dx%d%s", N, IC, OC, bias ? " +bias" : "");
+  ct_check_close(what, o, r, (size_t)N * OC, FWD_RTOL, 0);
+  for (int n = 0; n < N; n++) {
+    ct_ops_cpu_set_threads(1 + n % 2); /* solo runs on one thread and on two */
+    ops->matmul_rows_fwd(solo, x + (size_t)n * IC, w, bias ? b : NULL, 1, IC, OC);
+    CHECK_MSG(!memcmp(solo, o + (size_t)n * OC, sizeof(float) * (size_t)OC),
+              "%s: row %d alone (%d threads) differs from its batch run", what, n, 1 + n % 2);
+  }
+  ct_ops_cpu_set_threads(2);
+  free(x); free(w); free(b); free(o); free(r); free(solo);
+}
+
 static void test_matmul(void) {
+  mm_rows(3, 13, 11, 1);   /* IC below the 16 lanes: the tail only */
+  mm_rows(5, 67, 33, 0);   /* full lanes and a tail */
+  mm_rows(4, 576, 1700, 1); /* large enough to be threaded */
   mm_case(7, 13, 11, 1);
   mm_case(7, 13, 11, 0);
   mm_case(5, 3, 17, 1);
