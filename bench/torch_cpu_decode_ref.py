@@ -3,10 +3,11 @@
 not part of the product).
 
 Loads a GGUF causal LM with Transformers (which dequantizes it to float32, as `ctrain
-import-gguf` does), on the CPU with --threads threads, and times greedy `generate` with no end
-of text (min_new_tokens = max_new_tokens) for a batch of B copies of --prompt: time to first
-token = generate with max_new_tokens=1; decode tokens/s = B * (new - 1) / (t_new - t_1)
-(medians over --reps). Attention: --attn (sdpa or eager). Prints one JSON line per batch size
+import-gguf` does), or with --gpt2_random N a GPT2LMHeadModel of GPT-2 124M's shape with random
+weights and a random prompt of N ids, on the CPU with --threads threads, and times greedy
+`generate` with no end of text (min_new_tokens = max_new_tokens) for a batch of B copies of the
+prompt: time to first token = generate with max_new_tokens=1; decode tokens/s = B * (new - 1) /
+(t_new - t_1) (medians over --reps). Attention: --attn (sdpa or eager). Prints one JSON line per batch size
 on stdout, with the first sequence's new ids; library warnings go to stderr.
 
     python3 bench/torch_cpu_decode_ref.py --gguf FILE.gguf --prompt "NVIDIA GPUs are" \\
@@ -15,7 +16,7 @@ on stdout, with the first sequence's new ids; library warnings go to stderr.
 import argparse, json, os, sys, time
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 
 def median(xs):
@@ -25,7 +26,8 @@ def median(xs):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--gguf")
+    ap.add_argument("--gpt2_random", type=int, default=0, metavar="N")
     ap.add_argument("--prompt", default="NVIDIA GPUs are")
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--batches", default="1")
@@ -34,14 +36,21 @@ def main():
     ap.add_argument("--attn", default="sdpa")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    d, f = os.path.dirname(os.path.abspath(a.gguf)), os.path.basename(a.gguf)
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32,
-                                             attn_implementation=a.attn)
+    if a.gpt2_random:
+        torch.manual_seed(0)
+        cfg = GPT2Config()
+        cfg._attn_implementation = a.attn
+        m = GPT2LMHeadModel(cfg)
+        ids0 = torch.randint(0, 50257, (1, a.gpt2_random))
+    else:
+        d, f = os.path.dirname(os.path.abspath(a.gguf)), os.path.basename(a.gguf)
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+        m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32,
+                                                 attn_implementation=a.attn)
+        ids0 = tok(a.prompt, return_tensors="pt").input_ids
     m.eval()
     m.generation_config.eos_token_id = None
     m.generation_config.pad_token_id = 0
-    ids0 = tok(a.prompt, return_tensors="pt").input_ids
     for B in [int(b) for b in a.batches.split(",")]:
         ids = ids0.repeat(B, 1)
         kw = dict(do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
