@@ -470,7 +470,6 @@ int main(void) {
   const char *base = getenv("TMPDIR");
   snprintf(tmpdir, sizeof tmpdir, "%s/ct_hf_XXXXXX", base && *base ? base : "/tmp");
   if (!mkdtemp(tmpdir)) { perror("mkdtemp"); return 1; }
-  ct_ops_cpu_set_threads(1); /* d_model 64: threads only add fork/join spin (8x slower on 2 cores) */
   test_model("gpt2", "gpt2", true);
   test_model("llama_gqa", "llama", false);
   test_model("qwen3", "llama", false);
