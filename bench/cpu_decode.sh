@@ -42,39 +42,37 @@ field() { sed -n "s/.*\"$1\": \([^,}]*\).*/\1/p"; }
   echo "# Transformers: $(head -1 "$tmp/ref.jsonl" | field torch | tr -d '"') (torch), sdpa; each the median of 3 runs"
   printf "%-6s %14s %14s %16s %16s %8s %s\n" batch "ctrain ttft ms" "HF ttft ms" "ctrain tok/s" "HF tok/s" ratio "same ids"
 } | tee "$out"
-for B in $BATCHES; do
-  P=()
-  for _ in $(seq "$B"); do P+=(--prompt "$PROMPT"); done
-  runs=()
+# median_run ARGS...: `ctrain generate ARGS` three times; the median run's decode tokens/s and
+# time to first token into best / ttft (the last run's ids stay in $tmp/ids)
+median_run() {
+  local runs=()
   for _ in 1 2 3; do
-    OMP_NUM_THREADS=$THREADS "$CTRAIN" generate --model "$tmp/model" "${P[@]}" --max_new_tokens "$NEW" \
-      --greedy --ignore_eos --print_ids >"$tmp/ids" 2>"$tmp/log"
-    runs+=("$(grep '^stats:' "$tmp/log" | sed -n 's/.*ttft_ms=\([0-9.]*\).*decode_tok_s=\([0-9.]*\).*/\2 \1/p')")
-  done
-  read -r best ttft < <(printf '%s\n' "${runs[@]}" | sort -g | sed -n 2p) # the median run
-  ref=$(grep "\"batch\": $B," "$tmp/ref.jsonl")
-  ours=$(sed -n 2p "$tmp/ids")
-  theirs=$(echo "$ref" | sed -n 's/.*"ids": \[\([^]]*\)\].*/\1/p' | tr -d ,)
-  same=no
-  [ "$ours" = "$theirs" ] && same=yes
-  hf_tok=$(echo "$ref" | field decode_tok_s)
-  hf_ttft=$(echo "$ref" | field ttft_ms)
-  printf "%-6s %14.1f %14.1f %16.1f %16.1f %8.2f %s\n" "$B" "$ttft" "$hf_ttft" "$best" "$hf_tok" \
-    "$(awk -v a="$best" -v b="$hf_tok" 'BEGIN { print a / b }')" "$same" | tee -a "$out"
-done
-echo "# GPT-2 124M shape, random weights (each side its own), random 16-id prompts" | tee -a "$out"
-for B in $BATCHES; do
-  runs=()
-  for _ in 1 2 3; do
-    OMP_NUM_THREADS=$THREADS "$CTRAIN" generate --model configs/gpt2-124m.toml --prompt_ids 16 \
-      --batch "$B" --max_new_tokens "$NEW" --greedy --ignore_eos >/dev/null 2>"$tmp/log"
+    OMP_NUM_THREADS=$THREADS "$CTRAIN" generate "$@" --max_new_tokens "$NEW" --greedy --ignore_eos \
+      >"$tmp/ids" 2>"$tmp/log"
     runs+=("$(grep '^stats:' "$tmp/log" | sed -n 's/.*ttft_ms=\([0-9.]*\).*decode_tok_s=\([0-9.]*\).*/\2 \1/p')")
   done
   read -r best ttft < <(printf '%s\n' "${runs[@]}" | sort -g | sed -n 2p)
-  ref=$(grep "\"batch\": $B," "$tmp/ref2.jsonl")
+}
+# row B REF.jsonl SAME: the table row of batch B against the reference's line for it
+row() {
+  local ref hf_tok hf_ttft
+  ref=$(grep "\"batch\": $1," "$2")
   hf_tok=$(echo "$ref" | field decode_tok_s)
   hf_ttft=$(echo "$ref" | field ttft_ms)
-  printf "%-6s %14.1f %14.1f %16.1f %16.1f %8.2f %s\n" "$B" "$ttft" "$hf_ttft" "$best" "$hf_tok" \
-    "$(awk -v a="$best" -v b="$hf_tok" 'BEGIN { print a / b }')" "-" | tee -a "$out"
+  printf "%-6s %14.1f %14.1f %16.1f %16.1f %8.2f %s\n" "$1" "$ttft" "$hf_ttft" "$best" "$hf_tok" \
+    "$(awk -v a="$best" -v b="$hf_tok" 'BEGIN { print a / b }')" "$3" | tee -a "$out"
+}
+for B in $BATCHES; do
+  P=()
+  for _ in $(seq "$B"); do P+=(--prompt "$PROMPT"); done
+  median_run --model "$tmp/model" "${P[@]}" --print_ids
+  ours=$(sed -n 2p "$tmp/ids")
+  theirs=$(grep "\"batch\": $B," "$tmp/ref.jsonl" | sed -n 's/.*"ids": \[\([^]]*\)\].*/\1/p' | tr -d ,)
+  row "$B" "$tmp/ref.jsonl" "$([ "$ours" = "$theirs" ] && echo yes || echo no)"
+done
+echo "# GPT-2 124M shape, random weights (each side its own), random 16-id prompts" | tee -a "$out"
+for B in $BATCHES; do
+  median_run --model configs/gpt2-124m.toml --prompt_ids 16 --batch "$B"
+  row "$B" "$tmp/ref2.jsonl" -
 done
 echo "(ratio = ctrain decode tokens/s / Transformers'; same ids: the first sequence's $NEW new ids are equal)" | tee -a "$out"
