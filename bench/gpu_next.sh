@@ -29,6 +29,10 @@
 # weight copies). A faster persistent step needs fewer phases a layer, not faster weight
 # streaming: e.g. the qkv GEMV computed by the attention blocks themselves (each kv head's 512
 # rows), the norm weights in the ring, and a merge inside a cluster as the per-layer kernel does.
+# Session 15 (no device time) changed the CPU backend's decode: its products now go through
+# matmul_rows_fwd (a row GEMV) instead of sgemm, so the first GPU call should run `checks`
+# (generate_gpu.sh compares greedy GPU fp32 text with the CPU backend's, test_decode_cuda the
+# fused GEMVs with the CPU's) before anything is timed.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
