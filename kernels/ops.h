@@ -230,8 +230,8 @@ typedef struct ct_ops {
    * ops named beside it compute, rounding to the working dtype at the same points; only the
    * order of the fp32 sums inside a product may differ (the CPU composes the plain ops with
    * matmul_rows_fwd for the products; CUDA streams each weight once for a few rows, and
-   * composes for more). Scratch buffers (ln (N,IC),
-   * pre (N,2F)) hold the composition's intermediates and may be left unwritten.
+   * composes for more). Scratch buffers (ln (N,IC), pre (N,2F)) hold the composition's
+   * intermediates and may be left unwritten.
    * norm_matmul_fwd: out(N,OC) = rmsnorm(inp; nw) @ w^T + bias (bias may be NULL)
    *   = rmsnorm_fwd into ln, matmul_fwd. */
   void (*norm_matmul_fwd)(void *out, void *ln, const void *inp, const void *nw, const void *w,

@@ -125,7 +125,8 @@ static inline v8 v8_fma(v8 a, v8 b, v8 c) {
 static inline void v8_store(float *p, v8 a) { memcpy(p, a.f, sizeof a.f); }
 #endif
 
-/* The products of NB rows of inp (from n0) with OB rows of w (from o0), NB * OB <= 8, into out
+/* The products of NB rows of inp (from n0) with OB rows of w (from o0), NB, OB <= 4 and
+ * NB * OB <= 8, into out
  * (+ bias). Each (row, output) pair has its own 8 running sums, lane j taking k = j, j + 8, ...
  * in k order as fused multiply-adds, then the tail (k past the last multiple of 8) into lanes
  * 0.., then a fixed pairwise tree: a tile only interleaves independent sums, so an output's bits
@@ -139,13 +140,13 @@ static inline __attribute__((always_inline)) void rows_tile(float *restrict out,
                                                             int OC, int n0, int o0, int NB,
                                                             int OB) {
   v8 acc[8];
-  const float *x[8], *wr[8];
+  const float *x[4], *wr[4];
   for (int r = 0; r < NB; r++) x[r] = inp + (size_t)(n0 + r) * IC;
   for (int c = 0; c < OB; c++) wr[c] = w + (size_t)(o0 + c) * IC;
   for (int i = 0; i < NB * OB; i++) acc[i] = v8_zero();
   int k = 0;
   for (; k + 8 <= IC; k += 8) {
-    v8 wv[8];
+    v8 wv[4];
     for (int c = 0; c < OB; c++) wv[c] = v8_load(wr[c] + k);
     for (int r = 0; r < NB; r++) {
       const v8 xv = v8_load(x[r] + k);

@@ -395,8 +395,8 @@ static void gemm_slice(int ta, int tb, long M, long Nc, long K, const float *A, 
     C += lo;
     Nc = hi - lo;
   }
-  sgemm(ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)Nc, (int)K,
-        1.0f, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+  sgemm(ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, Nc, K, 1.0f, A, lda, B,
+        ldb, beta, C, ldc);
 }
 
 static void matmul_fwd(void *out_, const void *inp, const void *w, const void *bias_, int N,
@@ -542,11 +542,11 @@ static void attention_fwd(void *out_, float *state, const void *qkv_, int B, int
       float *O = out + (long)b * T * HD + (long)h * hd;
       for (int t0 = 0; t0 < T; t0 += ATT_BQ) {
         int t1 = t0 + ATT_BQ < T ? t0 + ATT_BQ : T, bt = t1 - t0;
-        sgemm(CblasNoTrans, CblasTrans, bt, t1, hd, scale, Q + t0 * W3, (int)W3, K, (int)W3, 0.0f,
+        sgemm(CblasNoTrans, CblasTrans, bt, t1, hd, scale, Q + t0 * W3, W3, K, W3, 0.0f,
               P + (long)t0 * T, T);
         for (int t = t0; t < t1; t++) softmax_row(P + (long)t * T, t + 1, T);
-        sgemm(CblasNoTrans, CblasNoTrans, bt, hd, t1, 1.0f, P + (long)t0 * T, T, V, (int)W3, 0.0f,
-              O + t0 * HD, (int)HD);
+        sgemm(CblasNoTrans, CblasNoTrans, bt, hd, t1, 1.0f, P + (long)t0 * T, T, V, W3, 0.0f,
+              O + t0 * HD, HD);
       }
     }
   }
@@ -606,8 +606,8 @@ static void attention_bwd(void *dqkv_, const void *dout_, const void *qkv_, cons
             float *dQ = dqkv + (long)b * T * W3 + (long)h * hd;
             for (int t0 = 0; t0 < T; t0 += ATT_BQ) {
               int t1 = t0 + ATT_BQ < T ? t0 + ATT_BQ : T, bt = t1 - t0;
-              sgemm(CblasNoTrans, CblasTrans, bt, t1, hd, 1.0f, dO + t0 * HD, (int)HD, V, (int)W3,
-                    0.0f, dS, T);
+              sgemm(CblasNoTrans, CblasTrans, bt, t1, hd, 1.0f, dO + t0 * HD, HD, V, W3, 0.0f, dS,
+                    T);
               for (int t = t0; t < t1; t++) {
                 const float *p = P + (long)t * T;
                 float *ds = dS + (long)(t - t0) * T;
@@ -618,12 +618,12 @@ static void attention_bwd(void *dqkv_, const void *dout_, const void *qkv_, cons
                 for (int s = 0; s <= t; s++) ds[s] = p[s] * (ds[s] - sdf) * scale;
                 for (int s = t + 1; s < t1; s++) ds[s] = 0.0f;
               }
-              sgemm(CblasNoTrans, CblasNoTrans, bt, hd, t1, 1.0f, dS, T, K, (int)W3, 1.0f,
-                    dQ + t0 * W3, (int)W3);
-              sgemm(CblasTrans, CblasNoTrans, t1, hd, bt, 1.0f, dS, T, Q + t0 * W3, (int)W3, 1.0f,
-                    dK, (int)ldk);
+              sgemm(CblasNoTrans, CblasNoTrans, bt, hd, t1, 1.0f, dS, T, K, W3, 1.0f, dQ + t0 * W3,
+                    W3);
+              sgemm(CblasTrans, CblasNoTrans, t1, hd, bt, 1.0f, dS, T, Q + t0 * W3, W3, 1.0f, dK,
+                    ldk);
               sgemm(CblasTrans, CblasNoTrans, t1, hd, bt, 1.0f, P + (long)t0 * T, T, dO + t0 * HD,
-                    (int)HD, 1.0f, dV, (int)ldk);
+                    HD, 1.0f, dV, ldk);
             }
           }
         }

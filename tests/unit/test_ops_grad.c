@@ -441,8 +441,8 @@ static void mm_rows(int N, int IC, int OC, int bias) {
 }
 
 static void test_matmul(void) {
-  mm_rows(3, 13, 11, 1);   /* IC below the 16 lanes: the tail only */
-  mm_rows(5, 67, 33, 0);   /* full lanes and a tail */
+  mm_rows(3, 13, 11, 1);    /* no 4-row tile; one 8-lane vector and a tail; 3 single outputs */
+  mm_rows(5, 67, 33, 0);    /* one 4-row tile and a leftover row; one single output */
   mm_rows(4, 576, 1700, 1); /* large enough to be threaded */
   mm_case(7, 13, 11, 1);
   mm_case(7, 13, 11, 0);
