@@ -6,6 +6,8 @@
 # CONFIG.toml`), so no checkpoint is needed. Prints time to first token, decode tokens/s, the
 # ratio to the best Transformers mode, and at batch 1 the fraction of the memory-bandwidth
 # bound: (weight bytes + KV bytes read per token) / measured device-copy bandwidth.
+# CFG=configs/gpt2-124m.toml runs the GPT-2 124M shape the same way (LayerNorm, GELU, learned
+# positions: the decode path without the Llama fusions) against GPT2LMHeadModel.
 # Env: CTRAIN (default build-gpu/ctrain), CFG (configs/qwen3-0.6b.toml), OUT (bench/results),
 # BATCHES ("1 8 64"), COMPILE_BATCHES ("1 8 64"), COMPILE_TIMEOUT (300 s).
 set -u
@@ -15,6 +17,8 @@ OUT=${OUT:-bench/results}
 BATCHES=${BATCHES:-1 8 64}
 HERE=$(cd "$(dirname "$0")" && pwd)
 P=128 NEW=256
+ARCH=qwen3
+grep -q '^arch *= *"gpt2"' "$CFG" && ARCH=gpt2
 mkdir -p "$OUT"
 LOG="$OUT/gpu_decode_raw.txt"
 : >"$LOG"
@@ -53,9 +57,9 @@ if [ -n "${TORCH_LOG:-}" ]; then
   echo "transformers results from $TORCH_LOG (an earlier run)" | tee -a "$LOG"
   grep '^{' "$TORCH_LOG" | tee -a "$LOG"
 else
-  PYTHONUNBUFFERED=1 timeout 240 python3 "$HERE/torch_decode_ref.py" --batch $BATCHES --prompt $P \
+  PYTHONUNBUFFERED=1 timeout 240 python3 "$HERE/torch_decode_ref.py" --arch $ARCH --batch $BATCHES --prompt $P \
     --new $NEW --modes eager --reps 1 2>"$OUT/torch_eager.err" | tee -a "$LOG"
-  PYTHONUNBUFFERED=1 timeout "${COMPILE_TIMEOUT:-300}" python3 "$HERE/torch_decode_ref.py" \
+  PYTHONUNBUFFERED=1 timeout "${COMPILE_TIMEOUT:-300}" python3 "$HERE/torch_decode_ref.py" --arch $ARCH \
     --batch ${COMPILE_BATCHES:-1 8 64} --prompt $P --new $NEW --modes static_compile --reps 1 \
     2>"$OUT/torch_compile.err" | tee -a "$LOG"
 fi
@@ -63,9 +67,16 @@ python3 - "$LOG" "$CFG" <<'PY' | tee "$OUT/gpu_decode.txt"
 import json, re, sys
 log, cfg = open(sys.argv[1]).read().splitlines(), open(sys.argv[2]).read()
 num = lambda k: float(re.search(r"^%s\s*=\s*([0-9.e+-]+)" % k, cfg, re.M).group(1))
-L, C, H, KV, hd, F, V = (int(num(k)) for k in
-    ("n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "d_ff", "vocab_size"))
-params = V * C + L * ((H + 2 * KV) * hd * C + H * hd * C + 3 * C * F + 2 * C + 2 * hd) + C
+if re.search(r'^arch\s*=\s*"gpt2"', cfg, re.M):  # biases, LayerNorm, learned positions, d_ff 4C
+    L, C, H, V, T = (int(num(k)) for k in ("n_layer", "d_model", "n_head", "vocab_size", "max_seq_len"))
+    KV, hd, F = H, C // H, 4 * C
+    params = V * C + T * C + L * (4 * C * C + 4 * C + 2 * C * F + F + C + 4 * C) + 2 * C
+    unread = T * C  # a step reads one row of the position table, not all of it
+else:
+    L, C, H, KV, hd, F, V = (int(num(k)) for k in
+        ("n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "d_ff", "vocab_size"))
+    params = V * C + L * ((H + 2 * KV) * hd * C + H * hd * C + 3 * C * F + 2 * C + 2 * hd) + C
+    unread = 0
 bw = next(float(l.split()[1]) for l in log if l.startswith("copy_bw_GBps"))
 ct, tr = {}, {}
 for l in log:
@@ -94,8 +105,8 @@ for b in sorted({k[0] for k in ct}):
 if (1, "auto") in ct:
     step = 1.0 / float(ct[(1, "auto")]["decode_tok_s"])
     kv_bytes = 2 * L * KV * hd * 2 * (P + NEW / 2)   # K and V, bf16, mean context
-    floor = (2 * params + kv_bytes) / (bw * 1e9)
+    floor = (2 * (params - unread) + kv_bytes) / (bw * 1e9)
     print("batch 1: %.1f us per token; bandwidth bound %.1f us ((%.2f GB weights + %.1f MB KV) /"
-          " %.0f GB/s) -> %.0f%% of the bound" % (step * 1e6, floor * 1e6, 2 * params / 1e9,
+          " %.0f GB/s) -> %.0f%% of the bound" % (step * 1e6, floor * 1e6, 2 * (params - unread) / 1e9,
           kv_bytes / 1e6, bw, 100 * floor / step))
 PY

@@ -8,7 +8,8 @@ weights, bf16, sdpa attention. For each batch size: random prompts of --prompt t
 token = generate with max_new_tokens=1; decode tokens/s = B * (new - 1) / (t_new - t_1).
 Modes: "eager" (dynamic cache) and "static_compile" (static cache; generate compiles the decode
 forward with torch.compile, CompileConfig fullgraph + reduce-overhead; reported with its error if
-it fails). One JSON line per result.
+it fails). One JSON line per result. --arch gpt2: GPT2LMHeadModel with the GPT-2 124M shape
+(12 layers, d=768, 12 heads, vocab 50,257, context 1,024) instead, the same modes.
 """
 import argparse, json, sys, time
 
@@ -16,7 +17,18 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 
-def build(seed):
+def build(seed, arch="qwen3"):
+    if arch == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        cfg = GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
+        cfg._attn_implementation = "sdpa"
+        torch.manual_seed(seed)
+        with torch.device("cuda"):
+            m = GPT2LMHeadModel(cfg).to(torch.bfloat16)
+        m.eval()
+        m.generation_config.pad_token_id = 0
+        m.generation_config.eos_token_id = None
+        return m
     cfg = Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                       head_dim=128, max_position_embeddings=4096, rope_theta=1e6,
@@ -45,7 +57,7 @@ def timed(fn, reps):
 
 def run(m, mode, B, P, N, reps):
     g = torch.Generator(device="cuda").manual_seed(B)
-    ids = torch.randint(0, 151936, (B, P), device="cuda", generator=g)
+    ids = torch.randint(0, m.config.vocab_size, (B, P), device="cuda", generator=g)
     mask = torch.ones_like(ids)
     kw = dict(do_sample=False, attention_mask=mask, pad_token_id=0)
     if mode == "static_compile":  # generate compiles the decode forward for a static cache
@@ -74,11 +86,12 @@ def main():
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--modes", nargs="+", default=["eager", "static_compile"])
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--arch", choices=["qwen3", "gpt2"], default="qwen3")
     a = ap.parse_args()
     import transformers
     print(json.dumps({"torch": torch.__version__, "transformers": transformers.__version__,
                       "gpu": torch.cuda.get_device_name()}), flush=True)
-    m = build(0)
+    m = build(0, a.arch)
     for mode in a.modes:
         for B in a.batch:
             try:

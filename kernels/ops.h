@@ -223,9 +223,15 @@ typedef struct ct_ops {
    * head's rows): matmul_fwd's values up to the order of the fp32 sums, with each output's
    * arithmetic depending only on its own row of inp (not on N or the thread count), so a batch
    * row equals its solo run. CPU: a GEMV that reads each weight row once (sgemm repacks the whole
-   * weight on every call, which dominates at one row). NULL where matmul_fwd serves (CUDA). */
+   * weight on every call, which dominates at one row). CUDA: the decode GEMV for 16-bit tables
+   * and at most 8 rows (one pass over the weights, a warp an output), matmul_fwd otherwise. */
   void (*matmul_rows_fwd)(void *out, const void *inp, const void *w, const void *bias, int N,
                           int IC, int OC);
+  /* act(N,OC) = gelu(inp @ w^T + bias) for the few rows of a decode step = matmul_rows_fwd into
+   * pre, gelu_fwd (the same rounding points; pre may be left unwritten). NULL where the caller
+   * composes the two (CPU). */
+  void (*matmul_gelu_rows_fwd)(void *act, void *pre, const void *inp, const void *w,
+                               const void *bias, int N, int IC, int OC);
   /* Decode-step fusions of a llama-style layer (RMSNorm, SwiGLU). Each computes what the plain
    * ops named beside it compute, rounding to the working dtype at the same points; only the
    * order of the fp32 sums inside a product may differ (the CPU composes the plain ops with

@@ -1445,18 +1445,32 @@ static void infer_layer(ct_infer *e, infer_dev *d, int l, int N, bool decode, in
                           e->kc[l] + slots[b] * seq, e->vc[l] + slots[b] * seq, n, p0, H, KV, hd,
                           e->max_T);
   }
-  mm(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), N, H * hd, C);
-  o->add_fwd(res2, res2, x, (size_t)N * C);
+  /* a decode step's residual products through the table's product + residual fusion (ops.h:
+   * the same values as mm then add_fwd; CUDA: one GEMV kernel instead of two kernels) */
+  const bool madd = decode && o->matmul_add_fwd;
+  if (madd) {
+    o->matmul_add_fwd(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), x, N, H * hd, C);
+  } else {
+    mm(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), N, H * hd, C);
+    o->add_fwd(res2, res2, x, (size_t)N * C);
+  }
   infer_norm(e, d, ln, res2, DW(d, l, P_LN2_W), DWO(d, l, P_LN2_B), N);
-  if (m->gpt2) {
+  if (m->gpt2 && decode && o->matmul_gelu_rows_fwd) {
+    o->matmul_gelu_rows_fwd(DA(d, act), DA(d, fch), ln, DW(d, l, P_FC_W), DWO(d, l, P_FC_B), N, C,
+                            F);
+  } else if (m->gpt2) {
     mm(DA(d, fch), ln, DW(d, l, P_FC_W), DWO(d, l, P_FC_B), N, C, F);
     o->gelu_fwd(DA(d, act), DA(d, fch), (size_t)N * F);
   } else {
     mm(DA(d, fch), ln, DW(d, l, P_FC_W), NULL, N, C, 2 * F);
     o->swiglu_fwd(DA(d, act), DA(d, fch), N, F);
   }
-  mm(tmp, DA(d, act), DW(d, l, P_PROJ_W), DWO(d, l, P_PROJ_B), N, F, C);
-  o->add_fwd(x, tmp, res2, (size_t)N * C);
+  if (madd) {
+    o->matmul_add_fwd(x, DA(d, act), DW(d, l, P_PROJ_W), DWO(d, l, P_PROJ_B), res2, N, F, C);
+  } else {
+    mm(tmp, DA(d, act), DW(d, l, P_PROJ_W), DWO(d, l, P_PROJ_B), N, F, C);
+    o->add_fwd(x, tmp, res2, (size_t)N * C);
+  }
 }
 
 /* Everything device d does for one forward: [embedding], its layers, [final norm, head,

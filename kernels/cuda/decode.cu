@@ -914,6 +914,7 @@ __global__ void argmax_rows_kernel(int32_t *out, int32_t *tok, int32_t *pos, con
 // ---- decode GEMV: out rows n < nr of inp (nr <= N <= GV_MAXN rows), weights w (OC, IC) ----
 // MODE: GV_PLAIN  out(N,OC) = acc + bias;
 //       GV_RESID  out(N,OC) = round(acc + bias) + res (out may alias res);
+//       GV_GELU   out(N,OC) = gelu(round(acc + bias)) (matmul_fwd then gelu_fwd: the tanh form);
 //       GV_SWIGLU out(N,F) = silu(round(acc_gate)) * round(acc_up), gate rows j and up rows F + j
 //                 of w (2F, IC), no bias.
 // NORM: the input rows are first rmsnorm'd with weight nw (as rmsnorm_fwd, rounded to T).
@@ -921,7 +922,14 @@ __global__ void argmax_rows_kernel(int32_t *out, int32_t *tok, int32_t *pos, con
 // chunks of each of them per round. x sits in shared memory as T: (N, IC).
 #define GV_WARPS 8
 #define GV_MAXN 8
-enum { GV_PLAIN = 0, GV_RESID = 1, GV_SWIGLU = 2 };
+enum { GV_PLAIN = 0, GV_RESID = 1, GV_SWIGLU = 2, GV_GELU = 3 };
+
+// gelu_fwd's formula (ops_cuda.cu), so GV_GELU's outputs equal matmul_fwd + gelu_fwd's up to the
+// order of the product's sums
+__device__ __forceinline__ float gv_gelu(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
   return (uint32_t)__cvta_generic_to_shared(p);
@@ -1087,6 +1095,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
         } else {
           float v = acc[r][n] + (bias ? ldf(bias + o) : 0.0f);
           if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
+          if (MODE == GV_GELU) v = gv_gelu(rounded<T>(v));
           stf(out + (long)n * OC + o, v);
         }
       }
@@ -1192,6 +1201,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
       } else {
         float v = acc[0][n] + (bias ? ldf(bias + o) : 0.0f);
         if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
+        if (MODE == GV_GELU) v = gv_gelu(rounded<T>(v));
         stf(out + (long)n * OC + o, v);
       }
     }
@@ -2574,6 +2584,40 @@ void cu_matmul_add_fwd(void *out, const void *inp, const void *w, const void *bi
   b->add_fwd(out, out, res, (size_t)N * OC);
 }
 
+// ops.h matmul_rows_fwd: out(N,OC) = inp @ w^T + bias through the decode GEMV (gemv_kernel, its
+// arithmetic depending only on the output's own row, so a batch row equals its solo run) where it
+// applies, else matmul_fwd (cuBLAS). The products of a decode step that have no fusion (GPT-2's
+// LayerNorm + GELU layers) and the head after a LayerNorm come here.
+template <typename T>
+void cu_matmul_rows_fwd(void *out, const void *inp, const void *w, const void *bias, int N, int IC,
+                        int OC) {
+  if (N <= 0 || OC <= 0) return;
+  if constexpr (sizeof(T) == 2) {
+    if (gemv_fits<T>(N, IC, inp, w)) {
+      gemv<T, false, GV_PLAIN>(out, inp, NULL, w, bias, NULL, N, IC, OC, 0.0f);
+      return;
+    }
+  }
+  base<T>()->matmul_fwd(out, inp, w, bias, N, IC, OC);
+}
+
+// ops.h matmul_gelu_rows_fwd: act(N,OC) = gelu(inp @ w^T + bias), the GEMV with a GELU epilogue
+// where it applies, else matmul_fwd + gelu_fwd (pre holds the product then).
+template <typename T>
+void cu_matmul_gelu_rows_fwd(void *act, void *pre, const void *inp, const void *w,
+                             const void *bias, int N, int IC, int OC) {
+  if (N <= 0 || OC <= 0) return;
+  if constexpr (sizeof(T) == 2) {
+    if (gemv_fits<T>(N, IC, inp, w)) {
+      gemv<T, false, GV_GELU>(act, inp, NULL, w, bias, NULL, N, IC, OC, 0.0f);
+      return;
+    }
+  }
+  const ct_ops *b = base<T>();
+  b->matmul_fwd(pre, inp, w, bias, N, IC, OC);
+  b->gelu_fwd(act, pre, (size_t)N * OC);
+}
+
 template <typename T>
 void cu_qkv_rope_append(void *qkv, const void *raw, const void *qnw, const void *knw, void *kc,
                         void *vc, const int32_t *slot, const int32_t *pos, int N, int H, int KV,
@@ -2946,6 +2990,8 @@ template <typename T> void fill(ct_ops *t) {
   t->norm_matmul_fwd = cu_norm_matmul_fwd<T>;
   t->norm_matmul_swiglu_fwd = cu_norm_matmul_swiglu_fwd<T>;
   t->matmul_add_fwd = cu_matmul_add_fwd<T>;
+  t->matmul_rows_fwd = cu_matmul_rows_fwd<T>;
+  t->matmul_gelu_rows_fwd = cu_matmul_gelu_rows_fwd<T>;
   t->qkv_rope_append = cu_qkv_rope_append<T>;
   t->decode_layers = cu_decode_layers<T>;
   t->attention_decode_rope = cu_attention_decode_rope<T>;

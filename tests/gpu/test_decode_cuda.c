@@ -7,7 +7,8 @@
  * inference engine on the fp32 and bf16 CUDA tables (weights copied from a model built on the
  * CPU table; head_dim 128, so prefill runs the flash kernels) gives the CPU engine's logits for
  * a prefill and batched decode steps, also with the layers split over 2 GPUs. The decode-step
- * fusions (norm_matmul_fwd, norm_matmul_swiglu_fwd, matmul_add_fwd, qkv_rope_append) against
+ * fusions (norm_matmul_fwd, norm_matmul_swiglu_fwd, matmul_add_fwd, qkv_rope_append) and the
+ * row products of the layers without them (matmul_rows_fwd, matmul_gelu_rows_fwd) against
  * the CPU compositions over a table of shapes (each GEMV variant, row counts 1..8 and past the
  * GEMV's 8, tails), with guard values after every output; a row of a batch equals its solo run
  * bit for bit; a captured sequence of them replays bit for bit. CT_TEST_PERF=1 also times the
@@ -156,7 +157,7 @@ static void run(const ct_ops *o, double tol) {
 
 /* ---- decode-step fusions ---- */
 
-enum { F_NORM = 0, F_SWIGLU = 1, F_ADD = 2 };
+enum { F_NORM = 0, F_SWIGLU = 1, F_ADD = 2, F_ROWS = 3, F_GELU = 4 };
 typedef struct fcase {
   int op, N, IC, OC; /* F_SWIGLU: OC is F */
   int bias;
@@ -171,6 +172,12 @@ static const fcase fcases[] = {
      * multiprocessors the output projection's slice asks exactly 48 KB of shared memory) */
     {F_NORM, 4, 1024, 4096, 0},   {F_SWIGLU, 4, 1024, 3072, 0}, {F_ADD, 4, 2048, 1024, 0},
     {F_ADD, 4, 3072, 1024, 0},
+    /* GPT-2's decode products (matmul_rows_fwd, matmul_gelu_rows_fwd): the 124M shapes, the
+     * head, and shapes past the GEMV (16 rows, IC not a multiple of 8) that go to cuBLAS */
+    {F_ROWS, 1, 768, 2304, 1},    {F_ROWS, 3, 768, 50304, 0}, {F_ROWS, 8, 3072, 768, 1},
+    {F_ROWS, 5, 1024, 333, 1},    {F_ROWS, 16, 768, 256, 1},  {F_ROWS, 9, 100, 64, 1},
+    {F_GELU, 1, 768, 3072, 1},    {F_GELU, 4, 768, 3072, 1},  {F_GELU, 7, 2048, 129, 1},
+    {F_GELU, 12, 768, 512, 1},
 };
 #define GUARD 64
 static const float guard_val = 4096.0f; /* exact in bf16 and fp16 */
@@ -190,7 +197,9 @@ static void fused_run(const ct_ops *o, const fcase *fc, const float *x, const fl
   void *ln = o->alloc((size_t)N * IC * o->act_bytes), *pre = o->alloc((size_t)N * 2 * OC * o->act_bytes);
   if (fc->op == F_NORM) o->norm_matmul_fwd(dout, ln, dx, dnw, dw, db, N, IC, OC, 1e-6f);
   else if (fc->op == F_SWIGLU) o->norm_matmul_swiglu_fwd(dout, pre, ln, dx, dnw, dw, N, IC, OC, 1e-6f);
-  else o->matmul_add_fwd(dout, dx, dw, db, dres, N, IC, OC);
+  else if (fc->op == F_ADD) o->matmul_add_fwd(dout, dx, dw, db, dres, N, IC, OC);
+  else if (fc->op == F_ROWS) o->matmul_rows_fwd(dout, dx, dw, db, N, IC, OC);
+  else o->matmul_gelu_rows_fwd(dout, pre, dx, dw, db, N, IC, OC);
   down(o, init, dout, on + GUARD);
   memcpy(out, init, on * 4);
   *guard_ok = 1;
@@ -222,12 +231,19 @@ static void test_fused(const ct_ops *o, double tol) {
     float *res = rnd_buf(o, on, 1.0f);
     float *ref = malloc(on * 4), *got = malloc(on * 4), *ln = malloc((size_t)N * IC * 4);
     float *pre = malloc((size_t)N * 2 * OC * 4);
-    const char *name = fc->op == F_NORM ? "norm_matmul_fwd" : fc->op == F_SWIGLU
-                                                                   ? "norm_matmul_swiglu_fwd"
-                                                                   : "matmul_add_fwd";
-    if (fc->op == F_NORM) c->norm_matmul_fwd(ref, ln, x, nw, w, fc->bias ? b : NULL, N, IC, OC, 1e-6f);
+    static const char *names[] = {"norm_matmul_fwd", "norm_matmul_swiglu_fwd", "matmul_add_fwd",
+                                  "matmul_rows_fwd", "matmul_gelu_rows_fwd"};
+    const char *name = names[fc->op];
+    const float *bb = fc->bias ? b : NULL;
+    if (fc->op == F_NORM) c->norm_matmul_fwd(ref, ln, x, nw, w, bb, N, IC, OC, 1e-6f);
     else if (fc->op == F_SWIGLU) c->norm_matmul_swiglu_fwd(ref, pre, ln, x, nw, w, N, IC, OC, 1e-6f);
-    else c->matmul_add_fwd(ref, x, w, fc->bias ? b : NULL, res, N, IC, OC);
+    else if (fc->op == F_ADD) c->matmul_add_fwd(ref, x, w, bb, res, N, IC, OC);
+    else if (fc->op == F_ROWS) c->matmul_rows_fwd(ref, x, w, bb, N, IC, OC);
+    else { /* the composition: the product rounded to the working dtype, then gelu */
+      c->matmul_rows_fwd(pre, x, w, bb, N, IC, OC);
+      rounded(o, pre, on);
+      c->gelu_fwd(ref, pre, on);
+    }
     int gok = 0;
     fused_run(o, fc, x, nw, w, b, res, got, &gok);
     snprintf(what, sizeof what, "%s %s N=%d IC=%d OC=%d%s", o->name, name, N, IC, OC,
