@@ -441,9 +441,15 @@ static void mm_rows(int N, int IC, int OC, int bias) {
 }
 
 static void test_matmul(void) {
-  mm_rows(3, 13, 11, 1);    /* no 4-row tile; one 8-lane vector and a tail; 3 single outputs */
-  mm_rows(5, 67, 33, 0);    /* one 4-row tile and a leftover row; one single output */
-  mm_rows(4, 576, 1700, 1); /* large enough to be threaded */
+  /* below 4 rows: 1 x 4 tiles, leftover outputs 1 x 1; from 4: 4 x 3 tiles, leftover rows
+   * (N % 4) x 3, leftover outputs 4 x 1 and 1 x 1; the solo runs take the 1-row path */
+  mm_rows(3, 13, 11, 1);    /* one 8-lane vector and a tail; 3 single outputs */
+  mm_rows(2, 100, 1031, 0); /* threaded; 2 rows share each prefetch; 3 single outputs */
+  mm_rows(5, 67, 33, 0);    /* one 4-row block and a 1 x 3 leftover row; no single output */
+  mm_rows(4, 576, 1700, 1); /* threaded; 2 leftover outputs as 4 x 1 */
+  mm_rows(11, 24, 31, 0);   /* 2 row blocks and a 3 x 3 leftover; no tail; 1 single output */
+  mm_rows(17, 67, 35, 1);   /* threaded; 4 row blocks, 1 x 3 leftover; 4 x 1 and 1 x 1 outputs */
+  mm_rows(34, 200, 97, 1);  /* threaded; 8 row blocks and a 2 x 3 leftover; 1 single output */
   mm_case(7, 13, 11, 1);
   mm_case(7, 13, 11, 0);
   mm_case(5, 3, 17, 1);
