@@ -33,6 +33,10 @@
 # matmul_rows_fwd (a row GEMV) instead of sgemm, so the first GPU call should run `checks`
 # (generate_gpu.sh compares greedy GPU fp32 text with the CPU backend's, test_decode_cuda the
 # fused GEMVs with the CPU's) before anything is timed.
+# Session 16 (call 78, a1d0bd5): GPT-2-style decode now runs through the decode GEMV (2,475 against
+# 1,196 tokens/s at batch 1 with CT_DECODE_GEMV=0); its first prefill of a new shape costs 69-113 ms
+# at batch 8 / 64 (the same shape again: ~1 ms): find out why first (CT_CUDA_PROFILE=1, suspect the
+# cuBLASLt bias / GELU epilogues' first use at a shape) before timing anything else.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
