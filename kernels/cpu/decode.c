@@ -222,6 +222,19 @@ static inline __attribute__((always_inline)) void rows_tile(float *restrict out,
 #define ROWS_PF_AHEAD 2
 static inline int rows_pf(int p, int P, int OB) { return p < OB ? (OB - p + P - 1) / P : 0; }
 
+/* Pass p of P over the tile at output o0: rows NB * p .. of inp, prefetching its share of the
+ * tile ROWS_PF_AHEAD on when there is one (ahead). */
+static inline __attribute__((always_inline)) void rows_pass(float *restrict out,
+                                                            const float *restrict inp,
+                                                            const float *restrict w,
+                                                            const float *restrict bias, int IC,
+                                                            int OC, int o0, int NB, int OB, int p,
+                                                            int P, int ahead) {
+  const int pfn = ahead ? rows_pf(p, P, OB) : 0;
+  const float *pf = pfn ? w + (size_t)(o0 + OB * ROWS_PF_AHEAD + p) * IC : NULL;
+  rows_tile(out, inp, w, bias, IC, OC, NB * p, o0, NB, OB, pf, pfn, (long)P * IC);
+}
+
 /* N < 4: the memory-bound GEMV of one to three rows. Tiles of 1 row x 4 outputs (4 sums do not
  * hide the FMA latency, but memory is slower still), each weight row read from memory once and
  * again from L1 for the next input row; leftover outputs 1 x 1. */
@@ -231,11 +244,7 @@ static void rows_few(float *restrict out, const float *restrict inp, const float
 #pragma omp for schedule(static) nowait
   for (int q = 0; q < quads; q++) {
     const int o0 = 4 * q, ahead = q + ROWS_PF_AHEAD < quads;
-    for (int n = 0; n < N; n++) {
-      const int pfn = ahead ? rows_pf(n, N, 4) : 0;
-      const float *pf = pfn ? w + (size_t)(o0 + 4 * ROWS_PF_AHEAD + n) * IC : NULL;
-      rows_tile(out, inp, w, bias, IC, OC, n, o0, 1, 4, pf, pfn, (long)N * IC);
-    }
+    for (int n = 0; n < N; n++) rows_pass(out, inp, w, bias, IC, OC, o0, 1, 4, n, N, ahead);
   }
 #pragma omp for schedule(static)
   for (int o = 4 * quads; o < OC; o++)
@@ -251,11 +260,7 @@ static void rows_many(float *restrict out, const float *restrict inp, const floa
 #pragma omp for schedule(static) nowait
   for (int t = 0; t < triples; t++) {
     const int o0 = 3 * t, ahead = t + ROWS_PF_AHEAD < triples;
-    for (int p = 0; p < P; p++) {
-      const int pfn = ahead ? rows_pf(p, P, 3) : 0;
-      const float *pf = pfn ? w + (size_t)(o0 + 3 * ROWS_PF_AHEAD + p) * IC : NULL;
-      rows_tile(out, inp, w, bias, IC, OC, 4 * p, o0, 4, 3, pf, pfn, (long)P * IC);
-    }
+    for (int p = 0; p < P; p++) rows_pass(out, inp, w, bias, IC, OC, o0, 4, 3, p, P, ahead);
     const int n = 4 * P;
     switch (N - n) { /* constant shapes, each its own unrolled loop */
     case 3: rows_tile(out, inp, w, bias, IC, OC, n, o0, 3, 3, NULL, 0, 0); break;
