@@ -51,8 +51,9 @@ static const op_def CUDA_OPS[] = {
      "flash: own FA2-style kernels (head dims 64/128, sm80+; eager otherwise); flash1: the first"
      " flash kernels; flash2b: 8-warp blocks; eager: matmul + softmax + matmul (cuBLAS batched)"},
 #endif
-    {"matmul", "lt", "gemmex", {"lt", "gemmex", NULL},
-     "lt: cuBLASLt with bias/GELU epilogues, candidates timed on first use; gemmex: cublasGemmEx"},
+    {"matmul", "lt", "gemmex", {"lt", "lt-first", "gemmex", NULL},
+     "lt: cuBLASLt with bias/GELU epilogues, candidates timed on first use; lt-first: the same"
+     " with the heuristic's first answer, untimed (for shapes seen once); gemmex: cublasGemmEx"},
     {"mlp", "epilogue", "separate", {"epilogue", "separate", NULL},
      "GPT-2 MLP: GELU in the GEMM epilogue forward and backward, or separate GELU kernels"},
     {"norm_bwd", "fused", "twopass", {"fused", "twopass", NULL},

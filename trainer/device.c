@@ -94,6 +94,15 @@ ct_status ct_backend_check(const ct_backend *b) {
   return CT_OK;
 }
 
+ct_status ct_backend_set_variant(const ct_backend *b, const char *op, const char *variant) {
+#if CT_HAVE_CUDA
+  if (b->cuda && ct_cuda_set_variant(op, variant) != 0)
+    return ct_set_error(CT_ERR_USAGE, "the CUDA backend has no %s variant '%s'", op, variant);
+#endif
+  (void)b, (void)op, (void)variant;
+  return CT_OK;
+}
+
 void ct_backend_shutdown(ct_backend *b) {
 #if CT_HAVE_CUDA
   if (b->cuda) ct_cuda_shutdown();

@@ -27,6 +27,10 @@ ct_status ct_backend_select(const ct_train_cfg *t, int local_rank, ct_backend *b
  * call that failed). CT_OK on the CPU. Called once per training step. */
 ct_status ct_backend_check(const ct_backend *b);
 
+/* Switches one of the CUDA backend's kernel variants (ct_cuda_set_variant's op and variant
+ * names); nothing on the CPU, which has one of each. CT_ERR_USAGE naming both if unknown. */
+ct_status ct_backend_set_variant(const ct_backend *b, const char *op, const char *variant);
+
 /* Releases backend resources after every buffer has been freed. */
 void ct_backend_shutdown(ct_backend *b);
 

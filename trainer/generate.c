@@ -251,7 +251,7 @@ static const char *USAGE =
     "                       [--stop TEXT]... [--ignore_eos] [--device_map auto|balanced|\n"
     "                       sequential|cuda:N] [--max_memory 0=20GiB,1=40GiB]\n"
     "                       [--cuda_graphs auto|on|off] [--prompt_ids N] [--batch B]\n"
-    "                       [--print_ids]\n"
+    "                       [--print_ids] [--matmul lt-first|lt|gemmex]\n"
     "  PATH: a checkpoint step directory, <out_dir>/ckpt/latest, <out_dir>, a Hugging Face\n"
     "        model directory (config.json + safetensors), or a CONFIG.toml: random weights\n"
     "        (seeded by --seed; for benchmarks). Several prompts run as one batch (one forward\n"
@@ -262,10 +262,14 @@ static const char *USAGE =
     "        balanced over all visible GPUs); --max_memory caps each GPU's share.\n"
     "  --cuda_graphs: capture each decode step once its batch size is steady and replay it.\n"
     "  --prompt_ids N: B random prompts of N token ids (no tokenizer needed), B = --batch\n"
-    "        (default 1); --batch B also repeats text prompts B times. --print_ids prints ids.\n";
+    "        (default 1); --batch B also repeats text prompts B times. --print_ids prints ids.\n"
+    "  --matmul (GPU): lt-first (default) takes cuBLASLt's first answer for each new product\n"
+    "        shape; lt times its candidates on a shape's first use (training's default: 60-110 ms\n"
+    "        of a new prompt shape's first prefill on GPT-2 124M); gemmex: plain cuBLAS.\n";
 
 ct_status ct_cmd_generate(int argc, char **argv) {
   const char *model_path = NULL, *precision = NULL, *device_map = NULL, *max_memory = NULL;
+  const char *matmul = "lt-first";
   char **prompts = calloc((size_t)argc + 1, sizeof(char *));
   char **stops = calloc((size_t)argc + 1, sizeof(char *));
   bool *owned = calloc((size_t)argc + 1, sizeof(bool));
@@ -284,7 +288,8 @@ ct_status ct_cmd_generate(int argc, char **argv) {
                  !strcmp(a, "--top_k") || !strcmp(a, "--top_p") || !strcmp(a, "--seed") ||
                  !strcmp(a, "--precision") || !strcmp(a, "--stop") ||
                  !strcmp(a, "--device_map") || !strcmp(a, "--max_memory") ||
-                 !strcmp(a, "--cuda_graphs") || !strcmp(a, "--prompt_ids") || !strcmp(a, "--batch");
+                 !strcmp(a, "--cuda_graphs") || !strcmp(a, "--prompt_ids") || !strcmp(a, "--batch") ||
+                 !strcmp(a, "--matmul");
     if (takes && !v) { st = ct_set_error(CT_ERR_USAGE, "generate: %s needs a value\n%s", a, USAGE); break; }
     if (takes) i++;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) { fputs(USAGE, stdout); goto done; }
@@ -311,6 +316,11 @@ ct_status ct_cmd_generate(int argc, char **argv) {
     else if (!strcmp(a, "--device_map")) device_map = v;
     else if (!strcmp(a, "--max_memory")) max_memory = v;
     else if (!strcmp(a, "--prompt_ids")) prompt_ids = atoi(v);
+    else if (!strcmp(a, "--matmul")) {
+      if (strcmp(v, "lt-first") && strcmp(v, "lt") && strcmp(v, "gemmex"))
+        st = ct_set_error(CT_ERR_USAGE, "generate: --matmul %s: expected lt-first, lt or gemmex", v);
+      matmul = v;
+    }
     else if (!strcmp(a, "--batch")) { /* B or a list B1,B2,... (one run each, one model load) */
       nb = 0;
       for (const char *q = v; *q && nb < 16; q = strchr(q, ',') ? strchr(q, ',') + 1 : q + strlen(q))
@@ -369,6 +379,12 @@ ct_status ct_cmd_generate(int argc, char **argv) {
     if (st != CT_OK) { ct_add_context(st, "%s: data.tokenizer: ", model_path); goto cleanup; }
   }
   CT_TRY_GOTO(ct_backend_select(&cfg.train, 0, &be), cleanup);
+  /* A prompt's (batch, length) is usually new, so timing cuBLASLt's candidates at its first use
+   * (training's default, worth it over thousands of steps) would cost each new prompt shape more
+   * than its prefill: GPT-2 124M on an H200, the first prefill of 8 x 128 tokens took 125 ms
+   * timed and 16 ms untimed, and the same shape again 1.4 ms both ways
+   * (bench/results/call79_2026-12-02_H200/). */
+  CT_TRY_GOTO(ct_backend_set_variant(&be, "matmul", matmul), cleanup);
   /* GPU: the model is read into host memory and the engine copies each layer to its device;
    * CPU: the engine computes on the model's own weights */
   const ct_ops *mops = be.cuda ? ct_ops_cpu() : be.ops;

@@ -69,6 +69,11 @@
 //    that let later kernels launch earlier (gate/up at 48 registers: 1,383; the residual GEMVs at
 //    64: 1,409) made the step slower (calls 67-69).
 //  - norm + qkv + attention as one cluster kernel (attention_decode_qkv, opt-in): 1,375 (call 66).
+//  - Attention's split math with a key a lane (32-key splits; a lane's whole score in registers,
+//    no shuffles for the dot products, the probabilities broadcast through shared memory): 1,471
+//    against 1,490 tokens/s, and 1,334 with 8 warps a block (2026-12-02, call 79; the kernel is in
+//    bench/results/call79_2026-12-02_H200/lane_kernel.cu.txt). The split math's instructions are
+//    not what attention waits on either.
 // So the per-layer chain (~21.4 us: qkv 3.7, attention 7.7, o_proj 2.8, gate/up 3.3, down 3.8)
 // is bounded by latencies that more overlap does not remove; the next step toward 60% of the
 // bound is fewer dependent stages a layer with less work resident beside each, not another

@@ -96,6 +96,8 @@ struct cuda_state {
   int cc;                  // compute capability, major * 10 + minor (flash needs 80+)
   int attn_variant;        // ATTN_*: CT_CUDA_ATTN or ct_cuda_set_variant("attention", ...)
   int matmul_lt;           // 16-bit matmul_fwd with a bias through cuBLASLt's BIAS epilogue
+  int lt_tune;             // a cuBLASLt plan's candidates timed on its first use ("lt"), or the
+                           // heuristic's first answer taken untimed ("lt-first")
   // kernel registry switches (kernels/registry.c; 1 = the optimized variant, the default)
   int gelu_epilogue, norm_bwd_fused, add_norm_fused, xent_smem, embed_sorted;
   size_t attn_scratch_cap; // attention backward's dP chunk, bytes (CT_CUDA_ATTN_SCRATCH_MB)
@@ -1624,7 +1626,7 @@ bool lt_exec(lt_plan *p, const void *A, const void *B, void *D) {
     return lt.matmul(lt.h, p->desc, &alpha, A, p->a, B, p->b, &beta, D, p->c, D, p->c, algo, lt.ws,
                      LT_WORKSPACE, g.stream);
   };
-  if (!p->tuned && !g.capturing && p->ncand > 1) {
+  if (!p->tuned && g.lt_tune && !g.capturing && p->ncand > 1) {
     p->tuned = 1;
     cudaEvent_t e0, e1;
     if (CK(cudaEventCreate(&e0)) && CK(cudaEventCreate(&e1))) {
@@ -4519,7 +4521,8 @@ int set_variant(const char *op, const char *v) {
     return 0;
   }
   if (!strcmp(op, "matmul")) {
-    if (!strcmp(v, "lt") || !strcmp(v, "default")) g.matmul_lt = 1;
+    if (!strcmp(v, "lt") || !strcmp(v, "default")) g.matmul_lt = g.lt_tune = 1;
+    else if (!strcmp(v, "lt-first")) g.matmul_lt = 1, g.lt_tune = 0;
     else if (!strcmp(v, "gemmex")) g.matmul_lt = 0;
     else return -1;
     return 0;
@@ -4637,7 +4640,9 @@ extern "C" int ct_cuda_init(int device, char *err, size_t errcap) {
   if (attn && attn[0] && set_variant("attention", attn) != 0)
     INIT_FAIL("CT_CUDA_ATTN=%s: unknown attention variant (batched, perhead, flash, flash2, flash2b, auto%s)",
               attn, CT_HAVE_CUDNN ? ", cudnn" : "");
-  g.matmul_lt = !(getenv("CT_CUDA_LT") && !env_on("CT_CUDA_LT"));
+  const char *lt_env = getenv("CT_CUDA_LT"); // unset or 1: lt; "first": lt-first; else gemmex
+  g.lt_tune = !(lt_env && !strcmp(lt_env, "first"));
+  g.matmul_lt = !lt_env || env_on("CT_CUDA_LT") || !g.lt_tune;
   g.gelu_epilogue = g.norm_bwd_fused = g.add_norm_fused = g.xent_smem = g.embed_sorted = 1;
   const char *cap = getenv("CT_CUDA_ATTN_SCRATCH_MB");
   g.attn_scratch_cap = (size_t)(cap && atol(cap) > 0 ? atol(cap) : 256) << 20;

@@ -1553,8 +1553,9 @@ static void run_selected(size_t i, int perf) {
     }
     ct_cuda_set_variant("attention", "default");
   } else if (!dev_is_cpu && g_act16 && c->fam == &fam_mm_fwd && !(c->flags & NOBIAS)) {
-    static const char *v[] = {"lt", "gemmex"};
-    for (int k = 0; k < 2; k++) {
+    /* lt-first first: a plan keeps the algorithm that lt's timing picked */
+    static const char *v[] = {"lt-first", "lt", "gemmex"};
+    for (int k = 0; k < 3; k++) {
       ct_cuda_set_variant("matmul", v[k]);
       g_variant = v[k];
       run_case(i, perf);

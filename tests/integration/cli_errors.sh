@@ -52,6 +52,7 @@ expect_fail 2 'tokenizer' -- "${base[@]}" data.tokenizer=gpt2
 # generate: missing checkpoint, bad flags
 expect_fail 2 'no checkpoint found' -- "$CTRAIN" generate --model "$TMP/none"
 expect_fail 2 'unknown argument --tempreature' -- "$CTRAIN" generate --model x --tempreature 1
+expect_fail 2 'expected lt-first, lt or gemmex' -- "$CTRAIN" generate --model x --matmul fast
 # prepare: missing inputs
 expect_fail 2 "$TMP/missing\\.txt" -- "$CTRAIN" prepare --out-dir "$TMP/d2" "$TMP/missing.txt"
 
