@@ -74,6 +74,13 @@
 //    against 1,490 tokens/s, and 1,334 with 8 warps a block (2026-12-02, call 79; the kernel is in
 //    bench/results/call79_2026-12-02_H200/lane_kernel.cu.txt). The split math's instructions are
 //    not what attention waits on either.
+//  - Attention without its cross-block merge: 8-warp blocks each merging their own splits into a
+//    partial, the output projection's GEMV merging the partials in its prologue (the op
+//    attention_decode_oproj as two kernels): the same ids, 1,372 against 1,481 tokens/s at batch
+//    1 (128-token prompt), 1,168-1,175 both ways at 1,000, 3,507 against 4,460 at batch 8: every
+//    projection block loading all heads' partials costs more than the cluster merge it replaces
+//    (call 83; bench/results/call80_2026-12-02_H200/attention_part.patch.txt).
+//  - The persistent kernel rebuilt with five phases a layer (decode_layers_kernel's STATUS): 1,212.
 // So the per-layer chain (~21.4 us: qkv 3.7, attention 7.7, o_proj 2.8, gate/up 3.3, down 3.8)
 // is bounded by latencies that more overlap does not remove; the next step toward 60% of the
 // bound is fewer dependent stages a layer with less work resident beside each, not another
@@ -1847,39 +1854,46 @@ float *split_scratch(size_t bytes) {
 // ---- decode_layers: a batch-1 decode step's layers in one persistent kernel ----
 // One block per multiprocessor (DL_WARPS warps, all resident: launched without programmatic
 // dependent launch, so the kernel before has finished and the one after waits for this one),
-// phases separated by a grid-wide barrier (one release-add a block on a counter that only grows);
-// per layer, as infer_layer_fused's ops and with their arithmetic (the same device functions or
-// the same loops), so the values equal the per-layer kernels' bit for bit. Six phases a layer:
+// phases separated by a grid-wide barrier (one release-add a block on a counter that only grows).
+// Five phases a layer, with infer_layer_fused's ops' arithmetic except attention's merge order:
 //   qkv GEMV (rms norm of x in every block)
-//   attention splits: a warp per (kv head, 16 keys) makes its query heads' q norm + rope itself
-//     (into its shared memory), the warp whose keys include the newest also that key's k norm +
-//     rope and v (used from shared memory and appended to the cache); the keys cached by
-//     earlier steps are loaded before the qkv phase
-//   the merge of each query head's splits (hd / 32 warps a head)
-//   o_proj + residual | norm + gate/up + SwiGLU | down + residual
+//   attention: ceil(splits / DL_WARPS) blocks a kv head, a warp a 16-key split; each makes its
+//     query heads' q norm + rope, the warp whose keys hold the newest also that key's k norm +
+//     rope and v (appended to the cache), the split math (the cluster kernel's), then the block
+//     merges its splits into one partial a query head (the keys cached by earlier steps are
+//     loaded before the qkv phase)
+//   o_proj + residual, each block first merging every head's partials into its input row
+//   norm + gate/up + SwiGLU | down + residual
 // Each block owns a contiguous span of every GEMV's output rows, and their weight rows stream
-// into a ring in its shared memory (DL_RING bytes, the bulk copy engine) as far ahead as the
-// ring holds, so DRAM streams weights through the barriers; a phase reads its weights from shared
-// memory. Activations written by other blocks are read with ld.cg (never a stale L1 line).
+// into a ring in its shared memory (DL_RING bytes, the bulk copy engine) up to `ahead` phases
+// ahead (CT_DL_AHEAD, default 2); a phase reads its weights from shared memory. The norm weights
+// sit in shared memory too, each layer's copied in by the barrier after its last use in the layer
+// before. Activations written by other blocks are read with ld.cg (never a stale L1 line). Its
+// values differ from the per-layer kernels' in the last bits (the attention merge goes in two
+// levels); a CUDA graph's replay equals the uncaptured step bit for bit (test_decode_layers).
 // STATUS (H200): slower than the per-layer kernels, so opt-in (CT_DECODE_PERSIST=1).
 // - 2026-11-30, first two versions (weights loaded into registers at each phase, L2 prefetch two
 //   phases ahead): 804 and 858 against 1,181 / 1,171 tokens/s at batch 1 on the Qwen3-0.6B shape
 //   (gpu_decode_persist_2026-11-30_H200_19a67d2.txt, gpu_next_decode_2026-11-30_2xH200_cc33bec.txt).
-// - 2026-12-01, this version: 1,019 against 1,484 (128-token prompt) and 898 against 1,172 (1,000)
-//   with the same ids (bench/results/call59_persist8.txt; test_decode_cuda bit-identical). Its
-//   timeline (a -DCT_DL_TIMES build prints each phase's events, min / mean / max over the blocks,
-//   at exit: call53_persist3t.txt .. call59_persist8.txt) says a layer takes ~32 us: the weights
-//   are in shared memory when each phase starts (the ring works: without barriers a layer's
-//   weights stream in 11.7 us), each grid barrier costs 1-2 us after its last block arrives, the
-//   GEMV phases 2-3.5 us (x from L2, the norm weight from DRAM, the stores), attention's splits
-//   ~3.5 and the merge ~2.5 + its barrier. Before the merge had its own phase the last split of a
-//   kv head merged its query heads (a counter per kv head): 935 tokens/s, that merge ~10 us a
-//   layer (call58_persist7.txt). Without the weight copies a layer still takes ~25 us (a build
-//   that skipped them, call59), so six dependent phases a layer cost more in barriers and L2
-//   round trips than the per-layer kernels' five launches with early weight loads (~22 us).
+// - 2026-12-01, third version (six phases: a merge phase of its own; the norm weights read from
+//   DRAM in each phase; bit-identical to the per-layer kernels): 1,019 against 1,484 (128-token
+//   prompt) and 898 against 1,172 (1,000), bench/results/call59_persist8.txt. Its timeline (a
+//   -DCT_DL_TIMES build prints each phase's events, min / mean / max over the blocks, at exit):
+//   ~32 us a layer; without the weight copies still ~25.
+// - 2026-12-02, this version (five phases, norm weights in shared memory, several outputs a warp
+//   at once): 1,212 tokens/s with 2 phases ahead (1,174 with 3, 1,167 with 4) against 1,481 for
+//   the per-layer kernels at a 128-token prompt; 1,109 against 1,175 at 1,000
+//   (bench/results/call80_2026-12-02_H200/). Its timeline (call82_r.txt): ~27 us a layer; the
+//   qkv phase 2-3.5 us, the barrier after it ~2 us from the last arrival to the first release
+//   (~1 us without weight streaming, call 59), attention's blocks 4.6 us, the partials' merge
+//   before o_proj 2.3, gate/up and down 2-2.5 each, every barrier 1-2 us. With the weight ring
+//   and the other SMs' copies in flight, each L2 round trip and barrier costs about twice its
+//   idle latency, and the phases' chains are one or two round trips each: the per-layer
+//   kernels' 21.4 us a layer stays ahead.
 #define DL_WARPS 8
 #define DL_MAX_LAYERS 96
 #define DL_MAX_KV 32
+#define DL_MAX_BPH 16 // attention blocks a kv head (DL_WARPS splits each): max_T <= 2048
 #define DL_RING (200 * 1024) // bytes of weight ring (dynamic shared memory) a block
 struct dl_args {
   void *x, *res2, *raw, *qkv, *atty, *act;
@@ -1887,6 +1901,7 @@ struct dl_args {
   unsigned long long *bar; // the grid barrier: [0] the counter, [1] the next launch's base
   const int32_t *slot, *pos;
   int nl, C, H, KV, hd, F, max_T, splits;
+  int ahead; // GEMV phases whose weights may be in flight or waiting at once (1 .. DL_NBAR)
   float theta, eps, scale;
   ct_decode_layer L[DL_MAX_LAYERS];
 };
@@ -1964,7 +1979,7 @@ template <typename T>
 __device__ __forceinline__ void dl_issue(const dl_args &a, dl_ring_t &r, char *ring, uint64_t *mb) {
   const int nph = 4 * a.nl;
   bool fenced = false;
-  while (r.issued < nph && r.issued - r.consumed < DL_NBAR) {
+  while (r.issued < nph && r.issued - r.consumed < a.ahead) {
     const char *s1, *s2;
     unsigned b1, b2;
     dl_span<T>(a, r.issued, &s1, &b1, &s2, &b2);
@@ -1992,15 +2007,12 @@ __device__ __forceinline__ void dl_issue(const dl_args &a, dl_ring_t &r, char *r
   }
 }
 
-// One GEMV phase for one row (gemv_kernel's arithmetic with N = 1) with this block's weight rows
-// [r0, r0 + n) in shared memory (ws; for GV_SWIGLU the n gate rows, then the n up rows): x (or
-// its rms norm, gemv_kernel's 16-byte-chunk prologue, by warp 0 with x kept in registers) goes
-// into shared memory; a warp per output row (gate/up pair): lane l sums the 16-byte chunks l,
-// l + 32, ... in k order, a butterfly sum, gemv_kernel's epilogue.
-template <typename T, int U, bool NORM, int MODE>
-__device__ __forceinline__ void dl_gemv(T *out, const T *inp, const T *nw, const uint4 *ws, int r0,
-                                        int n, const T *bias, const T *res, int IC, float eps,
-                                        uint4 *xs4) {
+// The GEMV input of one row into shared memory xs4 (IC / 8 16-byte chunks): inp itself, or with
+// NORM its rms norm by nws (the norm weight, already in shared memory): warp 0 holds the row in
+// registers (one L2 round trip), sums its squares by 16-byte chunks as gemv_kernel does and
+// writes the normed row.
+template <typename T, int U, bool NORM>
+__device__ __forceinline__ void dl_x(uint4 *xs4, const T *inp, const T *nws, int IC, float eps) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nchunk = IC / 8;
   const uint4 *x4 = (const uint4 *)inp;
   if constexpr (NORM) {
@@ -2028,7 +2040,7 @@ __device__ __forceinline__ void dl_gemv(T *out, const T *inp, const T *nw, const
         if (c < nchunk) {
           float v[8], g[8], y[8];
           cvt8<T>(xr[u], v);
-          cvt8<T>(*(const uint4 *)(nw + (long)c * 8), g);
+          cvt8<T>(*(const uint4 *)(nws + (long)c * 8), g);
 #pragma unroll
           for (int e = 0; e < 8; e++) y[e] = v[e] * r * g[e];
           xs4[c] = pack8<T>(y);
@@ -2039,11 +2051,24 @@ __device__ __forceinline__ void dl_gemv(T *out, const T *inp, const T *nw, const
     for (int c = threadIdx.x; c < nchunk; c += blockDim.x) xs4[c] = __ldcg(x4 + c);
   }
   __syncthreads();
+}
+
+// One GEMV phase's rows [r0, r0 + n) for one row of input (xs4, shared memory) from this block's
+// weight rows in shared memory (ws; for GV_SWIGLU the n gate rows, then the n up rows):
+// gemv_kernel's arithmetic (lane l sums the 16-byte chunks l, l + 32, ... in k order, a
+// butterfly sum, its epilogue), RB outputs (gate/up pairs) a warp at once so their dependent
+// multiply-add chains overlap.
+template <typename T, int U, int MODE, int RB>
+__device__ __forceinline__ void dl_rows(T *out, const uint4 *ws, const uint4 *xs4, int r0, int n,
+                                        const T *bias, const T *res, int IC) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nchunk = IC / 8;
   constexpr int RR = MODE == GV_SWIGLU ? 2 : 1;
-  for (int i = warp; i < n; i += DL_WARPS) {
-    float acc[RR];
+  for (int i0 = warp * RB; i0 < n; i0 += DL_WARPS * RB) {
+    float acc[RB][RR];
 #pragma unroll
-    for (int rr = 0; rr < RR; rr++) acc[rr] = 0.0f;
+    for (int b = 0; b < RB; b++)
+#pragma unroll
+      for (int rr = 0; rr < RR; rr++) acc[b][rr] = 0.0f;
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const int c = u * 32 + lane;
@@ -2051,28 +2076,53 @@ __device__ __forceinline__ void dl_gemv(T *out, const T *inp, const T *nw, const
         float xf[8];
         cvt8<T>(xs4[c], xf);
 #pragma unroll
-        for (int rr = 0; rr < RR; rr++) {
-          float wf[8];
-          cvt8<T>(ws[(long)(i + rr * n) * nchunk + c], wf);
+        for (int b = 0; b < RB; b++) {
+          const int i = min(i0 + b, n - 1); // past the block's rows: the last again, not stored
 #pragma unroll
-          for (int e = 0; e < 8; e++) acc[rr] = fmaf(wf[e], xf[e], acc[rr]);
+          for (int rr = 0; rr < RR; rr++) {
+            float wf[8];
+            cvt8<T>(ws[(long)(i + rr * n) * nchunk + c], wf);
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[b][rr] = fmaf(wf[e], xf[e], acc[b][rr]);
+          }
         }
       }
     }
 #pragma unroll
-    for (int rr = 0; rr < RR; rr++) acc[rr] = warp_sum(acc[rr]);
-    if (lane == 0) {
-      const int o = r0 + i;
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int b = 0; b < RB; b++)
+#pragma unroll
+        for (int rr = 0; rr < RR; rr++) acc[b][rr] += __shfl_xor_sync(0xffffffffu, acc[b][rr], o);
+#pragma unroll
+    for (int b = 0; b < RB; b++) {
+      if (lane != b || i0 + b >= n) continue;
+      const int o = r0 + i0 + b;
       if constexpr (MODE == GV_SWIGLU) {
-        const float gt = rounded<T>(acc[0]), up = rounded<T>(acc[1]);
+        const float gt = rounded<T>(acc[b][0]), up = rounded<T>(acc[b][1]);
         stf(out + o, gt / (1.0f + expf(-gt)) * up);
       } else {
-        float v = acc[0] + (bias ? ldf(bias + o) : 0.0f);
+        float v = acc[b][0] + (bias ? ldf(bias + o) : 0.0f);
         if (MODE == GV_RESID) v = rounded<T>(v) + ldcgf(res + o);
         stf(out + o, v);
       }
     }
   }
+}
+
+// A layer's norm weights into shared memory (cp.async, 16 bytes a thread at a time; nothing for a
+// NULL source): n values of src at dst.
+template <typename T>
+__device__ __forceinline__ void dl_norm_copy(T *dst, const void *src, int n) {
+  if (!src) return;
+  for (int c = threadIdx.x; c < n / 8; c += blockDim.x)
+    cp_async16(dst + (long)c * 8, (const T *)src + (long)c * 8);
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_prev() { // every group but the newest complete
+  asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
 
 #ifdef CT_DL_TIMES
@@ -2097,24 +2147,32 @@ __device__ int dl_tm_nl;
 #endif
 
 // UQ: 16-byte chunks per lane for the C-wide inputs (qkv, gate/up); UR: for the o_proj and down
-// inputs (H * hd and F wide; chunks past the row are not loaded).
+// inputs (H * hd and F wide; chunks past the row are not loaded). Dynamic shared memory: the
+// weight ring (DL_RING bytes), then the norm weights (ln1 and ln2: C each, q and k norm: hd each).
 template <typename T, int LK, int G, int UQ, int UR>
 __global__ void __launch_bounds__(DL_WARPS * 32, 1)
     decode_layers_kernel(const __grid_constant__ dl_args a) {
-  constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
+  constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL, PS = hd + 4;
+  constexpr int XS = (UR > UQ ? UR : UQ) * 32 * 16, PSB = DL_WARPS * G * PS * 4;
   extern __shared__ __align__(128) char dl_ring[];
-  __shared__ uint4 xs4[(UR > UQ ? UR : UQ) * 32];
+  // the GEMV input (xs4) and, in the attention phase, the splits' rows (ps): never both at once
+  __shared__ __align__(16) char scr[XS > PSB ? XS : PSB];
+  uint4 *xs4 = (uint4 *)scr;
+  float(*ps)[G][PS] = (float(*)[G][PS])scr;
   __shared__ float cs_[hd / 2], sn_[hd / 2];
   __shared__ __align__(16) T qs[DL_WARPS][G + 2][hd]; // a warp's q heads, then the newest k, v
   __shared__ __align__(8) uint64_t mb[DL_NBAR];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int gw = blockIdx.x * DL_WARPS + warp, nw_all = gridDim.x * DL_WARPS;
   const int H = a.H, KV = a.KV, C = a.C, F = a.F, nh = H + 2 * KV, W = nh * hd;
+  T *nws1 = (T *)(dl_ring + DL_RING), *nws2 = nws1 + C, *qns = nws2 + C, *kns = qns + hd;
   const long s = a.slot ? a.slot[0] : 0;
   const int p = a.pos[0], len = p + 1, nsp = (len + DEC_CHUNK - 1) / DEC_CHUNK;
-  const int used = min(a.splits, nsp);
-  T *x = (T *)a.x, *res2 = (T *)a.res2, *raw = (T *)a.raw;
-  T *atty = (T *)a.atty, *act = (T *)a.act;
+  // attention: BPH blocks a kv head, each DL_WARPS splits (the host checks KV * BPH <= blocks)
+  const int BPH = (nsp + DL_WARPS - 1) / DL_WARPS, A = KV * BPH;
+  const int akv = blockIdx.x / BPH, ar = blockIdx.x % BPH, asp = ar * DL_WARPS + warp;
+  const bool att_block = (int)blockIdx.x < A, att_warp = att_block && asp < nsp;
+  const int nact = att_block ? min(DL_WARPS, nsp - ar * DL_WARPS) : 0;
+  T *x = (T *)a.x, *res2 = (T *)a.res2, *raw = (T *)a.raw, *act = (T *)a.act;
   unsigned long long *ctr = a.bar;
   dl_ring_t ring = {};         // the weight ring's books (every thread keeps the same)
   unsigned long long base = 0; // thread 0's: the counter when this launch began
@@ -2123,10 +2181,19 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
   if (threadIdx.x == 0)
     for (int k = 0; k < DL_NBAR; k++) mbar_init(mb + k, 1);
   dl_issue<T>(a, ring, dl_ring, mb);
+  // the first layer's norm weights; later layers' are copied in by the barriers after their last
+  // use (cp.async groups, one a barrier, each complete two barriers later)
+  dl_norm_copy<T>(nws1, a.L[0].ln1_w, C);
+  dl_norm_copy<T>(nws2, a.L[0].ln2_w, C);
+  dl_norm_copy<T>(qns, a.L[0].q_norm, hd);
+  dl_norm_copy<T>(kns, a.L[0].k_norm, hd);
+  cp_async_commit();
   rope_table(cs_, sn_, hd, p, a.theta); // the row's cos / sin table
+  cp_async_wait_all();
   __syncthreads();
-  // the end of a phase: this block's ring slice is consumed (when `done`), then the grid barrier
-  auto barrier = [&](bool done, int l, int ev) {
+  // the end of a phase: this block's ring slice is consumed (when `done`), the next layer's norm
+  // weights asked for (copy), then the grid barrier
+  auto barrier = [&](bool done, int l, int ev, const void *src, T *dst, int n) {
     __syncthreads();
     DLT(l, ev);
     if (threadIdx.x == 0) dl_arrive(ctr);
@@ -2134,8 +2201,11 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
       ring.consumed++;
       dl_issue<T>(a, ring, dl_ring, mb);
     }
+    dl_norm_copy<T>(dst, src, n);
+    cp_async_commit();
     nbar++;
     if (threadIdx.x == 0) dl_await(ctr, base + (unsigned long long)nbar * gridDim.x);
+    cp_async_wait_prev();
     __syncthreads();
     if (ev != 13) DLT(l, ev + 1);
     else DLT(l + 1, 0);
@@ -2149,24 +2219,22 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
   };
   for (int l = 0; l < a.nl; l++) {
     const ct_decode_layer &Ly = a.L[l];
+    const bool more = l + 1 < a.nl;
+    const ct_decode_layer &Ln = a.L[more ? l + 1 : l];
     T *kc = (T *)Ly.kc, *vc = (T *)Ly.vc;
-    const T *qn = (const T *)Ly.q_norm, *kn = (const T *)Ly.k_norm;
-    // this warp's first attention split: the keys cached by earlier steps, loaded now (they do
-    // not depend on this step) so the loads overlap the qkv phase
+    T *Kc = kc + ((s * KV + akv) * a.max_T) * (long)hd, *Vc = vc + ((s * KV + akv) * a.max_T) * (long)hd;
+    // this warp's attention split: the keys cached by earlier steps, loaded now (they do not
+    // depend on this step) so the loads overlap the qkv phase
     uint4 kr[JK], vr[JK];
-    auto load_keys = [&](int t) { // split t's keys older than this step's, into kr / vr
-      const int kv = t / nsp, k0 = (t % nsp) * DEC_CHUNK;
-      const int ks = lane / LK, ch = lane % LK;
-      const T *K = kc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
-      const T *V = vc + ((s * KV + kv) * a.max_T) * (long)hd + ch * 8;
+    if (att_warp) {
+      const int k0 = asp * DEC_CHUNK, ks = lane / LK, ch = lane % LK;
 #pragma unroll
       for (int j = 0; j < JK; j++) {
         const int key = k0 + j * KPL + ks;
-        kr[j] = key < len - 1 ? __ldcg((const uint4 *)(K + (long)key * hd)) : make_uint4(0, 0, 0, 0);
-        vr[j] = key < len - 1 ? __ldcg((const uint4 *)(V + (long)key * hd)) : make_uint4(0, 0, 0, 0);
+        kr[j] = key < len - 1 ? __ldcg((const uint4 *)(Kc + (long)key * hd + ch * 8)) : make_uint4(0, 0, 0, 0);
+        vr[j] = key < len - 1 ? __ldcg((const uint4 *)(Vc + (long)key * hd + ch * 8)) : make_uint4(0, 0, 0, 0);
       }
-    };
-    if (gw < KV * nsp) load_keys(gw);
+    }
     int r0, n;
     const uint4 *ws;
     if (l == 0) DLT(0, 0);
@@ -2174,59 +2242,99 @@ __global__ void __launch_bounds__(DL_WARPS * 32, 1)
     n = dl_rows(W, blockIdx.x, gridDim.x, &r0);
     ws = weights();
     DLT(l, 1);
-    dl_gemv<T, UQ, true, GV_PLAIN>(raw, x, (const T *)Ly.ln1_w, ws, r0, n, (const T *)Ly.qkv_b,
-                                   NULL, C, a.eps, xs4);
+    dl_x<T, UQ, true>(xs4, x, nws1, C, a.eps);
+    dl_rows<T, UQ, GV_PLAIN, 4>(raw, ws, xs4, r0, n, (const T *)Ly.qkv_b, NULL, C);
     ph++;
-    barrier(true, l, 2);
-    // attention (with q / k norm + rope and the cache append): a warp per (kv head, split)
-    for (int t = gw; t < KV * nsp; t += nw_all) {
-      const int kv = t / nsp, sp = t % nsp, k0 = sp * DEC_CHUNK;
-      if (t != gw) load_keys(t); // a later split of this warp (caches longer than the grid's warps)
+    barrier(true, l, 2, more ? Ln.ln1_w : NULL, nws1, C);
+    // attention (q / k norm + rope, the cache append): a warp per split of its block's kv head,
+    // then the block's splits merged into one partial a query head
+    if (att_warp) {
       T(*q)[hd] = qs[warp];
-      att_rope_split<T, LK, G>(q, kr, vr, raw, qn, kn, kc + ((s * KV + kv) * a.max_T) * (long)hd,
-                               vc + ((s * KV + kv) * a.max_T) * (long)hd, H, KV, kv, k0, p,
-                               a.theta, a.eps, cs_, sn_, lane);
-      att_split_math<T, LK, G, true>(a.part, &q[0][0], kr, vr, 0, kv, sp, k0, len, H, a.splits,
-                                     a.scale, lane);
-      __syncwarp();
+      const int k0 = asp * DEC_CHUNK;
+      att_rope_split<T, LK, G>(q, kr, vr, raw, Ly.q_norm ? qns : NULL, Ly.k_norm ? kns : NULL, Kc,
+                               Vc, H, KV, akv, k0, p, a.theta, a.eps, cs_, sn_, lane);
+      att_split_math<T, LK, G, true>(NULL, &q[0][0], kr, vr, 0, akv, asp, k0, len, H, a.splits,
+                                     a.scale, lane, &ps[warp][0][0]);
     }
-    barrier(false, l, 4);
-    // every query head's splits merged, in split order: hd / 32 warps a head, each making one
-    // output a lane (att_merge_core's parts: the same arithmetic as one warp a head)
-    {
-      constexpr int MP = hd / 32, PS = hd + 4;
-      for (int t = gw; t < H * MP; t += nw_all) {
-        const int h = t / MP;
-        const float *pp = a.part + (long)h * a.splits * PS;
-        auto ld = [pp](int sp, int i) { return __ldcg(pp + (long)sp * PS + i); };
-        att_merge_core<T, hd, decltype(ld), MP>(atty + (long)h * hd, ld, used, lane, t % MP);
+    __syncthreads();
+    for (int g = warp; att_block && g < G; g += DL_WARPS) {
+      float M = -INFINITY;
+      for (int sp = 0; sp < nact; sp++) M = fmaxf(M, ps[sp][g][hd]);
+      float L = 0.0f, o[hd / 32];
+#pragma unroll
+      for (int i = 0; i < hd / 32; i++) o[i] = 0.0f;
+      for (int sp = 0; sp < nact; sp++) {
+        const float f = expf(ps[sp][g][hd] - M);
+        L = fmaf(f, ps[sp][g][hd + 1], L);
+#pragma unroll
+        for (int i = 0; i < hd / 32; i++) o[i] = fmaf(f, ps[sp][g][lane + 32 * i], o[i]);
+      }
+      float *dst = a.part + ((long)(akv * G + g) * BPH + ar) * PS;
+#pragma unroll
+      for (int i = 0; i < hd / 32; i++) __stcg(dst + lane + 32 * i, o[i]);
+      if (lane == 0) {
+        __stcg(dst + hd, M);
+        __stcg(dst + hd + 1, L);
       }
     }
-    barrier(false, l, 14);
-    // res2 = o_proj(atty) + x
+    barrier(false, l, 4, more ? Ln.q_norm : NULL, qns, hd);
+    // res2 = o_proj(attention) + x: every block merges each query head's BPH partials into its
+    // input row first (rounded to T, as the attention kernels store it)
     n = dl_rows(C, blockIdx.x, gridDim.x, &r0);
+    {
+      T *xs = (T *)scr;
+      for (int hh = warp; hh < H; hh += DL_WARPS) {
+        const float *pp = a.part + (long)hh * BPH * PS;
+        float mr = -INFINITY, lr = 0.0f, v[DL_MAX_BPH][hd / 32];
+        if (lane < BPH) {
+          mr = __ldcg(pp + (long)lane * PS + hd);
+          lr = __ldcg(pp + (long)lane * PS + hd + 1);
+        }
+#pragma unroll
+        for (int r = 0; r < DL_MAX_BPH; r++)
+#pragma unroll
+          for (int i = 0; i < hd / 32; i++) v[r][i] = r < BPH ? __ldcg(pp + (long)r * PS + lane + 32 * i) : 0.0f;
+        float M = mr;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        const float f = lane < BPH ? expf(mr - M) : 0.0f;
+        const float L = warp_sum(f * lr);
+        float o[hd / 32];
+#pragma unroll
+        for (int i = 0; i < hd / 32; i++) o[i] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < DL_MAX_BPH; r++) {
+          const float fr = __shfl_sync(0xffffffffu, f, r);
+#pragma unroll
+          for (int i = 0; i < hd / 32; i++) o[i] = fmaf(fr, v[r][i], o[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < hd / 32; i++) stf(xs + (long)hh * hd + lane + 32 * i, o[i] / L);
+      }
+    }
+    __syncthreads();
     ws = weights();
     DLT(l, 6);
-    dl_gemv<T, UR, false, GV_RESID>(res2, atty, NULL, ws, r0, n, (const T *)Ly.o_b, x, H * hd,
-                                    0.0f, xs4);
+    dl_rows<T, UR, GV_RESID, 1>(res2, ws, xs4, r0, n, (const T *)Ly.o_b, x, H * hd);
     ph++;
-    barrier(true, l, 7);
+    barrier(true, l, 7, NULL, NULL, 0);
     // act = swiglu(rmsnorm(res2) @ fc^T)
     n = dl_rows(F, blockIdx.x, gridDim.x, &r0);
     ws = weights();
     DLT(l, 9);
-    dl_gemv<T, UQ, true, GV_SWIGLU>(act, res2, (const T *)Ly.ln2_w, ws, r0, n, NULL, NULL, C,
-                                    a.eps, xs4);
+    dl_x<T, UQ, true>(xs4, res2, nws2, C, a.eps);
+    dl_rows<T, UQ, GV_SWIGLU, 3>(act, ws, xs4, r0, n, NULL, NULL, C);
     ph++;
-    barrier(true, l, 10);
+    barrier(true, l, 10, more ? Ln.ln2_w : NULL, nws2, C);
     // x = proj(act) + res2
     n = dl_rows(C, blockIdx.x, gridDim.x, &r0);
     ws = weights();
     DLT(l, 12);
-    dl_gemv<T, UR, false, GV_RESID>(x, act, NULL, ws, r0, n, (const T *)Ly.proj_b, res2, F, 0.0f,
-                                    xs4);
+    dl_x<T, UR, false>(xs4, act, NULL, F, 0.0f);
+    dl_rows<T, UR, GV_RESID, 1>(x, ws, xs4, r0, n, (const T *)Ly.proj_b, res2, F);
     ph++;
-    if (l + 1 < a.nl) barrier(true, l, 13); // ev 14 -> the next layer's 0
+    // ev 14 -> the next layer's 0; the k norm weight here (the q norm's went at the attention's)
+    if (more) barrier(true, l, 13, Ln.k_norm, kns, hd);
     else DLT(l, 13);
   }
 #ifdef CT_DL_TIMES
@@ -2256,25 +2364,17 @@ bool dl_launch(const dl_args &a) {
   void (*k)(dl_args) = ur == 4    ? decode_layers_kernel<T, LK, G, 4, 4>
                        : ur == 8 ? decode_layers_kernel<T, LK, G, 4, 8>
                                  : decode_layers_kernel<T, LK, G, 4, 12>;
-  // the weight ring's shared memory, then one resident block per multiprocessor (the barriers
-  // need every block resident): asked once per kernel and device
-  static kernel_list checked, fitting;
-  bool in;
-  const int dev = listed(checked, (const void *)k, &in);
-  if (dev < 0) return false;
-  if (!in) {
-    int per_sm = 0;
-    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, DL_RING) ==
-            cudaSuccess &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DL_WARPS * 32, DL_RING) ==
-            cudaSuccess &&
-        per_sm >= 1)
-      add_listed(fitting, dev, (const void *)k);
+  // the weight ring and the norm weights in shared memory, then one resident block per
+  // multiprocessor (the barriers need every block resident): asked at every launch (the norm
+  // weights' bytes depend on the model; graph replays launch nothing)
+  const size_t dyn = DL_RING + (size_t)(2 * a.C + 2 * a.hd) * sizeof(T);
+  int per_sm = 0;
+  if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DL_WARPS * 32, dyn) != cudaSuccess ||
+      per_sm < 1) {
     cudaGetLastError();
-    add_listed(checked, dev, (const void *)k);
+    return false;
   }
-  listed(fitting, (const void *)k, &in);
-  if (!in) return false;
   const int nb = num_sms();
   // every GEMV phase's slice a block fits in half the ring (so the next streams beside it)
   const int W = (a.H + 2 * a.KV) * a.hd;
@@ -2283,10 +2383,13 @@ bool dl_launch(const dl_args &a) {
   if (per(W) * a.C * e > half || per(a.C) * a.H * a.hd * e > half ||
       2 * per(a.F) * a.C * e > half || per(a.C) * a.F * e > half)
     return false;
+  // attention: ceil(splits / DL_WARPS) blocks a kv head at the longest cache
+  const int bph = (a.splits + DL_WARPS - 1) / DL_WARPS;
+  if (bph > DL_MAX_BPH || a.KV * bph > nb) return false;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)nb);
   cfg.blockDim = dim3(DL_WARPS * 32);
-  cfg.dynamicSmemBytes = DL_RING;
+  cfg.dynamicSmemBytes = dyn;
   cfg.stream = stream();
   void *ev = ct_cuda_prof_begin();
   const bool ok = CKD("decode_layers", cudaLaunchKernelEx(&cfg, k, a));
@@ -2315,7 +2418,8 @@ int cu_decode_layers(void *x, void *res2, void *raw, void *qkv, void *atty, void
     for (int l = 0; l < nl; l++) {
       const ct_decode_layer &L = layers[l];
       if (!aligned16(L.ln1_w) || !aligned16(L.qkv_w) || !aligned16(L.o_w) || !aligned16(L.ln2_w) ||
-          !aligned16(L.fc_w) || !aligned16(L.proj_w) || !aligned16(L.kc) || !aligned16(L.vc))
+          !aligned16(L.fc_w) || !aligned16(L.proj_w) || !aligned16(L.kc) || !aligned16(L.vc) ||
+          !aligned16(L.q_norm) || !aligned16(L.k_norm))
         return 1;
     }
     int dev = 0;
@@ -2339,6 +2443,8 @@ int cu_decode_layers(void *x, void *res2, void *raw, void *qkv, void *atty, void
     a.slot = slot, a.pos = pos;
     a.nl = nl, a.C = C, a.H = H, a.KV = KV, a.hd = hd, a.F = F, a.max_T = max_T, a.splits = splits;
     a.theta = theta, a.eps = eps, a.scale = 1.0f / sqrtf((float)hd);
+    const char *ah = getenv("CT_DL_AHEAD");
+    a.ahead = ah && atoi(ah) >= 1 && atoi(ah) <= DL_NBAR ? atoi(ah) : 2;
     for (int l = 0; l < nl; l++) a.L[l] = layers[l];
     bool ok;
     if (hd == 64) ok = G == 1 ? dl_launch<T, 8, 1>(a) : G == 2 ? dl_launch<T, 8, 2>(a) : dl_launch<T, 8, 4>(a);
@@ -3026,7 +3132,7 @@ extern "C" void ct_cuda_decode_timeline(void) {
                                       "attention done", "barrier", "o_proj weights in",
                                       "o_proj done", "barrier", "gate/up weights in",
                                       "gate/up done", "barrier", "down weights in", "down done",
-                                      "merge done", "barrier"};
+                                      "(unused)", "(unused)"};
       fprintf(stderr, "decode_layers times (us after the layer's first block started it; min / mean"
               " / max over %d blocks, means over layers 1 .. %d):\n", nb, nl - 2);
       double per = 0;

@@ -603,28 +603,49 @@ static void same_bits(const char *what, const float *a, const float *b, size_t n
   printf("%s: %ld %s, logits %s\n", what, ran, unit, diff ? "DIFFER" : "bit-identical");
 }
 
-/* decode_layers (the batch-1 decode step as one persistent kernel, CT_DECODE_PERSIST=1) gives
- * the per-layer kernels' logits bit for bit, for GQA ratios 1, 2 and 4 and head dims 64 / 128 */
+/* decode_layers (the batch-1 decode step as one persistent kernel, CT_DECODE_PERSIST=1) against
+ * the per-layer kernels: logits within bf16 tolerance (its attention merges each block's splits,
+ * then the blocks' partials: another order of the same sums), and with CUDA graphs equal to
+ * without them bit for bit; GQA ratios 1, 2 and 4, head dims 64 / 128, with and without qk norm;
+ * a 40-position cache (one attention block a kv head), 200 (a 70-token prompt, steps at 70 .. 81:
+ * one block, 5-6 splits) and 512 (steps at 490 .. 501: 4 blocks a kv head, 31-32 splits) */
 static void test_decode_layers(void) {
   static const int S[][4] = {{256, 2, 1, 0}, {256, 4, 4, 0}, {512, 8, 2, 0}, {256, 4, 1, 1}};
+  static const int L[][3] = {{40, 14, 8}, {200, 70, 12}, {512, 490, 12}}; /* max_len, prompt, steps */
   for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
-    ct_model *m = tiny_llama(3, S[si][0], S[si][1], S[si][2], !S[si][3], 5 + (uint64_t)si);
+    ct_model *m = tiny_llama_T(3, S[si][0], S[si][1], S[si][2], !S[si][3], 5 + (uint64_t)si, 512);
     if (!m) return;
-    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m)), rows = 9;
-    float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
-    char what[160];
-    snprintf(what, sizeof what, "decode_layers C%d H%d KV%d hd%d%s", S[si][0], S[si][1], S[si][2],
-             S[si][0] / S[si][1], S[si][3] ? " no qk norm" : "");
-    unsetenv("CT_DECODE_PERSIST");
-    engine_logits_1row(m, ct_ops_cuda_bf16(), a);
-    const long before = ct_cuda_decode_layers_launches();
-    setenv("CT_DECODE_PERSIST", "1", 1);
-    engine_logits_1row(m, ct_ops_cuda_bf16(), b);
-    unsetenv("CT_DECODE_PERSIST");
-    const long ran = ct_cuda_decode_layers_launches() - before;
-    same_bits(what, a + Vp, b + Vp, (rows - 1) * Vp, ran, "launches"); /* the decode steps' */
-    free(a);
-    free(b);
+    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m));
+    for (size_t li = 0; li < sizeof L / sizeof L[0]; li++) {
+      const size_t n = (size_t)(1 + L[li][2]) * Vp;
+      float *a = calloc(n, 4), *b = calloc(n, 4), *c = calloc(n, 4);
+      char what[192];
+      snprintf(what, sizeof what, "decode_layers C%d H%d KV%d hd%d%s, %d-position cache", S[si][0],
+               S[si][1], S[si][2], S[si][0] / S[si][1], S[si][3] ? " no qk norm" : "", L[li][0]);
+      unsetenv("CT_DECODE_PERSIST");
+      engine_logits_seq(m, ct_ops_cuda_bf16(), a, L[li][0], L[li][0], L[li][1], L[li][2]);
+      const long before = ct_cuda_decode_layers_launches();
+      setenv("CT_DECODE_PERSIST", "1", 1);
+      engine_logits_seq(m, ct_ops_cuda_bf16(), b, L[li][0], L[li][0], L[li][1], L[li][2]);
+      const long ran = ct_cuda_decode_layers_launches() - before;
+      g_graphs = 0;
+      engine_logits_seq(m, ct_ops_cuda_bf16(), c, L[li][0], L[li][0], L[li][1], L[li][2]);
+      g_graphs = 1;
+      unsetenv("CT_DECODE_PERSIST");
+      CHECK_MSG(ran > 0, "%s: the persistent kernel did not run", what);
+      char w2[240];
+      snprintf(w2, sizeof w2, "%s vs the per-layer kernels", what);
+      /* row 0: the prefill's logits, from the same kernels both ways */
+      const double err = ct_check_close(w2, b + Vp, a + Vp, n - Vp, 3e-2, 1e-6);
+      size_t diff = 0;
+      for (size_t i = 0; i < n; i++) diff += memcmp(&b[i], &c[i], 4) != 0;
+      CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ between graphs and no graphs", what, diff, n);
+      printf("%s: %ld launches; normalized error %.2e vs the per-layer kernels; graphs = no graphs:"
+             " %s\n", what, ran, err, diff ? "DIFFER" : "bit-identical");
+      free(a);
+      free(b);
+      free(c);
+    }
     ct_model_destroy(m);
   }
 }
