@@ -37,6 +37,15 @@
 # 1,196 tokens/s at batch 1 with CT_DECODE_GEMV=0); its first prefill of a new shape costs 69-113 ms
 # at batch 8 / 64 (the same shape again: ~1 ms): find out why first (CT_CUDA_PROFILE=1, suspect the
 # cuBLASLt bias / GELU epilogues' first use at a shape) before timing anything else.
+# Session 17 (calls 79-84): it was cuBLASLt timing 8 candidates per new product shape (lt_exec);
+# generate now takes the heuristic's first (lt-first): 125 -> 11.6 ms at batch 8, the repeated
+# shape 1.4 ms both ways. ~10-15 ms remain on a new shape's first prefill (GPT-2 and Qwen3 alike;
+# CUDA_MODULE_LOADING=EAGER does not remove it): cuBLAS's own first use of a shape is the suspect.
+# #8: a key-a-lane attention split (1,471 vs 1,490), attention partials merged by the o_proj GEMV
+# (1,372 vs 1,481) and the persistent kernel with five phases (1,212 vs 1,481) all lost to the
+# per-layer kernels (bench/results/call79_*, call80_*): with weights streaming, each L2 round trip
+# and grid barrier costs ~2x its idle latency. Untried: two decode steps a CUDA graph (the ~20 us
+# gap between replays), and the head GEMV (70 us, at the bandwidth) overlapping the last layers.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
