@@ -603,6 +603,23 @@ static void same_bits(const char *what, const float *a, const float *b, size_t n
   printf("%s: %ld %s, logits %s\n", what, ran, unit, diff ? "DIFFER" : "bit-identical");
 }
 
+/* A variant whose arithmetic differs from the reference's (its `ran` launches): its n logits b,
+ * after the first `skip`, within bf16 tolerance of ref's a (normalized), and its run without CUDA
+ * graphs c equal to b bit for bit (all n). Prints the outcome under `what`; `ref` names the
+ * reference. */
+static void close_and_graph_bits(const char *what, const char *ref, const float *a, const float *b,
+                                 const float *c, size_t n, size_t skip, long ran) {
+  CHECK_MSG(ran > 0, "%s: the variant did not run", what);
+  char w2[320];
+  snprintf(w2, sizeof w2, "%s vs %s", what, ref);
+  const double err = ct_check_close(w2, b + skip, a + skip, n - skip, 3e-2, 1e-6);
+  size_t diff = 0;
+  for (size_t i = 0; i < n; i++) diff += memcmp(&b[i], &c[i], 4) != 0;
+  CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ between graphs and no graphs", what, diff, n);
+  printf("%s: %ld launches; normalized error %.2e vs %s; graphs = no graphs: %s\n", what, ran, err,
+         ref, diff ? "DIFFER" : "bit-identical");
+}
+
 /* decode_layers (the batch-1 decode step as one persistent kernel, CT_DECODE_PERSIST=1) against
  * the per-layer kernels: logits within bf16 tolerance (its attention merges each block's splits,
  * then the blocks' partials: another order of the same sums), and with CUDA graphs equal to
@@ -632,16 +649,8 @@ static void test_decode_layers(void) {
       engine_logits_seq(m, ct_ops_cuda_bf16(), c, L[li][0], L[li][0], L[li][1], L[li][2]);
       g_graphs = 1;
       unsetenv("CT_DECODE_PERSIST");
-      CHECK_MSG(ran > 0, "%s: the persistent kernel did not run", what);
-      char w2[240];
-      snprintf(w2, sizeof w2, "%s vs the per-layer kernels", what);
-      /* row 0: the prefill's logits, from the same kernels both ways */
-      const double err = ct_check_close(w2, b + Vp, a + Vp, n - Vp, 3e-2, 1e-6);
-      size_t diff = 0;
-      for (size_t i = 0; i < n; i++) diff += memcmp(&b[i], &c[i], 4) != 0;
-      CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ between graphs and no graphs", what, diff, n);
-      printf("%s: %ld launches; normalized error %.2e vs the per-layer kernels; graphs = no graphs:"
-             " %s\n", what, ran, err, diff ? "DIFFER" : "bit-identical");
+      /* tolerance on the decode steps' rows (row 0, the prefill's, comes from the same kernels) */
+      close_and_graph_bits(what, "the per-layer kernels", a, b, c, n, Vp, ran);
       free(a);
       free(b);
       free(c);
@@ -805,15 +814,7 @@ static void test_attention_oproj(void) {
     unsetenv("CT_DECODE_OPROJ");
     snprintf(what, sizeof what, "attention + output projection C%d H%d KV%d", S[si][0], S[si][1],
              S[si][2]);
-    CHECK_MSG(ran > 0, "%s: the fused kernel did not run", what);
-    char w2[200];
-    snprintf(w2, sizeof w2, "%s vs the separate projection", what);
-    const double e_sep = ct_check_close(w2, b, a, n, 3e-2, 1e-6);
-    size_t diff = 0;
-    for (size_t i = 0; i < n; i++) diff += memcmp(&b[i], &c[i], 4) != 0;
-    CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ between graphs and no graphs", what, diff, n);
-    printf("%s: %ld launches; normalized error %.2e vs the separate projection; graphs = no"
-           " graphs: %s\n", what, ran, e_sep, diff ? "DIFFER" : "bit-identical");
+    close_and_graph_bits(what, "the separate projection", a, b, c, n, 0, ran);
     free(a);
     free(b);
     free(c);
