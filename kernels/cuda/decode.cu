@@ -1736,9 +1736,10 @@ __global__ void __launch_bounds__(QA_WARPS * 32, 1)
 }
 
 // argmax over many blocks: grid (B, N); block b scans a slice of row n, writes its (value,
-// index), and the last block of the row (a counter, reset by it) takes the best of the B in
-// block order. Ties go to the lowest index, as argmax_rows_kernel.
+// index), and the last block of the row (a counter, reset by it) takes the best of the B. Ties
+// go to the lowest index, as argmax_rows_kernel.
 #define AM_THREADS 256
+#define AM_MAX_BLOCKS 64 // blocks a row (cu_argmax_advance's B)
 template <typename T>
 __global__ void __launch_bounds__(AM_THREADS)
     argmax_split_kernel(int32_t *out, int32_t *tok, int32_t *pos, float *pv, int *pi,
@@ -1774,15 +1775,32 @@ __global__ void __launch_bounds__(AM_THREADS)
     last = atomicAdd(count + n, 1u) == (unsigned)B - 1;
   }
   __syncthreads();
-  if (!last || threadIdx.x) return;
+  if (!last || w) return;
+  // the last block's first warp merges the blocks' partials: every lane's loads go out together
+  // (one thread reading them in turn waited an L2 round trip each: ~20 us a decode step for 64
+  // partials on an H200), then the butterfly; the largest value, the lowest index on ties, is
+  // the same whichever order the partials are compared in
   __threadfence();
   bv = -INFINITY;
   bi = 0x7fffffff;
-  for (int k = 0; k < B; k++) {
-    const float v = __ldcg(pv + (long)n * B + k);
-    const int i = __ldcg(pi + (long)n * B + k);
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+  constexpr int PL = AM_MAX_BLOCKS / 32; // partials a lane
+  float pvs[PL];
+  int pis[PL];
+#pragma unroll
+  for (int j = 0; j < PL; j++) {
+    const int k = lane + 32 * j;
+    pvs[j] = k < B ? __ldcg(pv + (long)n * B + k) : -INFINITY;
+    pis[j] = k < B ? __ldcg(pi + (long)n * B + k) : 0x7fffffff;
   }
+#pragma unroll
+  for (int j = 0; j < PL; j++)
+    if (pvs[j] > bv || (pvs[j] == bv && pis[j] < bi)) { bv = pvs[j]; bi = pis[j]; }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+  }
+  if (lane) return;
   argmax_put(out, tok, pos, n, bi == 0x7fffffff ? 0 : bi);
   count[n] = 0;
 }
@@ -2510,7 +2528,7 @@ template <typename T>
 void cu_argmax_advance(int32_t *out, int32_t *tok, int32_t *pos, const void *logits, int N, int V,
                        int Vp) {
   if (N <= 0) return;
-  const int B = V >= 64 * 2048 ? 64 : (V + 2047) / 2048;
+  const int B = V >= AM_MAX_BLOCKS * 2048 ? AM_MAX_BLOCKS : (V + 2047) / 2048;
   if (gemv_on() && v2_on() && B > 1 && N <= ARGMAX_MAX_ROWS) {
     char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + (size_t)N * B * 8);
     if (!buf) return;
