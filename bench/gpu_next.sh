@@ -46,6 +46,15 @@
 # per-layer kernels (bench/results/call79_*, call80_*): with weights streaming, each L2 round trip
 # and grid barrier costs ~2x its idle latency. Untried: two decode steps a CUDA graph (the ~20 us
 # gap between replays), and the head GEMV (70 us, at the bandwidth) overlapping the last layers.
+# Session 18 (calls 85-89): the decode MLP as one kernel (split-K down projection summed by int64
+# fixed-point atomics, finished by the next op: 1,312 against 1,483 tokens/s; the cluster barrier
+# costs more than the boundary it removes and every next-layer block reads 4x the bytes from the
+# same L2 lines) and several decode steps a CUDA graph (K = 2 / 4 / 8: no faster) were correct
+# and slower, taken out (bench/results/call85-86_*, call87-88_*, patches as text). The argmax's
+# last-block merge with all loads in flight landed (+0.5%). The ~20 us from the argmax's release
+# to the next step's first kernel is neither the graph boundary nor the ids' copy; after a50641f it
+# is 16.9 us (call 90's timeline), and not the argmax's or the embedding's own work either
+# (CT_DECODE_NULL of each: no faster). Next: what the embedding kernel's start waits for.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
