@@ -81,6 +81,12 @@
 //    projection block loading all heads' partials costs more than the cluster merge it replaces
 //    (call 83; bench/results/call80_2026-12-02_H200/attention_part.patch.txt).
 //  - The persistent kernel rebuilt with five phases a layer (decode_layers_kernel's STATUS): 1,212.
+//  - The MLP as one kernel (gate/up blocks in clusters of 8 going on with the down projection of
+//    their units, the shares summed by int64 fixed-point atomics and finished by the next layer's
+//    norm + qkv GEMV): the same ids, 1,312 against 1,483 (call 85-86): its cluster barrier and
+//    gather cost more than the boundary it removes, and 256 qkv blocks reading the 8 KB of sums
+//    from the same L2 lines took 6.4-7.9 us against 3.4-4.0. Several decode steps a CUDA graph
+//    (2 to 8): no faster (call 88). Both patches: bench/results/call85-86_*, call87-88_*.
 // So the per-layer chain (~21.4 us: qkv 3.7, attention 7.7, o_proj 2.8, gate/up 3.3, down 3.8)
 // is bounded by latencies that more overlap does not remove; the next step toward 60% of the
 // bound is fewer dependent stages a layer with less work resident beside each, not another
