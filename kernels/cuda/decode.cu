@@ -892,6 +892,20 @@ __device__ __forceinline__ void argmax_put(int32_t *out, int32_t *tok, int32_t *
   }
 }
 
+// (bv, bi) becomes (v, i) where v is larger, or equal with a lower index: the largest value, the
+// lowest index on ties, whatever order candidates come in.
+__device__ __forceinline__ void argmax_take(float &bv, int &bi, float v, int i) {
+  if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+}
+// The warp's best (bv, bi) in every lane (butterfly of argmax_take).
+__device__ __forceinline__ void argmax_warp(float &bv, int &bi) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    argmax_take(bv, bi, ov, oi);
+  }
+}
+
 // One block per row: the largest of the first V entries, lowest index on ties.
 #define ARGMAX_THREADS 1024
 template <typename T>
@@ -908,11 +922,7 @@ __global__ void argmax_rows_kernel(int32_t *out, int32_t *tok, int32_t *pos, con
     const float v = ldf(r + i);
     if (v > bv) { bv = v; bi = i; } // i grows: a thread keeps its first maximum
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-  }
+  argmax_warp(bv, bi);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   if (lane == 0) { sv[w] = bv; si[w] = bi; }
   __syncthreads();
@@ -920,11 +930,7 @@ __global__ void argmax_rows_kernel(int32_t *out, int32_t *tok, int32_t *pos, con
     const int nw = blockDim.x >> 5;
     bv = lane < nw ? sv[lane] : -INFINITY;
     bi = lane < nw ? si[lane] : 0x7fffffff;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-    }
+    argmax_warp(bv, bi);
     if (lane == 0) argmax_put(out, tok, pos, blockIdx.x, bi == 0x7fffffff ? 0 : bi);
   }
 }
@@ -1764,17 +1770,13 @@ __global__ void __launch_bounds__(AM_THREADS)
     const float v = ldf(r + i);
     if (v > bv) { bv = v; bi = i; }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-  }
+  argmax_warp(bv, bi);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
   if (lane == 0) { sv[w] = bv; si[w] = bi; }
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int k = 1; k < AM_THREADS / 32; k++)
-      if (sv[k] > bv || (sv[k] == bv && si[k] < bi)) { bv = sv[k]; bi = si[k]; }
+      argmax_take(bv, bi, sv[k], si[k]);
     pv[(long)n * B + b] = bv;
     pi[(long)n * B + b] = bi;
     __threadfence();
@@ -1783,9 +1785,9 @@ __global__ void __launch_bounds__(AM_THREADS)
   __syncthreads();
   if (!last || w) return;
   // the last block's first warp merges the blocks' partials: every lane's loads go out together
-  // (one thread reading them in turn waited an L2 round trip each: ~20 us a decode step for 64
-  // partials on an H200), then the butterfly; the largest value, the lowest index on ties, is
-  // the same whichever order the partials are compared in
+  // (one thread reading them in turn waited an L2 round trip each; the warp saves ~3 us a decode
+  // step on an H200, bench/results/call89_*), then the butterfly (argmax_take's order does not
+  // change the result)
   __threadfence();
   bv = -INFINITY;
   bi = 0x7fffffff;
@@ -1800,12 +1802,8 @@ __global__ void __launch_bounds__(AM_THREADS)
   }
 #pragma unroll
   for (int j = 0; j < PL; j++)
-    if (pvs[j] > bv || (pvs[j] == bv && pis[j] < bi)) { bv = pvs[j]; bi = pis[j]; }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-  }
+    argmax_take(bv, bi, pvs[j], pis[j]);
+  argmax_warp(bv, bi);
   if (lane) return;
   argmax_put(out, tok, pos, n, bi == 0x7fffffff ? 0 : bi);
   count[n] = 0;
