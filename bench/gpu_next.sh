@@ -55,11 +55,12 @@
 # to the next step's first kernel is neither the graph boundary nor the ids' copy; after a50641f it
 # is 16.9 us (call 90's timeline), and not the argmax's or the embedding's own work either
 # (CT_DECODE_NULL of each: no faster). Next: what the embedding kernel's start waits for.
-# Session 19 (calls 92-97): a software hand-off between the one-row GEMVs (outputs as tagged LL
+# Session 19 (calls 92-98): a software hand-off between the one-row GEMVs (outputs as tagged LL
 # lines, the next GEMV polling and multiplying its input chunks as they arrive, no wait at its
-# start) was correct and 11-76% slower (bench/results/call92-97_*): polls of the same L2 lines by
-# every consumer block contend with the weight streams, and seeing a line costs a loaded L2 round
-# trip, about what a PDL wait's release costs. The kernel boundary is not beatable that way.
+# start) was correct; one boundary streamed was at best even, all three 26% slower
+# (bench/results/call92-98_*): polls of the same L2 lines by every consumer block contend with
+# the weight streams, and seeing a line costs a loaded L2 round trip, about what a PDL wait's
+# release costs. The kernel boundary is not beatable that way.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation

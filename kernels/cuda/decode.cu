@@ -87,13 +87,14 @@
 //    gather cost more than the boundary it removes, and 256 qkv blocks reading the 8 KB of sums
 //    from the same L2 lines took 6.4-7.9 us against 3.4-4.0. Several decode steps a CUDA graph
 //    (2 to 8): no faster (call 88). Both patches: bench/results/call85-86_*, call87-88_*.
-//  - A software hand-off instead of the boundary (calls 92-97): the GEMVs writing their outputs
+//  - A software hand-off instead of the boundary (calls 92-98): the GEMVs writing their outputs
 //    as tagged 16-byte lines (2 values + tag, twice) and the next GEMV, not waiting, polling its
 //    input chunks and multiplying each as it arrived. Correct (within bf16 tolerance, graphs = no
-//    graphs bit for bit, the same ids) and slower every way, 351 to 1,323 against 1,490 tokens/s:
-//    every block needs the whole input, so the polls are many requests to a few L2 lines while
-//    the weights stream through the same L2, seeing a line is itself a loaded L2 round trip, and
-//    the polling blocks resident beside a kernel slow it (bench/results/call92-97_*, the patch).
+//    graphs bit for bit, the same ids); one boundary streamed at best even with its waited
+//    version, all three 1,109 against 1,490 tokens/s: every block needs the whole input, so the
+//    polls are many requests to a few L2 lines while the weights stream through the same L2,
+//    seeing a line is itself a loaded L2 round trip, and the polling blocks resident beside a
+//    kernel slow it (bench/results/call92-98_*, the patch).
 // So the per-layer chain (~21.4 us: qkv 3.7, attention 7.7, o_proj 2.8, gate/up 3.3, down 3.8)
 // is bounded by latencies that more overlap does not remove; the next step toward 60% of the
 // bound is fewer dependent stages a layer with less work resident beside each, not another
