@@ -95,7 +95,15 @@
 //    polls are many requests to a few L2 lines while the weights stream through the same L2,
 //    seeing a line is itself a loaded L2 round trip, and the polling blocks resident beside a
 //    kernel slow it (bench/results/call92-98_*, the patch).
-// So the per-layer chain (~21.4 us: qkv 3.7, attention 7.7, o_proj 2.8, gate/up 3.3, down 3.8)
+//  - Loads issued ahead of the arithmetic (call 99, 2026-12-02): attention's rope phase issuing
+//    every head's loads (G q heads, the newest key's k and v, the norm weights) before the first
+//    head's math (att_rope_split) took it from 1.61 to 1.32 us and attention from 7.7 to 6.9 us
+//    after its release; the argmax reading its slice 16 bytes at a time, all loads in flight
+//    before the compares (CT_DECODE_VEC_ARGMAX=0 turns it off). Together 1,491-1,506 against
+//    1,479-1,488 tokens/s at batch 1, 4,512-4,518 against 4,442-4,455 at batch 8, the same ids
+//    (bench/results/call99_2026-12-02_H200_rope_loads). The argmax's last block stores the id
+//    2.9 us after its release; the next step's embedding starts 12 us after that.
+// So the per-layer chain (~20.6 us: qkv 3.7, attention 6.9, o_proj 2.8, gate/up 3.3, down 3.8)
 // is bounded by latencies that more overlap does not remove; the next step toward 60% of the
 // bound is fewer dependent stages a layer with less work resident beside each, not another
 // placement of the same five.
@@ -178,6 +186,9 @@ bool v2_on() {
   if (on < 0) on = !env_off("CT_DECODE_V2");
   return on;
 }
+// argmax_split_kernel's 16-byte loads (VEC): on unless CT_DECODE_VEC_ARGMAX=0 (a comparison in
+// one process; the ids are the same). Read at every launch.
+bool vec_argmax_on() { return !env_off("CT_DECODE_VEC_ARGMAX"); }
 
 // L2 hints (ops.h l2_hint): the next GEMV, attention or qkv_rope_append kernel launched on the
 // device asks a later kernel's weights into L2 while it runs (cp.async.bulk.prefetch.L2, a slice
@@ -265,6 +276,9 @@ __device__ unsigned long long tl_ph[TL_PHASES][TL_MAX];
   do {                                                      \
     if (tl_block0()) tl_ph[k][tl_slot()] = tl_now();        \
   } while (0)
+// argmax_split_kernel's launch number (its block 0 leaves it for the last block, which notes in
+// tl_ph[0] when the id is stored)
+__device__ unsigned tl_am_slot;
 #else
 #define TL_PHASE(k) \
   do {              \
@@ -1249,25 +1263,34 @@ template <> __device__ __forceinline__ float ldcgf<f16>(const f16 *p) {
   return __half2float(__ushort_as_half(__ldcg((const unsigned short *)p)));
 }
 
-// Head x (hd values, lane holds d = lane + 32 j) rms-normalized by nwt when given (rounded, as
-// rmsnorm_fwd) and rotated by the row's angles (rope_pos_kernel's formulas; cs / sn: the table
-// when `table`): o[j], still to be rounded by the store. Warp-level.
+// rope_head_vals in two parts, so that a caller with several heads can issue every head's loads
+// before the first head's arithmetic: the head x and its norm weight nwt (when given) into v and
+// g, lane l holding d = l + 32 j.
 template <typename T, int J>
-__device__ __forceinline__ void rope_head_vals(float (&o)[J], const T *x, const T *nwt, int p,
-                                               float theta, float eps, int table, const float *cs_,
-                                               const float *sn_, int lane) {
-  constexpr int hd = 32 * J;
-  float v[J], g[J]; // the head and its norm weight, loaded together (one latency, not two)
+__device__ __forceinline__ void rope_load(float (&v)[J], float (&g)[J], const T *x, const T *nwt,
+                                          int lane) {
 #pragma unroll
   for (int j = 0; j < J; j++) {
     v[j] = ldcgf(x + lane + 32 * j);
     g[j] = nwt ? ldf(nwt + lane + 32 * j) : 0.0f;
   }
-  if (nwt) { // as rmsnorm_fwd over the head's hd values, rounded
-    float ss = 0.0f;
+}
+// The head's sum of squares over this lane's values (warp_sum makes the head's).
+template <int J> __device__ __forceinline__ float rope_ss(const float (&v)[J]) {
+  float ss = 0.0f;
 #pragma unroll
-    for (int j = 0; j < J; j++) ss += v[j] * v[j];
-    const float r = 1.0f / sqrtf(warp_sum(ss) / hd + eps);
+  for (int j = 0; j < J; j++) ss += v[j] * v[j];
+  return ss;
+}
+// The arithmetic: v rms-normalized by g when `norm` (ss: the head's sum of squares, rounded as
+// rmsnorm_fwd), then rotated by the row's angles: o[j], still to be rounded by the store.
+template <typename T, int J>
+__device__ __forceinline__ void rope_math(float (&o)[J], float (&v)[J], const float (&g)[J],
+                                          bool norm, float ss, int p, float theta, float eps,
+                                          int table, const float *cs_, const float *sn_, int lane) {
+  constexpr int hd = 32 * J;
+  if (norm) {
+    const float r = 1.0f / sqrtf(ss / hd + eps);
 #pragma unroll
     for (int j = 0; j < J; j++) v[j] = rounded<T>(v[j] * r * g[j]);
   }
@@ -1285,6 +1308,19 @@ __device__ __forceinline__ void rope_head_vals(float (&o)[J], const T *x, const 
     o[j] = x1 * c - x2 * sn;
     o[j + J / 2] = x2 * c + x1 * sn;
   }
+}
+
+// Head x (hd values, lane holds d = lane + 32 j) rms-normalized by nwt when given (rounded, as
+// rmsnorm_fwd) and rotated by the row's angles (rope_pos_kernel's formulas; cs / sn: the table
+// when `table`): o[j], still to be rounded by the store. Warp-level.
+template <typename T, int J>
+__device__ __forceinline__ void rope_head_vals(float (&o)[J], const T *x, const T *nwt, int p,
+                                               float theta, float eps, int table, const float *cs_,
+                                               const float *sn_, int lane) {
+  float v[J], g[J]; // the head and its norm weight, loaded together (one latency, not two)
+  rope_load<T, J>(v, g, x, nwt, lane);
+  const float ss = nwt ? warp_sum(rope_ss<J>(v)) : 0.0f;
+  rope_math<T, J>(o, v, g, nwt != nullptr, ss, p, theta, eps, table, cs_, sn_, lane);
 }
 
 // qkv_rope_append_kernel's work on head h of row n (a warp): q / k heads rms-normalized (when
@@ -1364,25 +1400,41 @@ __device__ __forceinline__ void att_rope_split(T (*q)[8 * LK], uint4 (&kr)[DEC_C
                                                int lane) {
   constexpr int hd = 8 * LK, J = hd / 32, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
   const int ks = lane / LK, ch = lane % LK;
+  const bool newest = k0 <= p && p < k0 + DEC_CHUNK; // the newest key is this split's
+  // Every load first (the G query heads, their norm weight; the newest key's k head, its norm
+  // weight and v head), then the arithmetic: one L2 latency for them all. Head by head, each
+  // head's loads waited behind the shared-memory stores of the head before (a store through a
+  // generic pointer may alias them): three latencies in a row.
+  float v[G + 1][J], gq[J], gk[J], vv[J];
+#pragma unroll
+  for (int g = 0; g < G; g++) rope_load<T, J>(v[g], gq, rr + (long)(kv * G + g) * hd, qn, lane);
+  if (newest) {
+    rope_load<T, J>(v[G], gk, rr + (long)(H + kv) * hd, kn, lane);
+    const T *vsrc = rr + (long)(H + KV + kv) * hd;
+#pragma unroll
+    for (int j = 0; j < J; j++) vv[j] = ldcgf(vsrc + lane + 32 * j);
+  }
+  float ss[G + 1];
+#pragma unroll
+  for (int g = 0; g < G; g++) ss[g] = qn ? warp_sum(rope_ss<J>(v[g])) : 0.0f;
+  ss[G] = newest && kn ? warp_sum(rope_ss<J>(v[G])) : 0.0f;
 #pragma unroll
   for (int g = 0; g < G; g++) {
     float o[J];
-    rope_head_vals<T, J>(o, rr + (long)(kv * G + g) * hd, qn, p, theta, eps, 1, cs_, sn_, lane);
+    rope_math<T, J>(o, v[g], gq, qn != nullptr, ss[g], p, theta, eps, 1, cs_, sn_, lane);
 #pragma unroll
     for (int j = 0; j < J; j++) stf(&q[g][lane + 32 * j], o[j]);
   }
-  if (k0 <= p && p < k0 + DEC_CHUNK) { // the newest key is this split's
+  if (newest) {
     float o[J];
-    rope_head_vals<T, J>(o, rr + (long)(H + kv) * hd, kn, p, theta, eps, 1, cs_, sn_, lane);
+    rope_math<T, J>(o, v[G], gk, kn != nullptr, ss[G], p, theta, eps, 1, cs_, sn_, lane);
     T *kd = Kc + (long)p * hd, *vd = Vc + (long)p * hd;
-    const T *vsrc = rr + (long)(H + KV + kv) * hd;
 #pragma unroll
     for (int j = 0; j < J; j++) {
       stf(&q[G][lane + 32 * j], o[j]);
       stf(kd + lane + 32 * j, o[j]);
-      const float v = ldcgf(vsrc + lane + 32 * j);
-      stf(&q[G + 1][lane + 32 * j], v);
-      stf(vd + lane + 32 * j, v);
+      stf(&q[G + 1][lane + 32 * j], vv[j]);
+      stf(vd + lane + 32 * j, vv[j]);
     }
     __syncwarp();
 #pragma unroll
@@ -1760,7 +1812,11 @@ __global__ void __launch_bounds__(QA_WARPS * 32, 1)
 // go to the lowest index, as argmax_rows_kernel.
 #define AM_THREADS 256
 #define AM_MAX_BLOCKS 64 // blocks a row (cu_argmax_advance's B)
-template <typename T>
+// VEC (16-bit T, the row 16-byte aligned: Vp % 8 == 0): each block's slice starts at a multiple
+// of 8 and is read 16 bytes at a time, all of a thread's loads in flight at once (a thread's
+// strided 2-byte loads went out a few at a time). A thread still compares its values in index
+// order and argmax_take breaks ties to the lowest index, so the id is the same either way.
+template <typename T, bool VEC>
 __global__ void __launch_bounds__(AM_THREADS)
     argmax_split_kernel(int32_t *out, int32_t *tok, int32_t *pos, float *pv, int *pi,
                         unsigned *count, const T *logits, int V, int Vp) {
@@ -1768,15 +1824,43 @@ __global__ void __launch_bounds__(AM_THREADS)
   __shared__ int si[AM_THREADS / 32];
   __shared__ int last;
   pdl_trigger();
+#ifdef CT_DECODE_TIMELINE
+  if (tl_block0()) tl_am_slot = tl_slot();
+#endif
   pdl_wait();
   const int n = blockIdx.y, B = gridDim.x, b = blockIdx.x;
-  const int per = (V + B - 1) / B, lo = b * per, hi = min(V, lo + per);
   const T *r = logits + (long)n * Vp;
   float bv = -INFINITY;
   int bi = 0x7fffffff;
-  for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-    const float v = ldf(r + i);
-    if (v > bv) { bv = v; bi = i; }
+  if constexpr (VEC) { // 16-byte loads of 8 values, every one of a thread's issued before its compares
+    const int per = ((V + B - 1) / B + 7) & ~7, lo = b * per, hi = min(V, lo + per);
+    constexpr int U = 2; // chunks a thread: a block's slice (<= 2,376 values) in one round
+    uint4 c[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int i = lo + 8 * (threadIdx.x + u * AM_THREADS);
+      c[u] = i < hi ? __ldcg((const uint4 *)(r + i)) : make_uint4(0, 0, 0, 0);
+    }
+    for (int u = 0; u < U; u++) {
+      const int i = lo + 8 * (threadIdx.x + u * AM_THREADS);
+      float f[8];
+      cvt8<T>(c[u], f);
+#pragma unroll
+      for (int e = 0; e < 8; e++)
+        if (i + e < hi && f[e] > bv) { bv = f[e]; bi = i + e; }
+    }
+    for (int i = lo + 8 * (threadIdx.x + U * AM_THREADS); i < hi; i += 8 * AM_THREADS) {
+      float f[8]; // a slice longer than U rounds (not at the vocabularies launched)
+      cvt8<T>(__ldcg((const uint4 *)(r + i)), f);
+      for (int e = 0; e < 8; e++)
+        if (i + e < hi && f[e] > bv) { bv = f[e]; bi = i + e; }
+    }
+  } else {
+    const int per = (V + B - 1) / B, lo = b * per, hi = min(V, lo + per);
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+      const float v = ldf(r + i);
+      if (v > bv) { bv = v; bi = i; }
+    }
   }
   argmax_warp(bv, bi);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -1815,6 +1899,9 @@ __global__ void __launch_bounds__(AM_THREADS)
   if (lane) return;
   argmax_put(out, tok, pos, n, bi == 0x7fffffff ? 0 : bi);
   count[n] = 0;
+#ifdef CT_DECODE_TIMELINE
+  if (n == 0) tl_ph[0][*(volatile unsigned *)&tl_am_slot] = tl_now();
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2547,8 +2634,15 @@ void cu_argmax_advance(int32_t *out, int32_t *tok, int32_t *pos, const void *log
     float *pv = (float *)(buf + SPLIT_COUNT_BYTES);
     int *pi = (int *)(pv + (size_t)N * B);
     unsigned *cnt = (unsigned *)(buf + SPLIT_COUNT_BYTES) - ARGMAX_MAX_ROWS;
-    launch("argmax_rows", "argmax_split_kernel", argmax_split_kernel<T>, dim3(B, N), AM_THREADS, 0,
-           out, tok, pos, pv, pi, cnt, (const T *)logits, V, Vp);
+    if constexpr (sizeof(T) == 2) {
+      if (Vp % 8 == 0 && aligned16(logits) && vec_argmax_on()) {
+        launch("argmax_rows", "argmax_split_kernel", argmax_split_kernel<T, true>, dim3(B, N),
+               AM_THREADS, 0, out, tok, pos, pv, pi, cnt, (const T *)logits, V, Vp);
+        return;
+      }
+    }
+    launch("argmax_rows", "argmax_split_kernel", argmax_split_kernel<T, false>, dim3(B, N),
+           AM_THREADS, 0, out, tok, pos, pv, pi, cnt, (const T *)logits, V, Vp);
     return;
   }
   launch("argmax_rows", "argmax_rows_kernel", argmax_rows_kernel<T>, N, ARGMAX_THREADS, 0, out,
@@ -3260,6 +3354,24 @@ extern "C" void ct_cuda_decode_timeline(void) {
       cnt[TL_PHASES]++;
     }
   }
+  // the argmax: from its release to its last block's store of the id, then to the next kernel's
+  // (the next step's embedding) block 0 start
+  double ad = 0, an = 0;
+  long ac = 0;
+  for (size_t k = 0; k < K; k++) {
+    if (tl_names[k] != "argmax_split_kernel") continue;
+    for (size_t r = 0; r < M; r++) {
+      const size_t i = base + r * K + k, w = TL_MAX - 1;
+      const unsigned long long v = ph[i & w];
+      if (v < t0[i & w] || i + 1 >= n) continue;
+      ad += (double)v - (double)t1[i & w];
+      an += (double)t0[(i + 1) & w] - (double)v;
+      ac++;
+    }
+  }
+  if (ac)
+    fprintf(stderr, "  argmax_split_kernel (means of %ld): id stored %.2f us after its release, the"
+            " next kernel's block 0 starts %.2f us after that\n", ac, ad / ac / 1e3, an / ac / 1e3);
   static const char *pn[TL_PHASES + 1] = {"rope", "split math", "cluster barrier", "merge",
                                           "next kernel released"};
   if (cnt[TL_PHASES]) {
