@@ -97,16 +97,18 @@
 //    kernel slow it (bench/results/call92-98_*, the patch).
 //  - Loads issued ahead of the arithmetic (call 99, 2026-12-02): attention's rope phase issuing
 //    every head's loads (G q heads, the newest key's k and v, the norm weights) before the first
-//    head's math (att_rope_split) took it from 1.61 to 1.32 us and attention from 7.7 to 6.9 us
-//    after its release; the argmax reading its slice 16 bytes at a time, all loads in flight
+//    head's math (att_rope_split) took it from 1.61 to 1.32 us and attention's release-to-next-
+//    release from 7.7 to 6.9-7.0 us; but the GEMVs after it then wait longer (o_proj 3.5 us
+//    against 2.8, qkv 4.4 against 3.7; likely their weights had less time to arrive), so a step
+//    gains ~8 us, not 28 x 0.8. The argmax reads its slice 16 bytes at a time, all loads in flight
 //    before the compares (CT_DECODE_VEC_ARGMAX=0 turns it off). Together 1,491-1,506 against
 //    1,479-1,488 tokens/s at batch 1, 4,512-4,518 against 4,442-4,455 at batch 8, the same ids
 //    (bench/results/call99_2026-12-02_H200_rope_loads). The argmax's last block stores the id
 //    2.9 us after its release; the next step's embedding starts 12 us after that.
-// So the per-layer chain (~20.6 us: qkv 3.7, attention 6.9, o_proj 2.8, gate/up 3.3, down 3.8)
-// is bounded by latencies that more overlap does not remove; the next step toward 60% of the
-// bound is fewer dependent stages a layer with less work resident beside each, not another
-// placement of the same five.
+// So the per-layer chain (~21.9 us in the timeline build: qkv 4.4, attention 7.0, o_proj 3.5,
+// gate/up 3.2, down 3.8) is bounded by latencies that more overlap does not remove; the next step
+// toward 60% of the bound is fewer dependent stages a layer with less work resident beside each,
+// not another placement of the same five.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
