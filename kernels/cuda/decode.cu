@@ -1834,28 +1834,25 @@ __global__ void __launch_bounds__(AM_THREADS)
   const T *r = logits + (long)n * Vp;
   float bv = -INFINITY;
   int bi = 0x7fffffff;
-  if constexpr (VEC) { // 16-byte loads of 8 values, every one of a thread's issued before its compares
+  if constexpr (VEC) { // 16-byte loads of 8 values, a round's issued before its compares
     const int per = ((V + B - 1) / B + 7) & ~7, lo = b * per, hi = min(V, lo + per);
-    constexpr int U = 2; // chunks a thread: a block's slice (<= 2,376 values) in one round
-    uint4 c[U];
+    constexpr int U = 2; // chunks a thread a round: a block's slice (<= 2,376 values) in one
+    for (int i0 = lo + 8 * threadIdx.x; i0 < hi; i0 += 8 * U * AM_THREADS) {
+      uint4 c[U];
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int i = lo + 8 * (threadIdx.x + u * AM_THREADS);
-      c[u] = i < hi ? __ldcg((const uint4 *)(r + i)) : make_uint4(0, 0, 0, 0);
-    }
-    for (int u = 0; u < U; u++) {
-      const int i = lo + 8 * (threadIdx.x + u * AM_THREADS);
-      float f[8];
-      cvt8<T>(c[u], f);
+      for (int u = 0; u < U; u++) {
+        const int i = i0 + 8 * u * AM_THREADS;
+        c[u] = i < hi ? __ldcg((const uint4 *)(r + i)) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-      for (int e = 0; e < 8; e++)
-        if (i + e < hi && f[e] > bv) { bv = f[e]; bi = i + e; }
-    }
-    for (int i = lo + 8 * (threadIdx.x + U * AM_THREADS); i < hi; i += 8 * AM_THREADS) {
-      float f[8]; // a slice longer than U rounds (not at the vocabularies launched)
-      cvt8<T>(__ldcg((const uint4 *)(r + i)), f);
-      for (int e = 0; e < 8; e++)
-        if (i + e < hi && f[e] > bv) { bv = f[e]; bi = i + e; }
+      for (int u = 0; u < U; u++) {
+        const int i = i0 + 8 * u * AM_THREADS;
+        float f[8];
+        cvt8<T>(c[u], f);
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+          if (i + e < hi && f[e] > bv) { bv = f[e]; bi = i + e; }
+      }
     }
   } else {
     const int per = (V + B - 1) / B, lo = b * per, hi = min(V, lo + per);
