@@ -17,7 +17,9 @@
 // the weight once with 16-byte loads and computes every row from it: lane l accumulates, in
 // fp32 and in k order, the 16-byte chunks l, l + 32, l + 64, ... of its rows, then a butterfly
 // sum; so an output's arithmetic depends only on its own input row, never on how many rows
-// ran with it (a batch row equals its solo run bit for bit). The rms norm of the input is
+// ran with it. From 2 rows the GEMV runs on the tensor cores instead (gemv_mma_kernel: the same
+// bytes, mma.sync, fixed-order sums, so a row of a 2-8 row batch gives the same bits in any
+// other; a solo run, on the CUDA cores, matches it within rounding). The rms norm of the input is
 // recomputed by every block (its rows are at most 3072 wide) with the arithmetic of
 // rmsnorm_fwd (the sum of squares goes by 16-byte chunks, so its last bit may differ;
 // CT_DECODE_V2=0 keeps rmsnorm_fwd's order); products are rounded where the unfused ops round
@@ -1142,6 +1144,161 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
           stf(out + (long)n * F + o, gt / (1.0f + expf(-gt)) * up);
         } else {
           float v = acc[r][n] + (bias ? ldf(bias + o) : 0.0f);
+          if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
+          if (MODE == GV_GELU) v = gv_gelu(rounded<T>(v));
+          stf(out + (long)n * OC + o, v);
+        }
+      }
+    }
+  }
+}
+
+// ---- tensor-core GEMV: up to GV_MAXN rows on mma.sync, IC a multiple of 256 ----
+// gemv_kernel computes every row from each weight in fp32 FMAs, so at 8 rows a step's GEMVs run
+// 8x the multiply-adds of one row on the CUDA cores, with every weight's conversion and every
+// input chunk's shared-memory load repeated per row. Here the same bytes go through the tensor
+// cores: a block of GV_WARPS warps makes a tile of 8 outputs (GV_SWIGLU: 8 gate outputs and
+// their 8 up outputs) for all GV_MAXN rows, warp w the w-th eighth of the k range, in 32-wide k
+// blocks. One mma.sync.m16n8k16 (fp32 accumulation) takes the input rows as A (16 rows x 16 k;
+// rows 8..15 zero) and the tile's weights as B (16 k x 8 outputs). Thread (g = lane / 4,
+// t = lane % 4) loads 16 bytes of output g's weight row and 16 bytes of input row g at
+// k = 32 b + 8 t .. 32 b + 8 t + 7 and hands them to two mmas as their k positions 2t, 2t + 1,
+// 2t + 8, 2t + 9: a dot product may sum over k in any order, so permuting the k of both operands
+// alike changes nothing, and every load stays 16 contiguous bytes. The warps' partial sums meet
+// in shared memory and are added in warp order.
+// An output's arithmetic depends only on its own input row (each element of an mma is its own
+// dot product; zero rows change nothing), and the kernel is the same for 2..8 rows, so a row of
+// such a batch gives the same bits in any other. One row stays on gemv_kernel (faster there, see
+// mma_mode), whose sums go in another order: a solo run matches its batch row within rounding.
+// CT_DECODE_MMA=0 keeps gemv_kernel for every row count; CT_DECODE_STAGE=1 forces the staged GEMV.
+#define GM_TILE 8 // outputs a tile
+
+template <typename T> __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a2,
+                                                               uint32_t b0, uint32_t b1);
+template <> __device__ __forceinline__ void mma16816<bf16>(float (&c)[4], uint32_t a0, uint32_t a2,
+                                                           uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+               "{%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+template <> __device__ __forceinline__ void mma16816<f16>(float (&c)[4], uint32_t a0, uint32_t a2,
+                                                          uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+               "{%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+#else
+  __trap();
+#endif
+}
+
+// U: 32-wide k blocks a warp loads per round (its share of a row is IC / 256 blocks: one round
+// where that is at most U). TT: tiles a block takes at a time (GV_SWIGLU: 1), so that a wide
+// output (the vocabulary head) keeps as many weight bytes in flight as gemv_kernel's 4-row tasks:
+// with one tile at a time the head ran at a quarter of the bandwidth. nx = gv_rows(nr): the input
+// rows held (rows nr .. nx - 1 zero, rows past nx zero in registers only, so one row does not
+// fill 8 rows of shared memory). Dynamic shared memory: the nx input rows (T), the norm weight
+// when vnorm == 2, then two buffers of the warps' partial sums (float [GV_WARPS][S * TT][8][8]).
+template <typename T, int U, int TT, bool NORM, int MODE>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gemv_mma_kernel(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
+                    int nr, int nx, int IC, int OC, float eps, int vnorm, const void *pf,
+                    size_t pfb) {
+  constexpr int S = MODE == GV_SWIGLU ? 2 : 1; // weight rows a tile output: gate and up, or one
+  static_assert(S == 1 || TT == 1, "GV_SWIGLU takes one tile at a time");
+  constexpr int RT = S * TT; // weight rows a thread loads in each k block
+  extern __shared__ uint4 gv_smem[];
+  T *xs = (T *)gv_smem;
+  T *nws = NORM && vnorm == 2 ? xs + (long)nx * IC : NULL;
+  float *red = (float *)(xs + (long)(nx + (nws != NULL)) * IC); // [2][GV_WARPS][RT][8][8]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+  const int F = OC; // GV_SWIGLU: OC is F (outputs a row); w has 2F rows
+  const int kbw = IC / (32 * GV_WARPS); // k blocks a warp
+  const int kb0 = warp * kbw;
+  const int groups = (OC + GM_TILE * TT - 1) / (GM_TILE * TT); // TT tiles a group
+  uint4 wv[RT][U];
+  // output of row j of group grp for this thread (column g of its tile)
+  auto out_of = [&](int grp, int j) { return (grp * TT + (S == 2 ? 0 : j)) * GM_TILE + g; };
+  // round r of group grp: this thread's 16 bytes of its RT weight rows in k blocks kb0 + r * U ..
+  auto load_round = [&](int grp, int r) {
+#pragma unroll
+    for (int j = 0; j < RT; j++) {
+      const int o = out_of(grp, j);
+      const T *wr = w + (long)(S == 2 && j ? F + o : o) * IC + t4 * 8;
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int kb = r * U + u;
+        wv[j][u] = o < OC && kb < kbw ? ld_stream(wr + (long)(kb0 + kb) * 32) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  int grp = blockIdx.x;
+  // the first weights do not depend on the kernel before: load them while it finishes
+  if (grp < groups) load_round(grp, 0);
+  if (nws) gv_norm_weight(nws, nw, IC);
+  l2_prefetch_slice(pf, pfb);
+  pdl_trigger();
+  pdl_wait();
+  if (nx == 1) gv_x_rows<T, 1, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
+  else if (nx == 4) gv_x_rows<T, 4, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
+  else gv_x_rows<T, GV_MAXN, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
+  __syncthreads();
+  const bool xrow = g < nx;
+  const T *xr = xs + (long)(xrow ? g : 0) * IC + t4 * 8; // this thread's input row g
+  const int rounds = (kbw + U - 1) / U;
+  for (int it = 0; grp < groups; grp += gridDim.x, it++) {
+    float ca[RT][4], cb[RT][4]; // the two mmas of a k block accumulate apart (no chained latency)
+#pragma unroll
+    for (int j = 0; j < RT; j++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) ca[j][i] = cb[j][i] = 0.0f;
+    for (int r = 0; r < rounds; r++) {
+      if (r > 0) load_round(grp, r);
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int kb = r * U + u;
+        if (kb < kbw) {
+          const uint4 xv = xrow ? *(const uint4 *)(xr + (long)(kb0 + kb) * 32) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int j = 0; j < RT; j++) {
+            mma16816<T>(ca[j], xv.x, xv.y, wv[j][u].x, wv[j][u].y);
+            mma16816<T>(cb[j], xv.z, xv.w, wv[j][u].z, wv[j][u].w);
+          }
+        }
+      }
+    }
+    // the next group's first round goes out before the reduction
+    if (grp + (int)gridDim.x < groups) load_round(grp + gridDim.x, 0);
+    // c[0], c[1]: row g, outputs 2 t4 and 2 t4 + 1 of the tile (c[2], c[3]: the zero rows)
+    float *rb = red + (it & 1) * (GV_WARPS * RT * 64);
+#pragma unroll
+    for (int j = 0; j < RT; j++)
+      *(float2 *)(rb + ((warp * RT + j) * 8 + g) * 8 + 2 * t4) =
+          make_float2(ca[j][0] + cb[j][0], ca[j][1] + cb[j][1]);
+    __syncthreads();
+    // thread e < 64 TT: tile j = e / 64 of the group, row n = e / 8 % 8, output e % 8 of the tile
+    const int e = threadIdx.x;
+    if (e < 64 * TT) {
+      const int j = e >> 6, n = (e >> 3) & 7, o = (grp * TT + j) * GM_TILE + (e & 7);
+      if (n < nr && o < OC) {
+        float acc[S];
+#pragma unroll
+        for (int sp = 0; sp < S; sp++) {
+          acc[sp] = 0.0f;
+#pragma unroll
+          for (int k = 0; k < GV_WARPS; k++) acc[sp] += rb[(k * RT + j + sp) * 64 + (e & 63)];
+        }
+        if constexpr (MODE == GV_SWIGLU) {
+          const float gt = rounded<T>(acc[0]), up = rounded<T>(acc[1]);
+          stf(out + (long)n * F + o, gt / (1.0f + expf(-gt)) * up);
+        } else {
+          float v = acc[0] + (bias ? ldf(bias + o) : 0.0f);
           if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
           if (MODE == GV_GELU) v = gv_gelu(rounded<T>(v));
           stf(out + (long)n * OC + o, v);
@@ -2710,9 +2867,114 @@ bool gemv_staged(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
   return true;
 }
 
+// CT_DECODE_MMA: the tensor-core GEMV (gemv_mma_kernel) for 2 to GV_MAXN rows where IC is a
+// multiple of 256 (the default); "0" keeps gemv_kernel / the staged GEMV there too; "all" takes
+// it for one row as well (a measurement: one row runs slower on it, below). CT_DECODE_MMA_TT=1,
+// 2 or 4 sets the tiles a block takes at a time (as far as gm_tt allows; default: gemv_mma).
+// Read at every call, so a test can compare the paths in one process.
+// Measured (H200, Qwen3-0.6B shape, bf16, 128 + 256 tokens, decode tokens/s; bench/results/
+// call103-105_2026-12-02_H200_mma): batch 8 7,401 against 4,509 (+64%), 4 4,040 against 3,796, 2
+// 2,140 against 2,063; GPT-2 124M batch 8 11,808 against 9,731. One row: 1,113 against 1,498, the
+// layers' GEMVs alone (the head on gemv_kernel) 1,191, the head alone 1,362: each GEMV ran 1-2 us
+// longer in isolation (CT_CUDA_PROFILE) and the head 138 against 77 us. One instruction's loads
+// span 8 weight rows (64 bytes each) where gemv_kernel's read 512 contiguous bytes of one, and
+// the head's 4-tile blocks (142 registers) fit one to a multiprocessor. So one row stays on
+// gemv_kernel, and a row of a 2-8 row batch equals itself in any other 2-8 row batch bit for bit,
+// but its solo run only within rounding.
+#define GM_WIDE 16384     // outputs from which a block takes 2 tiles at a time (gemv_mma)
+#define GM_MIN_BLOCKS 96  // the fewest blocks a narrower GEMV's tiles a block leave (gemv_mma)
+int mma_mode() {
+  const char *v = getenv("CT_DECODE_MMA");
+  if (!v) return 1;
+  return !strcmp(v, "0") ? 0 : !strcmp(v, "all") ? 2 : 1;
+}
+long mma_launches; // gemv_mma_kernel launches (tests)
+
+// The dynamic shared-memory limit of kernel k raised where `bytes` is past the default, once per
+// device.
+bool raise_smem(const void *k, size_t bytes) {
+  static kernel_list done;
+  if (bytes <= 48 * 1024) return true;
+  bool in;
+  const int dev = listed(done, k, &in);
+  if (dev < 0) return false;
+  if (in) return true;
+  if (!CKD("decode gemv", cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               160 * 1024)))
+    return false;
+  add_listed(done, dev, k);
+  return true;
+}
+
+typedef void (*gm_kernel_t)(void *, const void *, const void *, const void *, const void *,
+                            const void *, int, int, int, int, float, int, const void *, size_t);
+// gemv_mma_kernel for k blocks a warp kbw and tiles at a time tt (U: one round up to 4 / 8 k
+// blocks, 12 beyond; TT 4 only with U 4 and 2 up to U 8, so a thread holds at most 16 chunks).
+template <typename T, bool NORM, int MODE> gm_kernel_t gm_pick(int kbw, int tt) {
+#define GM_K(U, TT) ((gm_kernel_t)gemv_mma_kernel<T, U, TT, NORM, MODE>)
+  if constexpr (MODE == GV_SWIGLU) {
+    return kbw <= 4 ? GM_K(4, 1) : kbw <= 8 ? GM_K(8, 1) : GM_K(12, 1);
+  } else {
+    if (kbw <= 4) return tt >= 4 ? GM_K(4, 4) : tt == 2 ? GM_K(4, 2) : GM_K(4, 1);
+    if (kbw <= 8) return tt >= 2 ? GM_K(8, 2) : GM_K(8, 1);
+    return GM_K(12, 1);
+  }
+#undef GM_K
+}
+int gm_tt(int kbw, int tt, int mode) { // the tt gm_pick takes
+  if (mode == GV_SWIGLU || kbw > 8) return 1;
+  return kbw <= 4 ? (tt >= 4 ? 4 : tt == 2 ? 2 : 1) : (tt >= 2 ? 2 : 1);
+}
+
+// The tensor-core GEMV where it applies (mma_mode, 2+ rows, IC % 256 == 0, its shared memory at most
+// 160 KB, sm_80 and up); false: not launched (the caller goes on with the other GEMVs).
+template <typename T, bool NORM, int MODE>
+bool gemv_mma(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res, int nr,
+              int IC, int OC, float eps) {
+  const int mode = mma_mode();
+  if (!mode || env_on("CT_DECODE_STAGE") || IC % (32 * GV_WARPS)) return false;
+  if (nr < 2 && mode != 2) return false;
+  static int major[16];
+  const int dev = hint_dev();
+  if (dev < 0) return false;
+  if (!major[dev] && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (major[dev] < 8) return false;
+  const int S = MODE == GV_SWIGLU ? 2 : 1, kbw = IC / (32 * GV_WARPS);
+  // tiles a block at a time: CT_DECODE_MMA_TT, else 2 for the wide outputs (4 hold 142
+  // registers a thread: one block a multiprocessor) and for the others the most that still
+  // leave GM_MIN_BLOCKS blocks
+  const char *ttv = getenv("CT_DECODE_MMA_TT");
+  int tt = ttv ? atoi(ttv) : OC >= GM_WIDE ? 2 : 4;
+  if (!ttv && OC < GM_WIDE)
+    while (tt > 1 && (OC + GM_TILE * tt - 1) / (GM_TILE * tt) < GM_MIN_BLOCKS) tt /= 2;
+  tt = gm_tt(kbw, tt, MODE);
+  // vnorm as gemv_go: the norm weight copied to shared memory where the rows and it fit 48 KB
+  const int vn = !v2_on() ? 0 : NORM && (size_t)(gv_rows(nr) + 1) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
+  const int nx = gv_rows(nr);
+  const size_t smem = (size_t)(nx + (vn == 2)) * IC * sizeof(T) +
+                      2 * (size_t)GV_WARPS * S * tt * 64 * sizeof(float);
+  if (smem > 160 * 1024) return false;
+  const int groups = (OC + GM_TILE * tt - 1) / (GM_TILE * tt);
+  unsigned blocks = (unsigned)groups;
+  const unsigned cap = 4u * (unsigned)num_sms(); // blocks loop over further groups
+  if (blocks > cap) blocks = cap;
+  const gm_kernel_t k = gm_pick<T, NORM, MODE>(kbw, tt);
+  if (!raise_smem((const void *)k, smem)) return true; // reported; the step fails at its check
+  const l2_hint_t h = take_hint();
+  if (launch("decode gemv", "gemv_mma_kernel", k, blocks, GV_WARPS * 32, smem, (void *)out,
+             (const void *)inp, (const void *)nw, (const void *)w, (const void *)bias,
+             (const void *)res, nr, nx, IC, OC, eps, vn, h.p, h.bytes))
+    mma_launches++;
+  return true;
+}
+
 template <typename T, int N, bool NORM, int MODE, int R, int U>
 void gemv_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res, int nr,
              int IC, int OC, float eps) {
+  if (gemv_mma<T, NORM, MODE>(out, inp, nw, w, bias, res, nr, IC, OC, eps)) return;
   if (gemv_staged<T, N, NORM, MODE>(out, inp, nw, w, bias, res, nr, IC, OC, eps)) return;
   const int tasks = (OC + R - 1) / R;
   unsigned blocks = (unsigned)((tasks + GV_WARPS - 1) / GV_WARPS);
@@ -2818,8 +3080,8 @@ void cu_matmul_add_fwd(void *out, const void *inp, const void *w, const void *bi
   b->add_fwd(out, out, res, (size_t)N * OC);
 }
 
-// ops.h matmul_rows_fwd: out(N,OC) = inp @ w^T + bias through the decode GEMV (gemv_kernel, its
-// arithmetic depending only on the output's own row, so a batch row equals its solo run) where it
+// ops.h matmul_rows_fwd: out(N,OC) = inp @ w^T + bias through the decode GEMV (gemv_kernel or
+// gemv_mma_kernel, its arithmetic depending only on the output's own row) where it
 // applies, else matmul_fwd (cuBLAS). The products of a decode step that have no fusion (GPT-2's
 // LayerNorm + GELU layers) and the head after a LayerNorm come here.
 template <typename T>
@@ -3406,6 +3668,7 @@ extern "C" long ct_cuda_decode_layers_launches(void) { return dl_launches; }
 extern "C" long ct_cuda_attention_decode_rope_launches(void) { return fa_launches; }
 extern "C" long ct_cuda_l2_hints_used(void) { return hints_used; }
 extern "C" long ct_cuda_gemv_staged_launches(void) { return staged_launches; }
+extern "C" long ct_cuda_gemv_mma_launches(void) { return mma_launches; }
 extern "C" long ct_cuda_attention_cluster_launches(void) { return cluster_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

@@ -129,6 +129,8 @@ long ct_cuda_attention_decode_rope_launches(void);
 long ct_cuda_l2_hints_used(void);
 /* How many staged decode GEMVs (CT_DECODE_STAGE=1) were launched or recorded into graphs (tests). */
 long ct_cuda_gemv_staged_launches(void);
+/* How many tensor-core decode GEMVs (gemv_mma_kernel) were launched or recorded into graphs (tests). */
+long ct_cuda_gemv_mma_launches(void);
 /* How many attention_decode_oproj kernels were launched or recorded into graphs (tests). */
 long ct_cuda_attention_oproj_launches(void);
 /* How many attention_decode_qkv kernels were launched or recorded into graphs (tests). */

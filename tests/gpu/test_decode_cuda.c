@@ -250,16 +250,29 @@ static void test_fused(const ct_ops *o, double tol) {
              fc->bias ? " +bias" : "");
     ct_check_close(what, got, ref, on, tol, 1e-6);
     CHECK_MSG(gok, "%s: wrote past its output", what);
-    /* the last row alone gives the same bits as in the batch (the 16-bit GEMV, up to 8 rows;
-     * cuBLAS promises no such thing) */
+    /* the last row gives the same bits in another batch: alone where one row takes the same
+     * kernel as N (the CUDA-core GEMV at every row count: CT_DECODE_MMA=0, CT_DECODE_STAGE=1, IC
+     * not a multiple of 256; the tensor-core GEMV at every row count: CT_DECODE_MMA=all), else
+     * twice in a batch of 2 (by default the tensor cores take 2-8 rows, the CUDA cores one); the
+     * 16-bit GEMVs, up to 8 rows: cuBLAS promises no such thing */
     if (N > 1 && N <= 8 && o->act_bytes == 2) {
+      const char *mm = getenv("CT_DECODE_MMA"), *st = getenv("CT_DECODE_STAGE");
+      const int pair = !(mm && (!strcmp(mm, "0") || !strcmp(mm, "all"))) &&
+                       !(st && !strcmp(st, "1")) && IC % 256 == 0;
       fcase one = *fc;
-      one.N = 1;
-      float *solo = malloc((size_t)OC * 4);
-      fused_run(o, &one, x + (size_t)(N - 1) * IC, nw, w, b, res + (size_t)(N - 1) * OC, solo, &gok);
-      CHECK_MSG(!memcmp(solo, got + (size_t)(N - 1) * OC, (size_t)OC * 4),
-                "%s: row %d differs from its solo run", what, N - 1);
+      one.N = pair ? 2 : 1;
+      float *xin = malloc((size_t)2 * IC * 4), *rin = malloc((size_t)2 * OC * 4);
+      for (int r = 0; r < 2; r++) {
+        memcpy(xin + (size_t)r * IC, x + (size_t)(N - 1) * IC, (size_t)IC * 4);
+        memcpy(rin + (size_t)r * OC, res + (size_t)(N - 1) * OC, (size_t)OC * 4);
+      }
+      float *solo = malloc((size_t)2 * OC * 4);
+      fused_run(o, &one, xin, nw, w, b, rin, solo, &gok);
+      CHECK_MSG(!memcmp(solo + (size_t)(one.N - 1) * OC, got + (size_t)(N - 1) * OC, (size_t)OC * 4),
+                "%s: row %d differs from its run in a batch of %d", what, N - 1, one.N);
       free(solo);
+      free(xin);
+      free(rin);
     }
     free(x); free(nw); free(w); free(b); free(res); free(ref); free(got); free(ln); free(pre);
   }
@@ -884,7 +897,26 @@ int main(void) {
     CHECK(o->set_device(0) == 0);
   }
   test_fused(ct_ops_cuda(), 1e-5);
+  /* the 16-bit GEMVs on the tensor cores (the default where IC is a multiple of 256), then on the
+   * CUDA cores (CT_DECODE_MMA=0): both against the CPU, a batch's last row against its solo run */
+  const long mma0 = ct_cuda_gemv_mma_launches();
   test_fused(ct_ops_cuda_bf16(), 2e-2);
+  test_fused(ct_ops_cuda_fp16(), 2e-2);
+  CHECK_MSG(ct_cuda_gemv_mma_launches() > mma0, "no tensor-core GEMV ran");
+  setenv("CT_DECODE_MMA", "0", 1);
+  const long mma1 = ct_cuda_gemv_mma_launches();
+  test_fused(ct_ops_cuda_bf16(), 2e-2);
+  CHECK_MSG(ct_cuda_gemv_mma_launches() == mma1, "CT_DECODE_MMA=0: a tensor-core GEMV ran");
+  /* the tensor-core GEMV for one row too (its solo runs then on the same kernel), and with one
+   * and two tiles a block at a time */
+  setenv("CT_DECODE_MMA", "all", 1);
+  test_fused(ct_ops_cuda_bf16(), 2e-2);
+  unsetenv("CT_DECODE_MMA");
+  setenv("CT_DECODE_MMA_TT", "1", 1);
+  test_fused(ct_ops_cuda_bf16(), 2e-2);
+  setenv("CT_DECODE_MMA_TT", "2", 1);
+  test_fused(ct_ops_cuda_fp16(), 2e-2);
+  unsetenv("CT_DECODE_MMA_TT");
   /* again with the staged GEMV at every row count where its slices fit */
   setenv("CT_DECODE_STAGE", "1", 1);
   const long staged0 = ct_cuda_gemv_staged_launches();
@@ -895,10 +927,14 @@ int main(void) {
   test_decode_layers();
   test_attention_decode_rope();
   test_l2_hints();
-  test_staged_gemv();
   test_attention_cluster();
   test_attention_oproj();
+  /* the staged GEMV and the norm + qkv + attention kernel repeat gemv_kernel's arithmetic: their
+   * bits are checked against it, so these run with the tensor-core GEMV off */
+  setenv("CT_DECODE_MMA", "0", 1);
+  test_staged_gemv();
   test_attention_qkv();
+  unsetenv("CT_DECODE_MMA");
   const char *perf = getenv("CT_TEST_PERF");
   if (perf && perf[0] == '1') perf_fused(ct_ops_cuda_bf16());
   ct_cuda_shutdown();
