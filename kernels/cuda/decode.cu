@@ -2873,16 +2873,19 @@ bool gemv_staged(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
 // 2 or 4 sets the tiles a block takes at a time (as far as gm_tt allows; default: gemv_mma).
 // Read at every call, so a test can compare the paths in one process.
 // Measured (H200, Qwen3-0.6B shape, bf16, 128 + 256 tokens, decode tokens/s; bench/results/
-// call103-105_2026-12-02_H200_mma): batch 8 7,401 against 4,509 (+64%), 4 4,040 against 3,796, 2
-// 2,140 against 2,063; GPT-2 124M batch 8 11,808 against 9,731. One row: 1,113 against 1,498, the
-// layers' GEMVs alone (the head on gemv_kernel) 1,191, the head alone 1,362: each GEMV ran 1-2 us
-// longer in isolation (CT_CUDA_PROFILE) and the head 138 against 77 us. One instruction's loads
-// span 8 weight rows (64 bytes each) where gemv_kernel's read 512 contiguous bytes of one, and
-// the head's 4-tile blocks (142 registers) fit one to a multiprocessor. So one row stays on
+// call103-108_2026-12-02_H200_mma, the default of call 108): batch 8 7,449 against 4,489 (+66%),
+// 4 4,090 against 3,794, 2 2,145 against 2,062; GPT-2 124M batch 8 11,667 against 9,736, 4 7,151
+// against 6,961, 2 4,097 against 4,244. One row (call 104): 1,113 against 1,498, the layers'
+// GEMVs alone (the head on gemv_kernel) 1,191, the head alone 1,362: each GEMV ran 1-2 us longer
+// in isolation (CT_CUDA_PROFILE, call 105) and the head 138 against 77 us. Likely causes, not
+// measured apart: one instruction's loads span 8 weight rows (64 bytes each) where gemv_kernel's
+// read 512 contiguous bytes of one, and the head's 4-tile blocks (142 registers) fit one to a
+// multiprocessor (2 tiles, the default now, fit 3). A weight tile staged into shared memory by
+// the bulk copy engine and read with ldmatrix would answer the first. So one row stays on
 // gemv_kernel, and a row of a 2-8 row batch equals itself in any other 2-8 row batch bit for bit,
 // but its solo run only within rounding.
 #define GM_WIDE 16384     // outputs from which a block takes 2 tiles at a time (gemv_mma)
-#define GM_MIN_BLOCKS 96  // the fewest blocks a narrower GEMV's tiles a block leave (gemv_mma)
+#define GM_MIN_BLOCKS 64  // the fewest blocks a narrower GEMV's tiles a block leave (gemv_mma)
 int mma_mode() {
   const char *v = getenv("CT_DECODE_MMA");
   if (!v) return 1;
@@ -2945,11 +2948,18 @@ bool gemv_mma(T *out, const T *inp, const T *nw, const T *w, const T *bias, cons
   const int S = MODE == GV_SWIGLU ? 2 : 1, kbw = IC / (32 * GV_WARPS);
   // tiles a block at a time: CT_DECODE_MMA_TT, else 2 for the wide outputs (4 hold 142
   // registers a thread: one block a multiprocessor) and for the others the most that still
-  // leave GM_MIN_BLOCKS blocks
-  const char *ttv = getenv("CT_DECODE_MMA_TT");
-  int tt = ttv ? atoi(ttv) : OC >= GM_WIDE ? 2 : 4;
+  // leave GM_MIN_BLOCKS blocks. Measured (H200, bench/results/call103-108_2026-12-02_H200_mma,
+  // call107-108), tokens/s at batch 2 / 4 / 8: Qwen3-0.6B shape 2,145 / 4,090 / 7,449 with 64
+  // (its output projection 2 tiles a block, 64 blocks), 2,127 / 4,023 / 7,284 with 96; GPT-2 124M
+  // 4,097 / 7,151 / 11,667 with 64 (its qkv 4 tiles, 72 blocks), 4,172 / 7,156 / 11,826 with 96;
+  // the wide outputs at 4 tiles 0-1.4% slower than at 2.
+  // (measurements: CT_DECODE_MMA_WIDE_TT and CT_DECODE_MMA_MIN_BLOCKS replace the 2 and GM_MIN_BLOCKS)
+  const char *ttv = getenv("CT_DECODE_MMA_TT"), *wtv = getenv("CT_DECODE_MMA_WIDE_TT");
+  const char *mbv = getenv("CT_DECODE_MMA_MIN_BLOCKS");
+  const int minb = mbv ? atoi(mbv) : GM_MIN_BLOCKS;
+  int tt = ttv ? atoi(ttv) : OC >= GM_WIDE ? (wtv ? atoi(wtv) : 2) : 4;
   if (!ttv && OC < GM_WIDE)
-    while (tt > 1 && (OC + GM_TILE * tt - 1) / (GM_TILE * tt) < GM_MIN_BLOCKS) tt /= 2;
+    while (tt > 1 && (OC + GM_TILE * tt - 1) / (GM_TILE * tt) < minb) tt /= 2;
   tt = gm_tt(kbw, tt, MODE);
   // vnorm as gemv_go: the norm weight copied to shared memory where the rows and it fit 48 KB
   const int vn = !v2_on() ? 0 : NORM && (size_t)(gv_rows(nr) + 1) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
