@@ -120,6 +120,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 #ifdef CT_DECODE_TIMELINE
 #include <string>
 #include <vector>
@@ -444,6 +445,19 @@ int num_sms() {
     sms[dev] = 132;
   }
   return sms[dev];
+}
+
+// compute capability major of the current device (cached per device); 0 where it cannot be had
+int cc_major() {
+  static int major[16];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 0;
+  if (!major[dev] &&
+      cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    major[dev] = 0;
+  }
+  return major[dev];
 }
 
 // The plain ops of this dtype's table: the fallback composition of the fused ops.
@@ -1173,26 +1187,20 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 // CT_DECODE_MMA=0 keeps gemv_kernel for every row count; CT_DECODE_STAGE=1 forces the staged GEMV.
 #define GM_TILE 8 // outputs a tile
 
-template <typename T> __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a2,
-                                                               uint32_t b0, uint32_t b1);
-template <> __device__ __forceinline__ void mma16816<bf16>(float (&c)[4], uint32_t a0, uint32_t a2,
-                                                           uint32_t b0, uint32_t b1) {
+// c += A B for one m16n8k16 tile (T: bf16 or f16, fp32 accumulation); A's rows 8..15 are zero,
+// so only its registers a0 and a2 are passed.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0,
+                                         uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-               "{%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-#else
-  __trap();
-#endif
-}
-template <> __device__ __forceinline__ void mma16816<f16>(float (&c)[4], uint32_t a0, uint32_t a2,
-                                                          uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-               "{%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+#define GM_MMA(TY)                                                                               \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "         \
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                          \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                  \
+               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1))
+  if constexpr (std::is_same<T, bf16>::value) GM_MMA("bf16");
+  else GM_MMA("f16");
+#undef GM_MMA
 #else
   __trap();
 #endif
@@ -2837,6 +2845,22 @@ bool stage_on(int nr) { return env_switch("CT_DECODE_STAGE", nr > 4); }
 long staged_launches; // gemv_staged_kernel launches (tests)
 #define GV_STAGE_MAX (112 * 1024) // a block's shared memory: two such blocks share a multiprocessor
 
+// Kernel k's dynamic shared-memory limit raised to `limit`, once per device, whatever a launch
+// asks: the default 48 KB counts the kernel's static bytes too, so even a launch asking less can
+// be past it.
+bool raise_smem(const void *k, size_t limit) {
+  static kernel_list done;
+  bool in;
+  const int dev = listed(done, k, &in);
+  if (dev < 0) return false;
+  if (in) return true;
+  if (!CKD("decode gemv", cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)limit)))
+    return false;
+  add_listed(done, dev, k);
+  return true;
+}
+
 // The staged GEMV, when its per-block slice (an SM's share of the outputs) fits GV_STAGE_MAX;
 // false: not launched (the caller runs gemv_kernel).
 template <typename T, int N, bool NORM, int MODE>
@@ -2847,18 +2871,9 @@ bool gemv_staged(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
   const size_t smem = ((size_t)S * rpb + N) * IC * sizeof(T);
   if (!stage_on(nr) || smem > GV_STAGE_MAX) return false;
   auto k = gemv_staged_kernel<T, N, NORM, MODE>;
-  // the kernel's dynamic shared-memory limit, raised once per device whatever this launch asks:
-  // 48 KB of dynamic memory plus the kernel's static bytes is past the default (4 rows of the
-  // Qwen3-0.6B shape's output projection ask exactly 48 KB)
-  static bool raised[16];
-  int dev = 0;
-  if (!CKD("decode gemv", cudaGetDevice(&dev)) || dev < 0 || dev >= 16) return false;
-  if (!raised[dev]) {
-    if (!CKD("decode gemv", cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 GV_STAGE_MAX)))
-      return false;
-    raised[dev] = true;
-  }
+  // (4 rows of the Qwen3-0.6B shape's output projection ask exactly 48 KB: with the static bytes
+  // past the default)
+  if (!raise_smem((const void *)k, GV_STAGE_MAX)) return false;
   take_hint(); // its weights are already on their way: an L2 hint adds nothing
   if (!launch("decode gemv", "gemv_staged_kernel", k, (OC + rpb - 1) / rpb, GV_WARPS * 32, smem,
               out, inp, nw, w, bias, res, nr, IC, OC, eps, (int)v2_on(), rpb))
@@ -2870,7 +2885,7 @@ bool gemv_staged(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
 // CT_DECODE_MMA: the tensor-core GEMV (gemv_mma_kernel) for 2 to GV_MAXN rows where IC is a
 // multiple of 256 (the default); "0" keeps gemv_kernel / the staged GEMV there too; "all" takes
 // it for one row as well (a measurement: one row runs slower on it, below). CT_DECODE_MMA_TT=1,
-// 2 or 4 sets the tiles a block takes at a time (as far as gm_tt allows; default: gemv_mma).
+// 2 or 4 sets the tiles a block takes at a time (as far as gm_pick allows; default: gemv_mma).
 // Read at every call, so a test can compare the paths in one process.
 // Measured (H200, Qwen3-0.6B shape, bf16, 128 + 256 tokens, decode tokens/s; bench/results/
 // call103-108_2026-12-02_H200_mma, the default of call 108): batch 8 7,449 against 4,489 (+66%),
@@ -2886,6 +2901,7 @@ bool gemv_staged(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
 // but its solo run only within rounding.
 #define GM_WIDE 16384     // outputs from which a block takes 2 tiles at a time (gemv_mma)
 #define GM_MIN_BLOCKS 64  // the fewest blocks a narrower GEMV's tiles a block leave (gemv_mma)
+#define GM_SMEM_MAX (160 * 1024) // gemv_mma_kernel's dynamic shared memory at most
 int mma_mode() {
   const char *v = getenv("CT_DECODE_MMA");
   if (!v) return 1;
@@ -2893,58 +2909,33 @@ int mma_mode() {
 }
 long mma_launches; // gemv_mma_kernel launches (tests)
 
-// The dynamic shared-memory limit of kernel k raised where `bytes` is past the default, once per
-// device.
-bool raise_smem(const void *k, size_t bytes) {
-  static kernel_list done;
-  if (bytes <= 48 * 1024) return true;
-  bool in;
-  const int dev = listed(done, k, &in);
-  if (dev < 0) return false;
-  if (in) return true;
-  if (!CKD("decode gemv", cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               160 * 1024)))
-    return false;
-  add_listed(done, dev, k);
-  return true;
-}
 
 typedef void (*gm_kernel_t)(void *, const void *, const void *, const void *, const void *,
                             const void *, int, int, int, int, float, int, const void *, size_t);
-// gemv_mma_kernel for k blocks a warp kbw and tiles at a time tt (U: one round up to 4 / 8 k
-// blocks, 12 beyond; TT 4 only with U 4 and 2 up to U 8, so a thread holds at most 16 chunks).
-template <typename T, bool NORM, int MODE> gm_kernel_t gm_pick(int kbw, int tt) {
+// gemv_mma_kernel for k blocks a warp kbw and tiles at a time tt, which it lowers to the most
+// the kernels are built for (U: one round up to 4 / 8 k blocks, 12 beyond; TT 4 only with U 4
+// and 2 up to U 8, so a thread holds at most 16 chunks; GV_SWIGLU 1).
+template <typename T, bool NORM, int MODE> gm_kernel_t gm_pick(int kbw, int &tt) {
 #define GM_K(U, TT) ((gm_kernel_t)gemv_mma_kernel<T, U, TT, NORM, MODE>)
+  tt = MODE == GV_SWIGLU || kbw > 8 ? 1 : tt >= 4 && kbw <= 4 ? 4 : tt >= 2 ? 2 : 1;
   if constexpr (MODE == GV_SWIGLU) {
     return kbw <= 4 ? GM_K(4, 1) : kbw <= 8 ? GM_K(8, 1) : GM_K(12, 1);
   } else {
-    if (kbw <= 4) return tt >= 4 ? GM_K(4, 4) : tt == 2 ? GM_K(4, 2) : GM_K(4, 1);
-    if (kbw <= 8) return tt >= 2 ? GM_K(8, 2) : GM_K(8, 1);
+    if (kbw <= 4) return tt == 4 ? GM_K(4, 4) : tt == 2 ? GM_K(4, 2) : GM_K(4, 1);
+    if (kbw <= 8) return tt == 2 ? GM_K(8, 2) : GM_K(8, 1);
     return GM_K(12, 1);
   }
 #undef GM_K
 }
-int gm_tt(int kbw, int tt, int mode) { // the tt gm_pick takes
-  if (mode == GV_SWIGLU || kbw > 8) return 1;
-  return kbw <= 4 ? (tt >= 4 ? 4 : tt == 2 ? 2 : 1) : (tt >= 2 ? 2 : 1);
-}
 
 // The tensor-core GEMV where it applies (mma_mode, 2+ rows, IC % 256 == 0, its shared memory at most
-// 160 KB, sm_80 and up); false: not launched (the caller goes on with the other GEMVs).
+// GM_SMEM_MAX, sm_80 and up); false: not launched (the caller goes on with the other GEMVs).
 template <typename T, bool NORM, int MODE>
 bool gemv_mma(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res, int nr,
               int IC, int OC, float eps) {
   const int mode = mma_mode();
   if (!mode || env_on("CT_DECODE_STAGE") || IC % (32 * GV_WARPS)) return false;
-  if (nr < 2 && mode != 2) return false;
-  static int major[16];
-  const int dev = hint_dev();
-  if (dev < 0) return false;
-  if (!major[dev] && cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  if (major[dev] < 8) return false;
+  if ((nr < 2 && mode != 2) || cc_major() < 8) return false;
   const int S = MODE == GV_SWIGLU ? 2 : 1, kbw = IC / (32 * GV_WARPS);
   // tiles a block at a time: CT_DECODE_MMA_TT, else 2 for the wide outputs (4 hold 142
   // registers a thread: one block a multiprocessor) and for the others the most that still
@@ -2960,19 +2951,18 @@ bool gemv_mma(T *out, const T *inp, const T *nw, const T *w, const T *bias, cons
   int tt = ttv ? atoi(ttv) : OC >= GM_WIDE ? (wtv ? atoi(wtv) : 2) : 4;
   if (!ttv && OC < GM_WIDE)
     while (tt > 1 && (OC + GM_TILE * tt - 1) / (GM_TILE * tt) < minb) tt /= 2;
-  tt = gm_tt(kbw, tt, MODE);
+  const gm_kernel_t k = gm_pick<T, NORM, MODE>(kbw, tt);
   // vnorm as gemv_go: the norm weight copied to shared memory where the rows and it fit 48 KB
-  const int vn = !v2_on() ? 0 : NORM && (size_t)(gv_rows(nr) + 1) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
   const int nx = gv_rows(nr);
+  const int vn = !v2_on() ? 0 : NORM && (size_t)(nx + 1) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
   const size_t smem = (size_t)(nx + (vn == 2)) * IC * sizeof(T) +
                       2 * (size_t)GV_WARPS * S * tt * 64 * sizeof(float);
-  if (smem > 160 * 1024) return false;
+  if (smem > GM_SMEM_MAX) return false;
   const int groups = (OC + GM_TILE * tt - 1) / (GM_TILE * tt);
   unsigned blocks = (unsigned)groups;
   const unsigned cap = 4u * (unsigned)num_sms(); // blocks loop over further groups
   if (blocks > cap) blocks = cap;
-  const gm_kernel_t k = gm_pick<T, NORM, MODE>(kbw, tt);
-  if (!raise_smem((const void *)k, smem)) return true; // reported; the step fails at its check
+  if (!raise_smem((const void *)k, GM_SMEM_MAX)) return true; // reported; the step fails at its check
   const l2_hint_t h = take_hint();
   if (launch("decode gemv", "gemv_mma_kernel", k, blocks, GV_WARPS * 32, smem, (void *)out,
              (const void *)inp, (const void *)nw, (const void *)w, (const void *)bias,
@@ -3276,15 +3266,7 @@ long fa_launches; // attention_decode_rope kernels launched (or recorded into a 
 bool cluster_on() {
   const char *v = getenv("CT_DECODE_CLUSTER");
   if (v && !strcmp(v, "0")) return false;
-  static int major[16];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return false;
-  if (!major[dev] &&
-      cudaDeviceGetAttribute(&major[dev], cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major[dev] >= 9;
+  return cc_major() >= 9;
 }
 long cluster_launches; // of them, launched as clusters
 // Tried and taken out (f528c9f, bench/results/call72_f528c9f): each split pushing its rows into

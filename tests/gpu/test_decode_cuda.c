@@ -897,8 +897,9 @@ int main(void) {
     CHECK(o->set_device(0) == 0);
   }
   test_fused(ct_ops_cuda(), 1e-5);
-  /* the 16-bit GEMVs on the tensor cores (the default where IC is a multiple of 256), then on the
-   * CUDA cores (CT_DECODE_MMA=0): both against the CPU, a batch's last row against its solo run */
+  /* the 16-bit GEMVs on the tensor cores (the default for 2-8 rows where IC is a multiple of
+   * 256), then on the CUDA cores (CT_DECODE_MMA=0): both against the CPU, a batch's last row
+   * against its run in another batch (test_fused) */
   const long mma0 = ct_cuda_gemv_mma_launches();
   test_fused(ct_ops_cuda_bf16(), 2e-2);
   test_fused(ct_ops_cuda_fp16(), 2e-2);
