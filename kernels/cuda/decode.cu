@@ -1167,37 +1167,43 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   }
 }
 
-// ---- tensor-core GEMV: up to GV_MAXN rows on mma.sync, IC a multiple of 256 ----
+// ---- tensor-core GEMV: 2 to GM_MAXN rows on mma.sync, IC a multiple of 256 ----
 // gemv_kernel computes every row from each weight in fp32 FMAs, so at 8 rows a step's GEMVs run
 // 8x the multiply-adds of one row on the CUDA cores, with every weight's conversion and every
-// input chunk's shared-memory load repeated per row. Here the same bytes go through the tensor
-// cores: a block of GV_WARPS warps makes a tile of 8 outputs (GV_SWIGLU: 8 gate outputs and
-// their 8 up outputs) for all GV_MAXN rows, warp w the w-th eighth of the k range, in 32-wide k
-// blocks. One mma.sync.m16n8k16 (fp32 accumulation) takes the input rows as A (16 rows x 16 k;
-// rows 8..15 zero) and the tile's weights as B (16 k x 8 outputs). Thread (g = lane / 4,
-// t = lane % 4) loads 16 bytes of output g's weight row and 16 bytes of input row g at
-// k = 32 b + 8 t .. 32 b + 8 t + 7 and hands them to two mmas as their k positions 2t, 2t + 1,
-// 2t + 8, 2t + 9: a dot product may sum over k in any order, so permuting the k of both operands
-// alike changes nothing, and every load stays 16 contiguous bytes. The warps' partial sums meet
-// in shared memory and are added in warp order.
+// input chunk's shared-memory load repeated per row; from 9 rows the step went to cuBLAS, whose
+// kernels for a few dozen rows read the weights at a fraction of the bandwidth and need the norm,
+// the residual and SwiGLU as kernels of their own. Here the same bytes go through the tensor
+// cores: a block of GV_WARPS warps makes a tile of 8 outputs (GV_SWIGLU: 8 gate outputs and their
+// 8 up outputs) for all its rows, warp w the w-th eighth of the k range, in 32-wide k blocks.
+// One mma.sync.m16n8k16 (fp32 accumulation) takes 16 input rows as A (16 rows x 16 k; up to 8
+// rows: rows 8..15 zero) and the tile's weights as B (16 k x 8 outputs); MT such tiles of 16
+// rows share each weight load. Thread (g = lane / 4, t = lane % 4) loads 16 bytes of output g's
+// weight row and 16 bytes of input rows g and g + 8 at k = 32 b + 8 t .. 32 b + 8 t + 7 and
+// hands them to two mmas as their k positions 2t, 2t + 1, 2t + 8, 2t + 9: a dot product may sum
+// over k in any order, so permuting the k of both operands alike changes nothing, and every load
+// stays 16 contiguous bytes. The warps' partial sums meet in shared memory and are added in warp
+// order.
 // An output's arithmetic depends only on its own input row (each element of an mma is its own
-// dot product; zero rows change nothing), and the kernel is the same for 2..8 rows, so a row of
-// such a batch gives the same bits in any other. One row stays on gemv_kernel (faster there, see
-// mma_mode), whose sums go in another order: a solo run matches its batch row within rounding.
-// CT_DECODE_MMA=0 keeps gemv_kernel for every row count; CT_DECODE_STAGE=1 forces the staged GEMV.
-#define GM_TILE 8 // outputs a tile
+// dot product; other rows, zero or not, change nothing), and the per-element arithmetic is the
+// same at every row count and row position, so a row of a 2..GM_MAXN row batch gives the same
+// bits in any other. One row stays on gemv_kernel (faster there, see mma_mode), whose sums go in
+// another order: a solo run matches its batch row within rounding.
+// CT_DECODE_MMA=0 keeps gemv_kernel for 1-8 rows (cuBLAS beyond); CT_DECODE_STAGE=1 forces the
+// staged GEMV.
+#define GM_TILE 8  // outputs a tile
+#define GM_MAXN 64 // rows at most (more: cuBLAS)
 
-// c += A B for one m16n8k16 tile (T: bf16 or f16, fp32 accumulation); A's rows 8..15 are zero,
-// so only its registers a0 and a2 are passed.
+// c += A B for one m16n8k16 tile (T: bf16 or f16, fp32 accumulation): a0 / a2 row g's k pairs,
+// a1 / a3 row g + 8's (zero where the launch has at most 8 rows).
 template <typename T>
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0,
-                                         uint32_t b1) {
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define GM_MMA(TY)                                                                               \
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "         \
                "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                          \
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                  \
-               : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1))
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
   if constexpr (std::is_same<T, bf16>::value) GM_MMA("bf16");
   else GM_MMA("f16");
 #undef GM_MMA
@@ -1209,11 +1215,12 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a2
 // U: 32-wide k blocks a warp loads per round (its share of a row is IC / 256 blocks: one round
 // where that is at most U). TT: tiles a block takes at a time (GV_SWIGLU: 1), so that a wide
 // output (the vocabulary head) keeps as many weight bytes in flight as gemv_kernel's 4-row tasks:
-// with one tile at a time the head ran at a quarter of the bandwidth. nx = gv_rows(nr): the input
-// rows held (rows nr .. nx - 1 zero, rows past nx zero in registers only, so one row does not
-// fill 8 rows of shared memory). Dynamic shared memory: the nx input rows (T), the norm weight
-// when vnorm == 2, then two buffers of the warps' partial sums (float [GV_WARPS][S * TT][8][8]).
-template <typename T, int U, int TT, bool NORM, int MODE>
+// with one tile at a time the head ran at a quarter of the bandwidth. MT: 16-row tiles of A (1:
+// up to 16 rows). nx: the input rows held (1, 4, 8, 16 with MT = 1, else 16 MT; rows nr .. nx - 1
+// zero, rows past nx zero in registers only, so a few rows do not fill 16 rows of shared memory).
+// Dynamic shared memory: the nx input rows (T), the norm weight when vnorm == 2, then two buffers
+// of the warps' partial sums (float [GV_WARPS][S * TT][rs][8], rs = max(nx, 8) rows).
+template <typename T, int U, int TT, bool NORM, int MODE, int MT>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gemv_mma_kernel(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
                     int nr, int nx, int IC, int OC, float eps, int vnorm, const void *pf,
@@ -1224,7 +1231,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   extern __shared__ uint4 gv_smem[];
   T *xs = (T *)gv_smem;
   T *nws = NORM && vnorm == 2 ? xs + (long)nx * IC : NULL;
-  float *red = (float *)(xs + (long)(nx + (nws != NULL)) * IC); // [2][GV_WARPS][RT][8][8]
+  float *red = (float *)(xs + (long)(nx + (nws != NULL)) * IC); // [2][GV_WARPS][RT][rs][8]
+  const int rs = nx > 8 ? nx : 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
   const int F = OC; // GV_SWIGLU: OC is F (outputs a row); w has 2F rows
   const int kbw = IC / (32 * GV_WARPS); // k blocks a warp
@@ -1253,54 +1261,78 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   l2_prefetch_slice(pf, pfb);
   pdl_trigger();
   pdl_wait();
-  if (nx == 1) gv_x_rows<T, 1, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
-  else if (nx == 4) gv_x_rows<T, 4, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
-  else gv_x_rows<T, GV_MAXN, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
+  if constexpr (MT == 1) {
+    if (nx == 1) gv_x_rows<T, 1, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
+    else if (nx == 4) gv_x_rows<T, 4, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
+    else if (nx == 8) gv_x_rows<T, 8, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
+    else gv_x_rows<T, 16, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
+  } else {
+    gv_x_rows<T, 16 * MT, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
+  }
   __syncthreads();
-  const bool xrow = g < nx;
-  const T *xr = xs + (long)(xrow ? g : 0) * IC + t4 * 8; // this thread's input row g
+  // this thread's input rows g + 8 h (h even: A's row g of m tile h / 2; odd: its row g + 8)
+  bool xrow[2 * MT];
+  const T *xr[2 * MT];
+#pragma unroll
+  for (int h = 0; h < 2 * MT; h++) {
+    xrow[h] = g + 8 * h < nx;
+    xr[h] = xs + (long)(xrow[h] ? g + 8 * h : 0) * IC + t4 * 8;
+  }
   const int rounds = (kbw + U - 1) / U;
   for (int it = 0; grp < groups; grp += gridDim.x, it++) {
-    float ca[RT][4], cb[RT][4]; // the two mmas of a k block accumulate apart (no chained latency)
+    // the two mmas of a k block accumulate apart (no chained latency)
+    float ca[RT][MT][4], cb[RT][MT][4];
 #pragma unroll
     for (int j = 0; j < RT; j++)
 #pragma unroll
-      for (int i = 0; i < 4; i++) ca[j][i] = cb[j][i] = 0.0f;
+      for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) ca[j][m][i] = cb[j][m][i] = 0.0f;
     for (int r = 0; r < rounds; r++) {
       if (r > 0) load_round(grp, r);
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const int kb = r * U + u;
         if (kb < kbw) {
-          const uint4 xv = xrow ? *(const uint4 *)(xr + (long)(kb0 + kb) * 32) : make_uint4(0, 0, 0, 0);
+          uint4 xv[2 * MT];
 #pragma unroll
-          for (int j = 0; j < RT; j++) {
-            mma16816<T>(ca[j], xv.x, xv.y, wv[j][u].x, wv[j][u].y);
-            mma16816<T>(cb[j], xv.z, xv.w, wv[j][u].z, wv[j][u].w);
-          }
+          for (int h = 0; h < 2 * MT; h++)
+            xv[h] = xrow[h] ? *(const uint4 *)(xr[h] + (long)(kb0 + kb) * 32) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+          for (int j = 0; j < RT; j++)
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+              const uint4 &lo = xv[2 * m], &hi = xv[2 * m + 1];
+              mma16816<T>(ca[j][m], lo.x, hi.x, lo.y, hi.y, wv[j][u].x, wv[j][u].y);
+              mma16816<T>(cb[j][m], lo.z, hi.z, lo.w, hi.w, wv[j][u].z, wv[j][u].w);
+            }
         }
       }
     }
     // the next group's first round goes out before the reduction
     if (grp + (int)gridDim.x < groups) load_round(grp + gridDim.x, 0);
-    // c[0], c[1]: row g, outputs 2 t4 and 2 t4 + 1 of the tile (c[2], c[3]: the zero rows)
-    float *rb = red + (it & 1) * (GV_WARPS * RT * 64);
+    // c[0], c[1]: row 16 m + g, outputs 2 t4 and 2 t4 + 1 of the tile; c[2], c[3]: row 16 m + g + 8
+    float *rb = red + (it & 1) * (GV_WARPS * RT * rs * 8);
 #pragma unroll
     for (int j = 0; j < RT; j++)
-      *(float2 *)(rb + ((warp * RT + j) * 8 + g) * 8 + 2 * t4) =
-          make_float2(ca[j][0] + cb[j][0], ca[j][1] + cb[j][1]);
+#pragma unroll
+      for (int m = 0; m < MT; m++) {
+        const int n0 = 16 * m + g;
+        float *b = rb + ((warp * RT + j) * rs + n0) * 8 + 2 * t4;
+        if (n0 < rs) *(float2 *)b = make_float2(ca[j][m][0] + cb[j][m][0], ca[j][m][1] + cb[j][m][1]);
+        if (n0 + 8 < rs) *(float2 *)(b + 64) = make_float2(ca[j][m][2] + cb[j][m][2], ca[j][m][3] + cb[j][m][3]);
+      }
     __syncthreads();
-    // thread e < 64 TT: tile j = e / 64 of the group, row n = e / 8 % 8, output e % 8 of the tile
-    const int e = threadIdx.x;
-    if (e < 64 * TT) {
-      const int j = e >> 6, n = (e >> 3) & 7, o = (grp * TT + j) * GM_TILE + (e & 7);
+    // element e < TT rs 8: tile j = e / (8 rs) of the group, row n = e / 8 % rs, output e % 8
+    for (int e = threadIdx.x; e < TT * rs * 8; e += blockDim.x) {
+      const int j = e / (8 * rs), n = (e >> 3) % rs, o = (grp * TT + j) * GM_TILE + (e & 7);
       if (n < nr && o < OC) {
         float acc[S];
 #pragma unroll
         for (int sp = 0; sp < S; sp++) {
           acc[sp] = 0.0f;
 #pragma unroll
-          for (int k = 0; k < GV_WARPS; k++) acc[sp] += rb[(k * RT + j + sp) * 64 + (e & 63)];
+          for (int k = 0; k < GV_WARPS; k++) acc[sp] += rb[((k * RT + j + sp) * rs + n) * 8 + (e & 7)];
         }
         if constexpr (MODE == GV_SWIGLU) {
           const float gt = rounded<T>(acc[0]), up = rounded<T>(acc[1]);
@@ -2821,12 +2853,16 @@ template <typename T> void cu_argmax_rows(int32_t *out, const void *logits, int 
 
 int gv_rows(int n) { return n <= 1 ? 1 : n <= 4 ? 4 : 8; } // the N a kernel is built for
 
-// The GEMV applies: 16-bit, few rows, 16-byte rows and pointers, x fits the default 48 KB.
+bool gm_applies(int nr, int IC);
+
+// The GEMV applies: 16-bit, 16-byte rows and pointers; up to GV_MAXN rows x fits the default
+// 48 KB, more rows only where the tensor-core GEMV takes them.
 template <typename T>
 bool gemv_fits(int N, int IC, const void *inp, const void *w, const void *nw = NULL) {
-  if (sizeof(T) != 2 || !gemv_on() || N > GV_MAXN || IC <= 0 || IC % 8) return false;
-  return aligned16(inp) && aligned16(w) && aligned16(nw) &&
-         (size_t)gv_rows(N) * IC * sizeof(T) <= 48 * 1024;
+  if (sizeof(T) != 2 || !gemv_on() || IC <= 0 || IC % 8) return false;
+  if (!aligned16(inp) || !aligned16(w) || !aligned16(nw)) return false;
+  if (N > GV_MAXN) return gm_applies(N, IC); // the tensor-core GEMV's rows only
+  return (size_t)gv_rows(N) * IC * sizeof(T) <= 48 * 1024;
 }
 
 // CT_DECODE_STAGE=1: the staged GEMV where its slices fit. STATUS (H200, 2026-11-30): bit-identical
@@ -2901,7 +2937,7 @@ bool gemv_staged(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
 // but its solo run only within rounding.
 #define GM_WIDE 16384     // outputs from which a block takes 2 tiles at a time (gemv_mma)
 #define GM_MIN_BLOCKS 64  // the fewest blocks a narrower GEMV's tiles a block leave (gemv_mma)
-#define GM_SMEM_MAX (160 * 1024) // gemv_mma_kernel's dynamic shared memory at most
+#define GM_SMEM_MAX (220 * 1024) // gemv_mma_kernel's dynamic shared memory at most
 int mma_mode() {
   const char *v = getenv("CT_DECODE_MMA");
   if (!v) return 1;
@@ -2912,62 +2948,125 @@ long mma_launches; // gemv_mma_kernel launches (tests)
 
 typedef void (*gm_kernel_t)(void *, const void *, const void *, const void *, const void *,
                             const void *, int, int, int, int, float, int, const void *, size_t);
-// gemv_mma_kernel for k blocks a warp kbw and tiles at a time tt, which it lowers to the most
-// the kernels are built for (U: one round up to 4 / 8 k blocks, 12 beyond; TT 4 only with U 4
-// and 2 up to U 8, so a thread holds at most 16 chunks; GV_SWIGLU 1).
-template <typename T, bool NORM, int MODE> gm_kernel_t gm_pick(int kbw, int &tt) {
-#define GM_K(U, TT) ((gm_kernel_t)gemv_mma_kernel<T, U, TT, NORM, MODE>)
-  tt = MODE == GV_SWIGLU || kbw > 8 ? 1 : tt >= 4 && kbw <= 4 ? 4 : tt >= 2 ? 2 : 1;
+// gemv_mma_kernel for k blocks a warp kbw, tiles at a time tt and MT m tiles of 16 rows, which it
+// lowers tt to the most the kernels are built for (U: one round up to 4 / 8 k blocks, 12 beyond;
+// TT 4 only with U 4 and MT 1, 2 up to U 8 (MT 4: U 4), so a thread's weights and accumulators
+// stay in registers; GV_SWIGLU 1).
+template <typename T, bool NORM, int MODE, int MT> gm_kernel_t gm_pick_mt(int kbw, int &tt) {
+#define GM_K(U, TT) ((gm_kernel_t)gemv_mma_kernel<T, U, TT, NORM, MODE, MT>)
+  const int tmax = MODE == GV_SWIGLU || kbw > 8 || (MT == 4 && kbw > 4) ? 1 : MT == 1 && kbw <= 4 ? 4 : 2;
+  tt = tt >= 4 && tmax >= 4 ? 4 : tt >= 2 && tmax >= 2 ? 2 : 1;
   if constexpr (MODE == GV_SWIGLU) {
     return kbw <= 4 ? GM_K(4, 1) : kbw <= 8 ? GM_K(8, 1) : GM_K(12, 1);
-  } else {
+  } else if constexpr (MT == 1) {
     if (kbw <= 4) return tt == 4 ? GM_K(4, 4) : tt == 2 ? GM_K(4, 2) : GM_K(4, 1);
     if (kbw <= 8) return tt == 2 ? GM_K(8, 2) : GM_K(8, 1);
     return GM_K(12, 1);
+  } else if constexpr (MT == 2) {
+    if (kbw <= 4) return tt == 2 ? GM_K(4, 2) : GM_K(4, 1);
+    if (kbw <= 8) return tt == 2 ? GM_K(8, 2) : GM_K(8, 1);
+    return GM_K(12, 1);
+  } else {
+    if (kbw <= 4) return tt == 2 ? GM_K(4, 2) : GM_K(4, 1);
+    return kbw <= 8 ? GM_K(8, 1) : GM_K(12, 1);
   }
 #undef GM_K
 }
+template <typename T, bool NORM, int MODE> gm_kernel_t gm_pick(int kbw, int &tt, int mt) {
+  return mt == 1 ? gm_pick_mt<T, NORM, MODE, 1>(kbw, tt)
+         : mt == 2 ? gm_pick_mt<T, NORM, MODE, 2>(kbw, tt)
+                   : gm_pick_mt<T, NORM, MODE, 4>(kbw, tt);
+}
 
-// The tensor-core GEMV where it applies (mma_mode, 2+ rows, IC % 256 == 0, its shared memory at most
-// GM_SMEM_MAX, sm_80 and up); false: not launched (the caller goes on with the other GEMVs).
-template <typename T, bool NORM, int MODE>
-bool gemv_mma(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res, int nr,
-              int IC, int OC, float eps) {
+// The rows the tensor-core GEMV takes at most: CT_DECODE_MMA_MAXN (8 sends 9+ rows to cuBLAS as
+// before it took them), default GM_MAXN.
+int gm_maxn() {
+  const char *v = getenv("CT_DECODE_MMA_MAXN");
+  const int n = v ? atoi(v) : GM_MAXN;
+  return n < 1 ? 1 : n > GM_MAXN ? GM_MAXN : n;
+}
+// gemv_mma_kernel's dynamic shared memory for nx input rows held, rt weight rows a thread and
+// vn (2: the norm weight copied too)
+size_t gm_smem(int nx, int IC, int rt, int vn) {
+  const int rs = nx > 8 ? nx : 8;
+  return (size_t)(nx + (vn == 2)) * IC * 2 + 2 * (size_t)GV_WARPS * rt * rs * 8 * sizeof(float);
+}
+// The tensor-core GEMV takes nr rows of width IC: mma_mode, 2+ rows (1 with CT_DECODE_MMA=all),
+// at most gm_maxn(), IC % 256 == 0, sm_80 and up, and from 9 rows 16 of them fit its shared memory
+bool gm_applies(int nr, int IC) {
   const int mode = mma_mode();
   if (!mode || env_on("CT_DECODE_STAGE") || IC % (32 * GV_WARPS)) return false;
-  if ((nr < 2 && mode != 2) || cc_major() < 8) return false;
+  if ((nr < 2 && mode != 2) || nr > gm_maxn() || cc_major() < 8) return false;
+  return nr <= GV_MAXN || gm_smem(16, IC, 2, 2) <= GM_SMEM_MAX;
+}
+
+// One launch of gemv_mma_kernel for rows [0, nr) of inp / res / out (nr <= 16 mt).
+template <typename T, bool NORM, int MODE>
+void gemv_mma_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
+                 int nr, int mt, int IC, int OC, float eps) {
   const int S = MODE == GV_SWIGLU ? 2 : 1, kbw = IC / (32 * GV_WARPS);
   // tiles a block at a time: CT_DECODE_MMA_TT, else 2 for the wide outputs (4 hold 142
   // registers a thread: one block a multiprocessor) and for the others the most that still
-  // leave GM_MIN_BLOCKS blocks. Measured (H200, bench/results/call103-108_2026-12-02_H200_mma,
-  // call107-108), tokens/s at batch 2 / 4 / 8: Qwen3-0.6B shape 2,145 / 4,090 / 7,449 with 64
-  // (its output projection 2 tiles a block, 64 blocks), 2,127 / 4,023 / 7,284 with 96; GPT-2 124M
-  // 4,097 / 7,151 / 11,667 with 64 (its qkv 4 tiles, 72 blocks), 4,172 / 7,156 / 11,826 with 96;
-  // the wide outputs at 4 tiles 0-1.4% slower than at 2.
+  // leave GM_MIN_BLOCKS blocks (from 9 rows: a block a multiprocessor). Measured (H200,
+  // bench/results/call103-108_2026-12-02_H200_mma, call107-108), tokens/s at batch 2 / 4 / 8:
+  // Qwen3-0.6B shape 2,145 / 4,090 / 7,449 with 64 (its output projection 2 tiles a block, 64
+  // blocks), 2,127 / 4,023 / 7,284 with 96; GPT-2 124M 4,097 / 7,151 / 11,667 with 64 (its qkv 4
+  // tiles, 72 blocks), 4,172 / 7,156 / 11,826 with 96; the wide outputs at 4 tiles 0-1.4% slower
+  // than at 2.
   // (measurements: CT_DECODE_MMA_WIDE_TT and CT_DECODE_MMA_MIN_BLOCKS replace the 2 and GM_MIN_BLOCKS)
   const char *ttv = getenv("CT_DECODE_MMA_TT"), *wtv = getenv("CT_DECODE_MMA_WIDE_TT");
   const char *mbv = getenv("CT_DECODE_MMA_MIN_BLOCKS");
-  const int minb = mbv ? atoi(mbv) : GM_MIN_BLOCKS;
+  const int minb = mbv ? atoi(mbv) : nr > GV_MAXN ? num_sms() : GM_MIN_BLOCKS;
   int tt = ttv ? atoi(ttv) : OC >= GM_WIDE ? (wtv ? atoi(wtv) : 2) : 4;
   if (!ttv && OC < GM_WIDE)
     while (tt > 1 && (OC + GM_TILE * tt - 1) / (GM_TILE * tt) < minb) tt /= 2;
-  const gm_kernel_t k = gm_pick<T, NORM, MODE>(kbw, tt);
+  gm_kernel_t k = gm_pick<T, NORM, MODE>(kbw, tt, mt);
+  // the input rows held: gv_rows up to 8, else 16 mt
+  const int nx = nr <= GV_MAXN ? gv_rows(nr) : 16 * mt;
   // vnorm as gemv_go: the norm weight copied to shared memory where the rows and it fit 48 KB
-  const int nx = gv_rows(nr);
-  const int vn = !v2_on() ? 0 : NORM && (size_t)(nx + 1) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
-  const size_t smem = (size_t)(nx + (vn == 2)) * IC * sizeof(T) +
-                      2 * (size_t)GV_WARPS * S * tt * 64 * sizeof(float);
-  if (smem > GM_SMEM_MAX) return false;
+  // (from 9 rows: where it fits at all)
+  const size_t vlim = nx > GV_MAXN ? GM_SMEM_MAX : 48 * 1024;
+  int vn = !v2_on() ? 0 : NORM && (size_t)(nx + 1) * IC * sizeof(T) <= vlim ? 2 : 1;
+  size_t smem = gm_smem(nx, IC, S * tt, vn);
+  while (smem > GM_SMEM_MAX && tt > 1) { // fewer tiles: a smaller reduction buffer
+    tt /= 2;
+    k = gm_pick<T, NORM, MODE>(kbw, tt, mt);
+    smem = gm_smem(nx, IC, S * tt, vn);
+  }
+  if (smem > GM_SMEM_MAX && vn == 2) smem = gm_smem(nx, IC, S * tt, vn = 1); // same values
   const int groups = (OC + GM_TILE * tt - 1) / (GM_TILE * tt);
   unsigned blocks = (unsigned)groups;
   const unsigned cap = 4u * (unsigned)num_sms(); // blocks loop over further groups
   if (blocks > cap) blocks = cap;
-  if (!raise_smem((const void *)k, GM_SMEM_MAX)) return true; // reported; the step fails at its check
+  if (!raise_smem((const void *)k, GM_SMEM_MAX)) return; // reported; the step fails at its check
   const l2_hint_t h = take_hint();
   if (launch("decode gemv", "gemv_mma_kernel", k, blocks, GV_WARPS * 32, smem, (void *)out,
              (const void *)inp, (const void *)nw, (const void *)w, (const void *)bias,
              (const void *)res, nr, nx, IC, OC, eps, vn, h.p, h.bytes))
     mma_launches++;
+}
+
+// The tensor-core GEMV where it applies (gm_applies); false: not launched (the caller goes on
+// with the other GEMVs). From 9 rows the rows go in launches of 16 mt rows, mt the largest of
+// 4 / 2 / 1 whose rows fit the shared memory (a wide input, the down projection's, holds 32 rows
+// at most): each launch reads the weights again, from L2 where they stayed.
+template <typename T, bool NORM, int MODE>
+bool gemv_mma(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res, int nr,
+              int IC, int OC, float eps) {
+  if (!gm_applies(nr, IC)) return false;
+  if (nr <= GV_MAXN) {
+    gemv_mma_go<T, NORM, MODE>(out, inp, nw, w, bias, res, nr, 1, IC, OC, eps);
+    return true;
+  }
+  int mt = nr > 32 ? 4 : nr > 16 ? 2 : 1;
+  while (mt > 1 && gm_smem(16 * mt, IC, 1, 1) > GM_SMEM_MAX) mt /= 2;
+  for (int r0 = 0; r0 < nr; r0 += 16 * mt) {
+    const int n = nr - r0 < 16 * mt ? nr - r0 : 16 * mt;
+    int m = 1; // the last launch: the fewest m tiles that hold its rows
+    while (16 * m < n) m *= 2;
+    gemv_mma_go<T, NORM, MODE>(out + (size_t)r0 * OC, inp + (size_t)r0 * IC, nw, w, bias,
+                               res ? res + (size_t)r0 * OC : NULL, n, m, IC, OC, eps);
+  }
   return true;
 }
 
@@ -3027,6 +3126,10 @@ void gemv(void *out, const void *inp, const void *nw, const void *w, const void 
   T *o = (T *)out;
   const T *x = (const T *)inp, *g = (const T *)nw, *W = (const T *)w, *b = (const T *)bias,
           *r = (const T *)res;
+  if (N > GV_MAXN) { // gemv_fits: the tensor-core GEMV applies
+    gemv_mma<T, NORM, MODE>(o, x, g, W, b, r, N, IC, OC, eps);
+    return;
+  }
   switch (gv_rows(N)) {
   case 1: gemv_shape<T, 1, NORM, MODE>(o, x, g, W, b, r, N, IC, OC, eps); break;
   case 4: gemv_shape<T, 4, NORM, MODE>(o, x, g, W, b, r, N, IC, OC, eps); break;

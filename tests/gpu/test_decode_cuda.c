@@ -178,6 +178,12 @@ static const fcase fcases[] = {
     {F_ROWS, 5, 1024, 333, 1},    {F_ROWS, 16, 768, 256, 1},  {F_ROWS, 9, 100, 64, 1},
     {F_GELU, 1, 768, 3072, 1},    {F_GELU, 4, 768, 3072, 1},  {F_GELU, 7, 2048, 129, 1},
     {F_GELU, 12, 768, 512, 1},
+    /* 9-64 rows (a batch of sequences decoding): the tensor-core GEMV with 16-row A tiles, in
+     * launches of up to 64 rows (32 where a row is 2048+ wide); 65 rows go to cuBLAS */
+    {F_NORM, 64, 1024, 4096, 0},  {F_NORM, 40, 1024, 1000, 1}, {F_NORM, 17, 1024, 20000, 0},
+    {F_SWIGLU, 64, 1024, 3072, 0}, {F_SWIGLU, 33, 2048, 100, 0}, {F_ADD, 64, 3072, 1024, 0},
+    {F_ADD, 64, 2048, 1024, 1},   {F_ADD, 50, 3072, 130, 0},  {F_ROWS, 24, 768, 2304, 1},
+    {F_ROWS, 64, 768, 5000, 0},   {F_GELU, 64, 768, 3072, 1}, {F_NORM, 65, 1024, 256, 0},
 };
 #define GUARD 64
 static const float guard_val = 4096.0f; /* exact in bf16 and fp16 */
@@ -250,26 +256,32 @@ static void test_fused(const ct_ops *o, double tol) {
              fc->bias ? " +bias" : "");
     ct_check_close(what, got, ref, on, tol, 1e-6);
     CHECK_MSG(gok, "%s: wrote past its output", what);
-    /* the last row gives the same bits in another batch: alone where one row takes the same
-     * kernel as N (the CUDA-core GEMV at every row count: CT_DECODE_MMA=0, CT_DECODE_STAGE=1, IC
-     * not a multiple of 256; the tensor-core GEMV at every row count: CT_DECODE_MMA=all), else
-     * twice in a batch of 2 (by default the tensor cores take 2-8 rows, the CUDA cores one); the
-     * 16-bit GEMVs, up to 8 rows: cuBLAS promises no such thing */
-    if (N > 1 && N <= 8 && o->act_bytes == 2) {
-      const char *mm = getenv("CT_DECODE_MMA"), *st = getenv("CT_DECODE_STAGE");
-      const int pair = !(mm && (!strcmp(mm, "0") || !strcmp(mm, "all"))) &&
-                       !(st && !strcmp(st, "1")) && IC % 256 == 0;
+    /* rows give the same bits in another batch: the last alone where one row takes the same
+     * kernel as N (the CUDA-core GEMV at every row count up to 8: CT_DECODE_MMA=0,
+     * CT_DECODE_STAGE=1, IC not a multiple of 256; the tensor-core GEMV at every row count:
+     * CT_DECODE_MMA=all), else the first and the last as a batch of 2 (by default the tensor
+     * cores take 2-64 rows, the CUDA cores one); the 16-bit GEMVs only: cuBLAS (past 8 rows where
+     * the tensor-core GEMV is off, past 64) promises no such thing */
+    const char *mm = getenv("CT_DECODE_MMA"), *st = getenv("CT_DECODE_STAGE");
+    const char *mx = getenv("CT_DECODE_MMA_MAXN");
+    const int off = (mm && !strcmp(mm, "0")) || (st && !strcmp(st, "1"));
+    const int tc = !off && IC % 256 == 0 && N <= (mx ? atoi(mx) : 64); /* tensor cores: N rows */
+    const int pair = tc && !(mm && !strcmp(mm, "all"));
+    if (N > 1 && o->act_bytes == 2 && (tc || (N <= 8 && !(IC % 256 == 0 && !off)))) {
       fcase one = *fc;
       one.N = pair ? 2 : 1;
+      const int rows[2] = {pair ? 0 : N - 1, N - 1};
       float *xin = malloc((size_t)2 * IC * 4), *rin = malloc((size_t)2 * OC * 4);
       for (int r = 0; r < 2; r++) {
-        memcpy(xin + (size_t)r * IC, x + (size_t)(N - 1) * IC, (size_t)IC * 4);
-        memcpy(rin + (size_t)r * OC, res + (size_t)(N - 1) * OC, (size_t)OC * 4);
+        memcpy(xin + (size_t)r * IC, x + (size_t)rows[r] * IC, (size_t)IC * 4);
+        memcpy(rin + (size_t)r * OC, res + (size_t)rows[r] * OC, (size_t)OC * 4);
       }
       float *solo = malloc((size_t)2 * OC * 4);
       fused_run(o, &one, xin, nw, w, b, rin, solo, &gok);
-      CHECK_MSG(!memcmp(solo + (size_t)(one.N - 1) * OC, got + (size_t)(N - 1) * OC, (size_t)OC * 4),
-                "%s: row %d differs from its run in a batch of %d", what, N - 1, one.N);
+      for (int r = 2 - one.N; r < 2; r++)
+        CHECK_MSG(!memcmp(solo + (size_t)(r - (2 - one.N)) * OC, got + (size_t)rows[r] * OC,
+                          (size_t)OC * 4),
+                  "%s: row %d differs from its run in a batch of %d", what, rows[r], one.N);
       free(solo);
       free(xin);
       free(rin);
@@ -571,6 +583,70 @@ static void test_engine(void) {
   free(ref);
   free(got);
   free(one);
+  ct_model_destroy(m);
+}
+
+/* nseq sequences of 6-token prompts, each prefilled alone (so the caches do not depend on the
+ * batch), then 3 decode steps of the npick sequences pick[] as one batch: logits appended to out
+ * (3 npick rows of Vp) */
+static void engine_logits_rows(ct_model *m, const ct_ops *o, int nseq, const int *pick, int npick,
+                               float *out) {
+  ct_infer_cfg ic = CT_INFER_CFG_INIT;
+  ic.max_seqs = nseq;
+  ic.max_len = 16;
+  ic.max_rows = 64;
+  ic.device = o == ct_ops_cpu() ? -1 : 0;
+  ic.graphs = o == ct_ops_cpu() ? 0 : 1;
+  ct_infer *e = NULL;
+  CHECK(ct_infer_create(m, o, &ic, &e) == CT_OK);
+  if (!e) return;
+  const int Vp = ct_model_padded_vocab(ct_model_config(m));
+  float *scratch = malloc((size_t)Vp * 4);
+  for (int s = 0; s < nseq; s++) {
+    int32_t toks[6];
+    for (int i = 0; i < 6; i++) toks[i] = (s * 31 + i * 7 + 3) % 300;
+    CHECK(ct_infer_prefill(e, 1, &s, toks, 6, scratch, NULL) == CT_OK);
+  }
+  for (int step = 0; step < 3; step++) {
+    int32_t t[64];
+    for (int i = 0; i < npick; i++) t[i] = (pick[i] * 13 + step * 5 + 1) % 300;
+    CHECK(ct_infer_decode(e, npick, pick, t, out + (size_t)step * npick * Vp, NULL) == CT_OK);
+  }
+  free(scratch);
+  ct_infer_destroy(e);
+}
+
+/* a batch of 40 sequences decoding (the tensor-core GEMV with 16-row tiles, attention's
+ * many-row kernels) against the CPU engine, and two of its rows against their run as a batch of
+ * 2 (the 2-8 row kernels): bit for bit */
+static void test_engine_rows(void) {
+  ct_model *m = tiny_llama(2, 256, 2, 1, true, 5);
+  if (!m) return;
+  enum { NS = 40 };
+  int all[NS];
+  for (int i = 0; i < NS; i++) all[i] = (i * 7) % NS; /* slots out of order */
+  const int two[2] = {all[9], all[33]};
+  const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m));
+  float *ref = calloc(3 * NS * Vp, 4), *got = calloc(3 * NS * Vp, 4), *pair = calloc(3 * 2 * Vp, 4);
+  engine_logits_rows(m, ct_ops_cpu(), NS, all, NS, ref);
+  const long mma0 = ct_cuda_gemv_mma_launches();
+  engine_logits_rows(m, ct_ops_cuda_bf16(), NS, all, NS, got);
+  const long ran = ct_cuda_gemv_mma_launches() - mma0;
+  double err = ct_check_close("engine cuda-bf16 vs CPU engine, 40-row decode", got, ref, 3 * NS * Vp,
+                              3e-2, 1e-6);
+  printf("engine cuda-bf16 vs CPU engine, 40-row decode: normalized error %.2e, %ld tensor-core GEMV launches\n",
+         err, ran);
+  CHECK_MSG(ran > 0, "40-row decode: no tensor-core GEMV ran");
+  engine_logits_rows(m, ct_ops_cuda_bf16(), NS, two, 2, pair);
+  size_t diff = 0;
+  for (int step = 0; step < 3; step++)
+    for (int r = 0; r < 2; r++)
+      diff += memcmp(pair + ((size_t)step * 2 + r) * Vp, got + ((size_t)step * NS + (r ? 33 : 9)) * Vp,
+                     Vp * 4) != 0;
+  CHECK_MSG(diff == 0, "40-row decode: %zu of 6 rows differ from their run in a batch of 2", diff);
+  free(ref);
+  free(got);
+  free(pair);
   ct_model_destroy(m);
 }
 
@@ -918,6 +994,10 @@ int main(void) {
   setenv("CT_DECODE_MMA_TT", "2", 1);
   test_fused(ct_ops_cuda_fp16(), 2e-2);
   unsetenv("CT_DECODE_MMA_TT");
+  /* 9+ rows back on cuBLAS (CT_DECODE_MMA_MAXN=8, as before the tensor cores took them) */
+  setenv("CT_DECODE_MMA_MAXN", "8", 1);
+  test_fused(ct_ops_cuda_bf16(), 2e-2);
+  unsetenv("CT_DECODE_MMA_MAXN");
   /* again with the staged GEMV at every row count where its slices fit */
   setenv("CT_DECODE_STAGE", "1", 1);
   const long staged0 = ct_cuda_gemv_staged_launches();
@@ -925,6 +1005,7 @@ int main(void) {
   CHECK_MSG(ct_cuda_gemv_staged_launches() > staged0, "CT_DECODE_STAGE=1: no staged GEMV ran");
   unsetenv("CT_DECODE_STAGE");
   test_engine();
+  test_engine_rows();
   test_decode_layers();
   test_attention_decode_rope();
   test_l2_hints();
