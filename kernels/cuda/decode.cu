@@ -1191,7 +1191,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 // CT_DECODE_MMA=0 keeps gemv_kernel for 1-8 rows (cuBLAS beyond); CT_DECODE_STAGE=1 forces the
 // staged GEMV.
 #define GM_TILE 8  // outputs a tile
-#define GM_MAXN 64 // rows at most (more: cuBLAS)
+#define GM_MAXN 64 // rows the kernel takes at most (CT_DECODE_MMA_MAXN up to this)
+#define GM_MAXN_DEFAULT 16 // rows it takes by default (more: cuBLAS; see gm_maxn)
 
 // c += A B for one m16n8k16 tile (T: bf16 or f16, fp32 accumulation): a0 / a2 row g's k pairs,
 // a1 / a3 row g + 8's (zero where the launch has at most 8 rows).
@@ -2979,10 +2980,13 @@ template <typename T, bool NORM, int MODE> gm_kernel_t gm_pick(int kbw, int &tt,
 }
 
 // The rows the tensor-core GEMV takes at most: CT_DECODE_MMA_MAXN (8 sends 9+ rows to cuBLAS as
-// before it took them), default GM_MAXN.
+// before it took them; at most GM_MAXN), default GM_MAXN_DEFAULT. 16 because that is where it
+// wins (H200, call 111: Qwen3-0.6B batch 16 10,480 against 7,320 tokens/s on cuBLAS); past 16
+// rows its 2- and 4-tile blocks lose to cuBLAS (batch 32 13,520 against 13,700, batch 64 14,310
+// against 23,920), so they stay opt-in until they are tuned.
 int gm_maxn() {
   const char *v = getenv("CT_DECODE_MMA_MAXN");
-  const int n = v ? atoi(v) : GM_MAXN;
+  const int n = v ? atoi(v) : GM_MAXN_DEFAULT;
   return n < 1 ? 1 : n > GM_MAXN ? GM_MAXN : n;
 }
 // gemv_mma_kernel's dynamic shared memory for nx input rows held, rt weight rows a thread and

@@ -260,12 +260,13 @@ static void test_fused(const ct_ops *o, double tol) {
      * kernel as N (the CUDA-core GEMV at every row count up to 8: CT_DECODE_MMA=0,
      * CT_DECODE_STAGE=1, IC not a multiple of 256; the tensor-core GEMV at every row count:
      * CT_DECODE_MMA=all), else the first and the last as a batch of 2 (by default the tensor
-     * cores take 2-64 rows, the CUDA cores one); the 16-bit GEMVs only: cuBLAS (past 8 rows where
-     * the tensor-core GEMV is off, past 64) promises no such thing */
+     * cores take 2-16 rows, up to 64 with CT_DECODE_MMA_MAXN, the CUDA cores one); the 16-bit GEMVs
+     * only: cuBLAS (past 8 rows where the tensor-core GEMV is off, past its limit) promises no such
+     * thing */
     const char *mm = getenv("CT_DECODE_MMA"), *st = getenv("CT_DECODE_STAGE");
     const char *mx = getenv("CT_DECODE_MMA_MAXN");
     const int off = (mm && !strcmp(mm, "0")) || (st && !strcmp(st, "1"));
-    const int tc = !off && IC % 256 == 0 && N <= (mx ? atoi(mx) : 64); /* tensor cores: N rows */
+    const int tc = !off && IC % 256 == 0 && N <= (mx ? atoi(mx) : 16); /* tensor cores: N rows */
     const int pair = tc && !(mm && !strcmp(mm, "all"));
     if (N > 1 && o->act_bytes == 2 && (tc || (N <= 8 && !(IC % 256 == 0 && !off)))) {
       fcase one = *fc;
@@ -629,6 +630,7 @@ static void test_engine_rows(void) {
   const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m));
   float *ref = calloc(3 * NS * Vp, 4), *got = calloc(3 * NS * Vp, 4), *pair = calloc(3 * 2 * Vp, 4);
   engine_logits_rows(m, ct_ops_cpu(), NS, all, NS, ref);
+  setenv("CT_DECODE_MMA_MAXN", "64", 1); /* all 40 rows on the tensor cores (opt-in past 16) */
   const long mma0 = ct_cuda_gemv_mma_launches();
   engine_logits_rows(m, ct_ops_cuda_bf16(), NS, all, NS, got);
   const long ran = ct_cuda_gemv_mma_launches() - mma0;
@@ -644,6 +646,7 @@ static void test_engine_rows(void) {
       diff += memcmp(pair + ((size_t)step * 2 + r) * Vp, got + ((size_t)step * NS + (r ? 33 : 9)) * Vp,
                      Vp * 4) != 0;
   CHECK_MSG(diff == 0, "40-row decode: %zu of 6 rows differ from their run in a batch of 2", diff);
+  unsetenv("CT_DECODE_MMA_MAXN");
   free(ref);
   free(got);
   free(pair);
@@ -994,7 +997,11 @@ int main(void) {
   setenv("CT_DECODE_MMA_TT", "2", 1);
   test_fused(ct_ops_cuda_fp16(), 2e-2);
   unsetenv("CT_DECODE_MMA_TT");
-  /* 9+ rows back on cuBLAS (CT_DECODE_MMA_MAXN=8, as before the tensor cores took them) */
+  /* the tensor-core GEMV up to 64 rows (2- and 4-tile blocks; opt-in), and 9+ rows back on
+   * cuBLAS (CT_DECODE_MMA_MAXN=8, as before the tensor cores took them) */
+  setenv("CT_DECODE_MMA_MAXN", "64", 1);
+  test_fused(ct_ops_cuda_bf16(), 2e-2);
+  test_fused(ct_ops_cuda_fp16(), 2e-2);
   setenv("CT_DECODE_MMA_MAXN", "8", 1);
   test_fused(ct_ops_cuda_bf16(), 2e-2);
   unsetenv("CT_DECODE_MMA_MAXN");
