@@ -232,6 +232,14 @@ typedef struct ct_ops {
    * composes the two (CPU). */
   void (*matmul_gelu_rows_fwd)(void *act, void *pre, const void *inp, const void *w,
                                const void *bias, int N, int IC, int OC);
+  /* Inference norms (prefill and decode rows): rmsnorm_fwd / layernorm_fwd's values without
+   * the per-row statistics training keeps for backward, up to the order of the fp32 sums. NULL
+   * where the caller takes the training ops (CPU). CUDA: a warp holds its row in registers
+   * (16-bit tables, widths a multiple of 8 up to 2048; the training ops otherwise); RMSNorm's
+   * values are the bits of the norm inside norm_matmul_fwd's GEMV. */
+  void (*rmsnorm_rows_fwd)(void *out, const void *inp, const void *w, int N, int C, float eps);
+  void (*layernorm_rows_fwd)(void *out, const void *inp, const void *w, const void *b, int N,
+                             int C, float eps);
   /* Decode-step fusions of a llama-style layer (RMSNorm, SwiGLU). Each computes what the plain
    * ops named beside it compute, rounding to the working dtype at the same points; only the
    * order of the fp32 sums inside a product may differ (the CPU composes the plain ops with

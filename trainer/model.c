@@ -1327,11 +1327,16 @@ void ct_infer_describe(const ct_infer *e, char *buf, size_t cap) {
 static void infer_norm(const ct_infer *e, infer_dev *d, void *out, const void *inp, const void *w,
                        const void *b, int N) {
   const ct_model *m = e->m;
-  if (m->gpt2)
-    e->ops->layernorm_fwd(out, DAF(d, mean), DAF(d, rstd), inp, w, b, N, m->C,
-                          (float)m->cfg.norm_eps);
+  const ct_ops *o = e->ops;
+  const float eps = (float)m->cfg.norm_eps;
+  if (m->gpt2 && o->layernorm_rows_fwd)
+    o->layernorm_rows_fwd(out, inp, w, b, N, m->C, eps);
+  else if (m->gpt2)
+    o->layernorm_fwd(out, DAF(d, mean), DAF(d, rstd), inp, w, b, N, m->C, eps);
+  else if (o->rmsnorm_rows_fwd)
+    o->rmsnorm_rows_fwd(out, inp, w, N, m->C, eps);
   else
-    e->ops->rmsnorm_fwd(out, DAF(d, rstd), inp, w, N, m->C, N, 0, (float)m->cfg.norm_eps);
+    o->rmsnorm_fwd(out, DAF(d, rstd), inp, w, N, m->C, N, 0, eps);
 }
 
 /* The decode-step fusions apply: a llama-style layer (RMSNorm, SwiGLU) on a table that has them. */

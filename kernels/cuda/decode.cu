@@ -3040,7 +3040,14 @@ void gemv_mma_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
   if (smem > GM_SMEM_MAX && vn == 2) smem = gm_smem(nx, IC, S * tt, vn = 1); // same values
   const int groups = (OC + GM_TILE * tt - 1) / (GM_TILE * tt);
   unsigned blocks = (unsigned)groups;
-  const unsigned cap = 4u * (unsigned)num_sms(); // blocks loop over further groups
+  // blocks loop over further groups. From 9 rows a block's input rows cost more to fetch (and
+  // norm) than a group's weights, so no more blocks than run at once, each fetching them once
+  // (CT_DECODE_MMA_ONCE=0: up to 4 a multiprocessor, as for 2-8 rows)
+  unsigned cap = 4u * (unsigned)num_sms();
+  if (nx > GV_MAXN && !env_off("CT_DECODE_MMA_ONCE")) {
+    const size_t fit = (size_t)227 * 1024 / (smem + 1024); // blocks a multiprocessor holds
+    cap = (unsigned)num_sms() * (unsigned)(fit < 1 ? 1 : fit > 4 ? 4 : fit);
+  }
   if (blocks > cap) blocks = cap;
   if (!raise_smem((const void *)k, GM_SMEM_MAX)) return; // reported; the step fails at its check
   const l2_hint_t h = take_hint();
@@ -3141,6 +3148,111 @@ void gemv(void *out, const void *inp, const void *nw, const void *w, const void 
   }
 }
 
+// ---- inference norms over whole rows (ops.h rmsnorm_rows_fwd / layernorm_rows_fwd) ----
+// rmsnorm_fwd / layernorm_fwd give each row a warp that reads one 2-byte value a lane at a time,
+// twice (three times for LayerNorm), each pass waiting on the last: at a decode step of 64 rows
+// that took 16.5 us a norm on an H200, two a layer (the profile of call 113 in
+// bench/results/call111-115_2026-12-03_H200_rows64). Here a warp holds its row in registers
+// (lane l the 16-byte chunks l, l + 32, ..., CH of them), all loads in flight at once, and sums
+// from registers: 7.1 us in the same profile (launch and event overhead included), and decode
+// tokens/s in call 114, Qwen3-0.6B shape batch 32 / 64 16,435-17,505 / 29,526-29,569 against
+// 13,221-13,244 / 23,722-23,866 (the norms before the cuBLAS products from 17 rows), GPT-2 124M
+// (its LayerNorms at every batch) batch 1 / 8 / 64 3,533-3,584 / 17,670-17,703 / 76,543-76,997
+// against 2,461-2,496 / 11,309-11,453 / 62,384-63,179. CT_DECODE_NORM_ROWS=0: the training ops.
+// RMSNorm's sums and products are gv_x_rows's, so a norm here has the bits of the norm inside
+// the GEMV (test_decode_cuda).
+#define NR_WARPS 4
+template <typename T, int CH, bool LN>
+__global__ void __launch_bounds__(NR_WARPS * 32)
+    norm_rows_kernel(T *out, const T *inp, const T *w, const T *b, int N, int C, float eps) {
+  const int row = blockIdx.x * NR_WARPS + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+  const int nchunk = C / 8;
+  pdl_trigger();
+  pdl_wait();
+  if (row >= N) return;
+  const T *x = inp + (long)row * C;
+  float v[CH][8];
+#pragma unroll
+  for (int k = 0; k < CH; k++) {
+    const int c = lane + 32 * k;
+    const uint4 u = c < nchunk ? *(const uint4 *)(x + (long)c * 8) : make_uint4(0, 0, 0, 0);
+    cvt8<T>(u, v[k]);
+  }
+  float mean = 0.0f;
+  if constexpr (LN) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < CH; k++)
+#pragma unroll
+      for (int e = 0; e < 8; e++) sum += v[k][e];
+    mean = warp_sum(sum) / C;
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < CH; k++)
+    if (lane + 32 * k < nchunk)
+#pragma unroll
+      for (int e = 0; e < 8; e++) {
+        const float d = v[k][e] - mean;
+        ss = fmaf(d, d, ss);
+      }
+  const float r = 1.0f / sqrtf(warp_sum(ss) / C + eps);
+  T *o = out + (long)row * C;
+#pragma unroll
+  for (int k = 0; k < CH; k++) {
+    const int c = lane + 32 * k;
+    if (c >= nchunk) continue;
+    float g[8], y[8];
+    cvt8<T>(*(const uint4 *)(w + (long)c * 8), g);
+    if constexpr (LN) {
+      float bb[8];
+      cvt8<T>(b ? *(const uint4 *)(b + (long)c * 8) : make_uint4(0, 0, 0, 0), bb);
+#pragma unroll
+      for (int e = 0; e < 8; e++) y[e] = (v[k][e] - mean) * r * g[e] + bb[e];
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++) y[e] = v[k][e] * r * g[e];
+    }
+    *(uint4 *)(o + (long)c * 8) = pack8<T>(y);
+  }
+}
+
+// One launch of norm_rows_kernel; false where it does not apply (fp32, a width not a multiple
+// of 8 or above 2048, operands not 16-byte aligned): the caller takes the training op.
+template <typename T, bool LN>
+bool norm_rows(void *out, const void *inp, const void *w, const void *b, int N, int C, float eps) {
+  if constexpr (sizeof(T) != 2) {
+    return false;
+  } else {
+    if (C % 8 || C > 2048 || N <= 0 || !aligned16(out) || !aligned16(inp) || !aligned16(w) ||
+        (b && !aligned16(b)) || env_off("CT_DECODE_NORM_ROWS"))
+      return false;
+    const int lanes = (C / 8 + 31) / 32; // chunks a lane
+    const unsigned blocks = (unsigned)((N + NR_WARPS - 1) / NR_WARPS);
+    auto go = [&](auto k) {
+      launch("norm_rows_fwd", "norm_rows_kernel", k, blocks, NR_WARPS * 32, 0, (T *)out,
+             (const T *)inp, (const T *)w, (const T *)b, N, C, eps);
+    };
+    if (lanes <= 1) go(norm_rows_kernel<T, 1, LN>);
+    else if (lanes <= 2) go(norm_rows_kernel<T, 2, LN>);
+    else if (lanes <= 4) go(norm_rows_kernel<T, 4, LN>);
+    else go(norm_rows_kernel<T, 8, LN>);
+    return true;
+  }
+}
+
+template <typename T>
+void cu_rmsnorm_rows_fwd(void *out, const void *inp, const void *w, int N, int C, float eps) {
+  if (!norm_rows<T, false>(out, inp, w, NULL, N, C, eps))
+    base<T>()->rmsnorm_fwd(out, NULL, inp, w, N, C, N, 0, eps);
+}
+template <typename T>
+void cu_layernorm_rows_fwd(void *out, const void *inp, const void *w, const void *b, int N, int C,
+                           float eps) {
+  if (!norm_rows<T, true>(out, inp, w, b, N, C, eps))
+    base<T>()->layernorm_fwd(out, NULL, NULL, inp, w, b, N, C, eps);
+}
+
 template <typename T>
 void cu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, const void *w,
                         const void *bias, int N, int IC, int OC, float eps) {
@@ -3151,9 +3263,8 @@ void cu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, co
       return;
     }
   }
-  const ct_ops *b = base<T>();
-  b->rmsnorm_fwd(ln, NULL, inp, nw, N, IC, N, 0, eps);
-  b->matmul_fwd(out, ln, w, bias, N, IC, OC);
+  cu_rmsnorm_rows_fwd<T>(ln, inp, nw, N, IC, eps);
+  base<T>()->matmul_fwd(out, ln, w, bias, N, IC, OC);
 }
 
 template <typename T>
@@ -3167,7 +3278,7 @@ void cu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp, 
     }
   }
   const ct_ops *b = base<T>();
-  b->rmsnorm_fwd(ln, NULL, inp, nw, N, IC, N, 0, eps);
+  cu_rmsnorm_rows_fwd<T>(ln, inp, nw, N, IC, eps);
   b->matmul_fwd(pre, ln, w, NULL, N, IC, 2 * F);
   b->swiglu_fwd(act, pre, N, F);
 }
@@ -3593,6 +3704,8 @@ template <typename T> void fill(ct_ops *t) {
   t->attention_decode_oproj = cu_attention_decode_oproj<T>;
   t->attention_decode_qkv = cu_attention_decode_qkv<T>;
   t->l2_hint = cu_l2_hint;
+  t->rmsnorm_rows_fwd = cu_rmsnorm_rows_fwd<T>;
+  t->layernorm_rows_fwd = cu_layernorm_rows_fwd<T>;
 }
 
 } // namespace

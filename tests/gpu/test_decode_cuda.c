@@ -960,6 +960,67 @@ static void test_attention_qkv(void) {
   }
 }
 
+/* rmsnorm_rows_fwd / layernorm_rows_fwd against the CPU's rmsnorm_fwd / layernorm_fwd, guard values
+ * after the output, widths that take the register path (multiples of 8 up to 2048, lanes with
+ * and without a tail chunk) and two that fall back (2056, 100); then RMSNorm's bits against the
+ * norm inside norm_matmul_fwd's GEMV: with an identity weight its product is the norm's value
+ * itself (each output sums one nonzero product), for 1 to 16 rows (the CUDA-core GEMV, the
+ * tensor-core GEMV with one warp a row and, from 9 rows, the block's shared-memory norm) and
+ * 40 (cuBLAS after this norm). */
+static void test_norm_rows(const ct_ops *o, double tol) {
+  const ct_ops *c = ct_ops_cpu();
+  static const int shapes[][2] = {{1, 64},  {3, 768},  {17, 1024}, {64, 1024},
+                                  {5, 2048}, {7, 1000}, {4, 2056},  {2, 100}};
+  char what[128];
+  for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
+    for (int ln = 0; ln < 2; ln++) {
+      const int n = shapes[k][0], C = shapes[k][1];
+      const size_t on = (size_t)n * C;
+      float *x = rnd_buf(o, on, 3.0f), *w = rnd_buf(o, (size_t)C, 1.0f), *b = rnd_buf(o, (size_t)C, 0.5f);
+      float *ref = malloc(on * 4), *st = malloc((size_t)2 * n * 4), *got = malloc((on + GUARD) * 4);
+      if (ln) c->layernorm_fwd(ref, st, st + n, x, w, b, n, C, 1e-5f);
+      else c->rmsnorm_fwd(ref, st, x, w, n, C, n, 0, 1e-6f);
+      for (size_t i = 0; i < on + GUARD; i++) got[i] = guard_val;
+      void *dx = up(o, x, on), *dw = up(o, w, (size_t)C), *db = up(o, b, (size_t)C);
+      void *dout = up(o, got, on + GUARD);
+      if (ln) o->layernorm_rows_fwd(dout, dx, dw, db, n, C, 1e-5f);
+      else o->rmsnorm_rows_fwd(dout, dx, dw, n, C, 1e-6f);
+      down(o, got, dout, on + GUARD);
+      snprintf(what, sizeof what, "%s %s_rows_fwd N%d C%d", o->name, ln ? "layernorm" : "rmsnorm", n, C);
+      ct_check_close(what, got, ref, on, tol, 1e-6);
+      int guard_ok = 1;
+      for (int i = 0; i < GUARD; i++) guard_ok &= got[on + i] == guard_val;
+      CHECK_MSG(guard_ok, "%s: wrote past its output", what);
+      o->free(dx), o->free(dw), o->free(db), o->free(dout);
+      free(x), free(w), free(b), free(ref), free(st), free(got);
+    }
+  const int C = 1024;
+  float *eye = calloc((size_t)C * C, 4);
+  for (int i = 0; i < C; i++) eye[(size_t)i * C + i] = 1.0f;
+  void *deye = up(o, eye, (size_t)C * C);
+  static const int rows[] = {1, 2, 5, 8, 9, 12, 16, 40};
+  for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++) {
+    const int n = rows[k];
+    const size_t on = (size_t)n * C;
+    float *x = rnd_buf(o, on, 3.0f), *w = rnd_buf(o, (size_t)C, 1.0f);
+    float *a = malloc(on * 4), *g = malloc(on * 4);
+    void *dx = up(o, x, on), *dw = up(o, w, (size_t)C);
+    void *d1 = o->alloc(on * o->act_bytes), *d2 = o->alloc(on * o->act_bytes), *dl = o->alloc(on * o->act_bytes);
+    o->rmsnorm_rows_fwd(d1, dx, dw, n, C, 1e-6f);
+    o->norm_matmul_fwd(d2, dl, dx, dw, deye, NULL, n, C, C, 1e-6f);
+    down(o, a, d1, on);
+    down(o, g, d2, on);
+    snprintf(what, sizeof what, "%s rmsnorm_rows_fwd N%d = the GEMV's norm", o->name, n);
+    size_t diff = 0;
+    for (size_t i = 0; i < on; i++) diff += memcmp(&a[i], &g[i], 4) != 0;
+    CHECK_MSG(diff == 0, "%s: %zu of %zu values differ", what, diff, on);
+    o->free(dx), o->free(dw), o->free(d1), o->free(d2), o->free(dl);
+    free(x), free(w), free(a), free(g);
+  }
+  o->free(deye);
+  free(eye);
+}
+
 int main(void) {
   char err[512];
   const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -1011,6 +1072,9 @@ int main(void) {
   test_fused(ct_ops_cuda_bf16(), 2e-2);
   CHECK_MSG(ct_cuda_gemv_staged_launches() > staged0, "CT_DECODE_STAGE=1: no staged GEMV ran");
   unsetenv("CT_DECODE_STAGE");
+  test_norm_rows(ct_ops_cuda(), 1e-5);
+  test_norm_rows(ct_ops_cuda_bf16(), 2e-2);
+  test_norm_rows(ct_ops_cuda_fp16(), 2e-2);
   test_engine();
   test_engine_rows();
   test_decode_layers();
