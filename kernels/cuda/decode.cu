@@ -3283,6 +3283,62 @@ void cu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp, 
   b->swiglu_fwd(act, pre, N, F);
 }
 
+// CT_DECODE_SPLITK=s (2-16; measuring, off by default): the residual products the GEMV does not
+// take as s fp32 partials over slices of IC (ct_cuda_splitk_gemm: s times cuBLAS's thread blocks
+// for a few dozen rows, where its own choice for the down projection at 64 rows reads the weights
+// at ~0.25 TB/s), summed in slice order by splitk_add_kernel with the bias and the residual: the
+// GEMV's rounding points (the product + bias rounded, then the residual added).
+struct splitk_buf {
+  float *p;
+  size_t bytes;
+};
+splitk_buf skbufs[16];
+long splitk_launches; // splitk_add_kernel launches (tests)
+// never freed (graphs captured earlier hold it), grows at least twofold, never during capture
+float *splitk_scratch(size_t bytes) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return NULL;
+  splitk_buf *b = &skbufs[dev];
+  if (bytes <= b->bytes) return b->p;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream(), &cs);
+  if (cs != cudaStreamCaptureStatusNone) return NULL; // the caller takes the plain path
+  if (bytes < 2 * b->bytes) bytes = 2 * b->bytes;
+  float *p = NULL;
+  if (cudaMalloc((void **)&p, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return NULL;
+  }
+  b->p = p;
+  b->bytes = bytes;
+  return p;
+}
+template <typename T>
+__global__ void splitk_add_kernel(T *out, const float *P, const T *bias, const T *res, long n,
+                                  int OC, int s) {
+  const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float v = 0.0f;
+  for (int j = 0; j < s; j++) v += P[(long)j * n + i];
+  if (bias) v += ldf(bias + i % OC);
+  stf(out + i, rounded<T>(v) + ldf(res + i));
+}
+template <typename T>
+bool splitk_add(void *out, const void *inp, const void *w, const void *bias, const void *res, int N,
+                int IC, int OC) {
+  const char *v = getenv("CT_DECODE_SPLITK");
+  const int s = v ? atoi(v) : 0;
+  if (s < 2 || s > 16 || IC % (8 * s)) return false;
+  const long n = (long)N * OC;
+  float *P = splitk_scratch((size_t)s * n * sizeof(float));
+  if (!P) return false;
+  if (ct_cuda_splitk_gemm(P, inp, w, N, IC, OC, s, std::is_same<T, f16>::value) != 0) return true;
+  splitk_add_kernel<T><<<blocks_for((size_t)n, 256), 256, 0, stream()>>>(
+      (T *)out, P, (const T *)bias, (const T *)res, n, OC, s);
+  if (CKD_LAUNCH("matmul_add_fwd", splitk_add_kernel)) splitk_launches++;
+  return true;
+}
+
 template <typename T>
 void cu_matmul_add_fwd(void *out, const void *inp, const void *w, const void *bias,
                        const void *res, int N, int IC, int OC) {
@@ -3292,6 +3348,7 @@ void cu_matmul_add_fwd(void *out, const void *inp, const void *w, const void *bi
       gemv<T, false, GV_RESID>(out, inp, NULL, w, bias, res, N, IC, OC, 0.0f);
       return;
     }
+    if (splitk_add<T>(out, inp, w, bias, res, N, IC, OC)) return;
   }
   const ct_ops *b = base<T>();
   b->matmul_fwd(out, inp, w, bias, N, IC, OC);
@@ -3881,6 +3938,7 @@ extern "C" long ct_cuda_attention_decode_rope_launches(void) { return fa_launche
 extern "C" long ct_cuda_l2_hints_used(void) { return hints_used; }
 extern "C" long ct_cuda_gemv_staged_launches(void) { return staged_launches; }
 extern "C" long ct_cuda_gemv_mma_launches(void) { return mma_launches; }
+extern "C" long ct_cuda_splitk_launches(void) { return splitk_launches; }
 extern "C" long ct_cuda_attention_cluster_launches(void) { return cluster_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

@@ -4575,6 +4575,23 @@ bool env_on(const char *name) {
 // ---------------------------------------------------------------------------------------------
 // C entry points
 
+// decode.cu's split-K residual products (CT_DECODE_SPLITK): P[j] (N, OC, fp32) = inp[:, jK ..
+// jK + K) w[:, jK .. jK + K)^T for j < s, K = IC / s, one strided batched GEMM, so a product of a
+// few dozen rows runs s times the thread blocks. Returns 0 on success.
+extern "C" int ct_cuda_splitk_gemm(float *P, const void *inp, const void *w, int N, int IC, int OC,
+                                   int s, int fp16) {
+  const int K = IC / s;
+  const char *prev = g.op;
+  g.op = "matmul_add_fwd split-K";
+  bool ok = fp16 ? gemm<f16, float>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, K, 1.0f, (const f16 *)w, IC,
+                                    K, (const f16 *)inp, IC, K, 0.0f, P, OC, (long long)N * OC, s)
+                 : gemm<bf16, float>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, K, 1.0f, (const bf16 *)w,
+                                     IC, K, (const bf16 *)inp, IC, K, 0.0f, P, OC,
+                                     (long long)N * OC, s);
+  g.op = prev;
+  return ok ? 0 : -1;
+}
+
 extern "C" const ct_ops *ct_ops_cuda(void) { return &cuda_ops; }
 
 extern "C" const ct_ops *ct_ops_cuda_bf16(void) { return &cuda_bf16_ops; }

@@ -110,6 +110,10 @@ int ct_cuda_use_device(int device);
 void ct_cuda_release_other_devices(void);
 /* Records an error in the sticky state (for ops defined outside ops_cuda.cu). */
 void ct_cuda_report(const char *op, const char *call, const char *why, const char *file, int line);
+/* decode.cu's split-K residual products: s fp32 partials (s, N, OC) of inp (N, IC) w (OC, IC)^T
+ * over the s slices of IC / s; 0 on success */
+int ct_cuda_splitk_gemm(float *P, const void *inp, const void *w, int N, int IC, int OC, int s,
+                        int fp16);
 /* Fills the batched-inference and device entries of a table (kernels/cuda/decode.cu);
  * the table's act_bytes and dtype must be set. */
 void ct_cuda_decode_table(ct_ops *t);
@@ -131,6 +135,7 @@ long ct_cuda_l2_hints_used(void);
 long ct_cuda_gemv_staged_launches(void);
 /* How many tensor-core decode GEMVs (gemv_mma_kernel) were launched or recorded into graphs (tests). */
 long ct_cuda_gemv_mma_launches(void);
+long ct_cuda_splitk_launches(void);
 /* How many attention_decode_oproj kernels were launched or recorded into graphs (tests). */
 long ct_cuda_attention_oproj_launches(void);
 /* How many attention_decode_qkv kernels were launched or recorded into graphs (tests). */

@@ -1066,6 +1066,13 @@ int main(void) {
   setenv("CT_DECODE_MMA_MAXN", "8", 1);
   test_fused(ct_ops_cuda_bf16(), 2e-2);
   unsetenv("CT_DECODE_MMA_MAXN");
+  /* the residual products past the GEMV as split-K partials (CT_DECODE_SPLITK; opt-in) */
+  setenv("CT_DECODE_SPLITK", "4", 1);
+  const long sk0 = ct_cuda_splitk_launches();
+  test_fused(ct_ops_cuda_bf16(), 2e-2);
+  test_fused(ct_ops_cuda_fp16(), 2e-2);
+  CHECK_MSG(ct_cuda_splitk_launches() > sk0, "CT_DECODE_SPLITK=4: no split-K product ran");
+  unsetenv("CT_DECODE_SPLITK");
   /* again with the staged GEMV at every row count where its slices fit */
   setenv("CT_DECODE_STAGE", "1", 1);
   const long staged0 = ct_cuda_gemv_staged_launches();
