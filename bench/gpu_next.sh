@@ -61,6 +61,13 @@
 # (bench/results/call92-98_*): polls of the same L2 lines by every consumer block contend with
 # the weight streams, and seeing a line costs a loaded L2 round trip, about what a PDL wait's
 # release costs. The kernel boundary is not beatable that way.
+# Sessions 20-21 (calls 103-115): the tensor-core GEMV (mma.sync) for 2-16 rows (17-64 opt-in via
+# CT_DECODE_MMA_MAXN: its 2- and 4-tile blocks lose to cuBLAS by 40% at 64 rows even with the blocks
+# capped at what fits at once); inference norms with a row in a warp's registers (GPT-2 124M +43% at
+# batch 1, the Qwen3 shape +24% at 64). Left at batch 64 (call 113/114 profiles, graphs off): the
+# cuBLAS down projection 64x3072x1024 ~25 us (0.25 TB/s; split-K partials help only at 64 rows,
+# CT_DECODE_SPLITK), attention_decode_vec ~24 us a layer (~47% of the KV bandwidth), add_fwd and
+# swiglu_fwd as kernels of their own past 16 rows.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
