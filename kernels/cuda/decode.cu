@@ -3152,7 +3152,7 @@ void gemv(void *out, const void *inp, const void *nw, const void *w, const void 
 // rmsnorm_fwd / layernorm_fwd give each row a warp that reads one 2-byte value a lane at a time,
 // twice (three times for LayerNorm), each pass waiting on the last: at a decode step of 64 rows
 // that took 16.5 us a norm on an H200, two a layer (the profile of call 113 in
-// bench/results/call111-115_2026-12-03_H200_rows64). Here a warp holds its row in registers
+// bench/results/call111-116_2026-12-03_H200_rows64). Here a warp holds its row in registers
 // (lane l the 16-byte chunks l, l + 32, ..., CH of them), all loads in flight at once, and sums
 // from registers: 7.1 us in the same profile (launch and event overhead included), and decode
 // tokens/s in call 114, Qwen3-0.6B shape batch 32 / 64 16,435-17,505 / 29,526-29,569 against
@@ -3288,6 +3288,12 @@ void cu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp, 
 // for a few dozen rows, where its own choice for the down projection at 64 rows reads the weights
 // at ~0.25 TB/s), summed in slice order by splitk_add_kernel with the bias and the residual: the
 // GEMV's rounding points (the product + bias rounded, then the residual added).
+// STATUS (H200, bench/results/call111-116_*): at 64 rows s = 8 gave 31,049 against 29,577
+// tokens/s on the Qwen3-0.6B shape and 79,386 against 75,887 on GPT-2 124M (call 115), at 96
+// rows +3.8% / +2.6% (call 116); at 32 rows it was even / 16% slower, s = 4 slower at 32 on both.
+// Not the default from 64 rows because its first use in a process costs ~45 ms (call 116: a
+// process's first batch-64 generate of GPT-2 decoded 62,570 against 75,875 tokens/s), more than
+// it saves in a 256-token generate; a server warming it up at start would gain the 3-6%.
 struct splitk_buf {
   float *p;
   size_t bytes;
