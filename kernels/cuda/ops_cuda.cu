@@ -4578,16 +4578,18 @@ bool env_on(const char *name) {
 // decode.cu's split-K residual products (CT_DECODE_SPLITK): P[j] (N, OC, fp32) = inp[:, jK ..
 // jK + K) w[:, jK .. jK + K)^T for j < s, K = IC / s, one strided batched GEMM, so a product of a
 // few dozen rows runs s times the thread blocks. Returns 0 on success.
+template <typename T>
+bool splitk_gemm(float *P, const void *inp, const void *w, int N, int IC, int OC, int s) {
+  const int K = IC / s;
+  return gemm<T, float>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, K, 1.0f, (const T *)w, IC, K,
+                        (const T *)inp, IC, K, 0.0f, P, OC, (long long)N * OC, s);
+}
 extern "C" int ct_cuda_splitk_gemm(float *P, const void *inp, const void *w, int N, int IC, int OC,
                                    int s, int fp16) {
-  const int K = IC / s;
   const char *prev = g.op;
   g.op = "matmul_add_fwd split-K";
-  bool ok = fp16 ? gemm<f16, float>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, K, 1.0f, (const f16 *)w, IC,
-                                    K, (const f16 *)inp, IC, K, 0.0f, P, OC, (long long)N * OC, s)
-                 : gemm<bf16, float>(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, K, 1.0f, (const bf16 *)w,
-                                     IC, K, (const bf16 *)inp, IC, K, 0.0f, P, OC,
-                                     (long long)N * OC, s);
+  const bool ok = fp16 ? splitk_gemm<f16>(P, inp, w, N, IC, OC, s)
+                       : splitk_gemm<bf16>(P, inp, w, N, IC, OC, s);
   g.op = prev;
   return ok ? 0 : -1;
 }

@@ -135,6 +135,7 @@ long ct_cuda_l2_hints_used(void);
 long ct_cuda_gemv_staged_launches(void);
 /* How many tensor-core decode GEMVs (gemv_mma_kernel) were launched or recorded into graphs (tests). */
 long ct_cuda_gemv_mma_launches(void);
+/* How many split-K residual products (CT_DECODE_SPLITK) were launched or recorded (tests). */
 long ct_cuda_splitk_launches(void);
 /* How many attention_decode_oproj kernels were launched or recorded into graphs (tests). */
 long ct_cuda_attention_oproj_launches(void);

@@ -964,9 +964,9 @@ static void test_attention_qkv(void) {
  * after the output, widths that take the register path (multiples of 8 up to 2048, lanes with
  * and without a tail chunk) and two that fall back (2056, 100); then RMSNorm's bits against the
  * norm inside norm_matmul_fwd's GEMV: with an identity weight its product is the norm's value
- * itself (each output sums one nonzero product), for 1 to 16 rows (the CUDA-core GEMV, the
- * tensor-core GEMV with one warp a row and, from 9 rows, the block's shared-memory norm) and
- * 40 (cuBLAS after this norm). */
+ * itself (each output sums one nonzero product), for 1 to 16 rows (the CUDA-core GEMV at one
+ * row, the tensor-core GEMV from 2: a warp a row up to 8, two from 9) and 40 (cuBLAS after this
+ * norm). */
 static void test_norm_rows(const ct_ops *o, double tol) {
   const ct_ops *c = ct_ops_cpu();
   static const int shapes[][2] = {{1, 64},  {3, 768},  {17, 1024}, {64, 1024},
