@@ -7,7 +7,8 @@
 # ratio to the best Transformers mode, and at batch 1 the fraction of the memory-bandwidth
 # bound: (weight bytes + KV bytes read per token) / measured device-copy bandwidth.
 # CFG=configs/gpt2-124m.toml runs the GPT-2 124M shape the same way (LayerNorm, GELU, learned
-# positions: the decode path without the Llama fusions) against GPT2LMHeadModel.
+# positions: the decode path without the Llama fusions) against GPT2LMHeadModel; another
+# llama-arch config (configs/llama3.2-1b.toml) its own shape against LlamaForCausalLM.
 # Env: CTRAIN (default build-gpu/ctrain), CFG (configs/qwen3-0.6b.toml), OUT (bench/results),
 # BATCHES ("1 8 64"), COMPILE_BATCHES ("1 8 64"), COMPILE_TIMEOUT (300 s).
 set -u
@@ -17,7 +18,7 @@ OUT=${OUT:-bench/results}
 BATCHES=${BATCHES:-1 8 64}
 HERE=$(cd "$(dirname "$0")" && pwd)
 P=128 NEW=256
-ARCH=qwen3
+ARCH="qwen3 --config $CFG" # the Transformers model gets the config's shape
 grep -q '^arch *= *"gpt2"' "$CFG" && ARCH=gpt2
 mkdir -p "$OUT"
 LOG="$OUT/gpu_decode_raw.txt"
@@ -75,8 +76,10 @@ if re.search(r'^arch\s*=\s*"gpt2"', cfg, re.M):  # biases, LayerNorm, learned po
 else:
     L, C, H, KV, hd, F, V = (int(num(k)) for k in
         ("n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "d_ff", "vocab_size"))
-    params = V * C + L * ((H + 2 * KV) * hd * C + H * hd * C + 3 * C * F + 2 * C + 2 * hd) + C
-    unread = 0
+    qkn = 2 * hd if re.search(r"^qk_norm\s*=\s*true", cfg, re.M) else 0
+    tied = re.search(r"^tie_embeddings\s*=\s*true", cfg, re.M)
+    params = (1 if tied else 2) * V * C + L * ((H + 2 * KV) * hd * C + H * hd * C + 3 * C * F + 2 * C + qkn) + C
+    unread = 0 if tied else V * C  # an untied embedding table: a step reads one row of it
 bw = next(float(l.split()[1]) for l in log if l.startswith("copy_bw_GBps"))
 ct, tr = {}, {}
 for l in log:

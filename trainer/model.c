@@ -1139,6 +1139,28 @@ static ct_status infer_upload(ct_infer *e, infer_dev *d, char *dst, size_t lo, s
   return CT_OK;
 }
 
+/* A GPU engine's residual products (output projection, down projection: matmul_add_fwd) run
+ * once at the engine's full batch before its first generate, on the arena's unset rows (their
+ * outputs are overwritten by every step), so that a library's first use of its kernels for that
+ * shape falls into the engine's setup and not into the first decode: cuBLAS loads its split-K
+ * products lazily, ~45 ms on an H200 (bench/results/call111-116_*, call 116). */
+static void infer_warm(ct_infer *e) {
+  const ct_model *m = e->m;
+  const ct_ops *o = e->ops;
+  if (!o->graph_begin || !o->matmul_add_fwd || !o->sync || e->S < 2) return;
+  for (int i = 0; i < e->n_dev; i++) {
+    infer_dev *d = &e->d[i];
+    const int l = d->l0;
+    infer_set(e, d);
+    o->matmul_add_fwd(DA(d, res2), DA(d, atty), DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B),
+                      DA(d, x), e->S, m->H * m->hd, m->C);
+    o->matmul_add_fwd(DA(d, res2), DA(d, act), DW(d, l, P_PROJ_W), DWO(d, l, P_PROJ_B), DA(d, x),
+                      e->S, m->F, m->C);
+    o->sync();
+  }
+  infer_set(e, &e->d[0]);
+}
+
 ct_status ct_infer_create(ct_model *m, const ct_ops *ops, const ct_infer_cfg *cfg, ct_infer **out) {
   *out = NULL;
   const int L = m->cfg.n_layer, G = L;
@@ -1284,6 +1306,7 @@ ct_status ct_infer_create(ct_model *m, const ct_ops *ops, const ct_infer_cfg *cf
     }
     e->ahead_ok = true;
   }
+  infer_warm(e);
   *out = e;
   return CT_OK;
 fail:

@@ -2138,31 +2138,46 @@ void cu_kv_append(void *kc, void *vc, const void *qkv, const int32_t *slot, cons
 // split results.
 #define SPLIT_COUNT_BYTES 65536
 #define ARGMAX_MAX_ROWS 1024 // argmax_split_kernel's counters: the last 4 KB of the 64 KB
-struct split_buf {
+// A per-device scratch buffer that only grows (at least twofold) and is never freed: graphs
+// captured earlier hold the old one. It never grows during a capture: NULL then, reported as
+// an error of `op` unless `quiet` (a caller with a plain path to take). A new buffer's first
+// `zero` bytes are set to zero.
+struct grow_buf {
   float *p;
   size_t bytes;
 };
-split_buf bufs[16];
-
-float *split_scratch(size_t bytes) {
+float *grow_scratch(grow_buf (&bufs)[16], size_t bytes, size_t zero, const char *op, bool quiet) {
   int dev = 0;
-  if (!CKD("attention_decode", cudaGetDevice(&dev)) || dev < 0 || dev >= 16) return NULL;
-  split_buf *b = &bufs[dev];
+  if (quiet ? cudaGetDevice(&dev) != cudaSuccess : !CKD(op, cudaGetDevice(&dev))) {
+    cudaGetLastError();
+    return NULL;
+  }
+  if (dev < 0 || dev >= 16) return NULL;
+  grow_buf *b = &bufs[dev];
   if (bytes <= b->bytes) return b->p;
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
   cudaStreamIsCapturing(stream(), &cs);
   if (cs != cudaStreamCaptureStatusNone) {
-    ct_cuda_report("attention_decode", "split buffer", "would grow during graph capture (run one"
-                   " uncaptured step of this shape first)", __FILE__, __LINE__);
+    if (!quiet)
+      ct_cuda_report(op, "scratch buffer", "would grow during graph capture (run one uncaptured"
+                     " step of this shape first)", __FILE__, __LINE__);
     return NULL;
   }
   if (bytes < 2 * b->bytes) bytes = 2 * b->bytes;
   float *p = NULL;
-  if (!CKD("attention_decode", cudaMalloc((void **)&p, bytes))) return NULL;
-  if (!CKD("attention_decode", cudaMemsetAsync(p, 0, SPLIT_COUNT_BYTES, stream()))) return NULL;
+  if (quiet ? cudaMalloc((void **)&p, bytes) != cudaSuccess : !CKD(op, cudaMalloc((void **)&p, bytes))) {
+    cudaGetLastError();
+    return NULL;
+  }
+  if (zero && !CKD(op, cudaMemsetAsync(p, 0, zero, stream()))) return NULL;
   b->p = p;
   b->bytes = bytes;
   return p;
+}
+
+grow_buf bufs[16];
+float *split_scratch(size_t bytes) {
+  return grow_scratch(bufs, bytes, SPLIT_COUNT_BYTES, "attention_decode", false);
 }
 
 // ---- decode_layers: a batch-1 decode step's layers in one persistent kernel ----
@@ -3283,42 +3298,24 @@ void cu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp, 
   b->swiglu_fwd(act, pre, N, F);
 }
 
-// CT_DECODE_SPLITK=s (2-16; measuring, off by default): the residual products the GEMV does not
-// take as s fp32 partials over slices of IC (ct_cuda_splitk_gemm: s times cuBLAS's thread blocks
-// for a few dozen rows, where its own choice for the down projection at 64 rows reads the weights
-// at ~0.25 TB/s), summed in slice order by splitk_add_kernel with the bias and the residual: the
-// GEMV's rounding points (the product + bias rounded, then the residual added).
-// STATUS (H200, bench/results/call111-116_*): at 64 rows s = 8 gave 31,049 against 29,577
-// tokens/s on the Qwen3-0.6B shape and 79,386 against 75,887 on GPT-2 124M (call 115), at 96
-// rows +3.8% / +2.6% (call 116); at 32 rows it was even / 16% slower, s = 4 slower at 32 on both.
-// Not the default from 64 rows because its first use in a process costs ~45 ms (call 116: a
-// process's first batch-64 generate of GPT-2 decoded 62,570 against 75,875 tokens/s), more than
-// it saves in a 256-token generate; a server warming it up at start would gain the 3-6%.
-struct splitk_buf {
-  float *p;
-  size_t bytes;
-};
-splitk_buf skbufs[16];
+// Split-K residual products: the residual products the GEMV does not take, from SPLITK_MIN_ROWS
+// to SPLITK_MAX_ROWS rows, as SPLITK_SLICES fp32 partials over slices of IC (ct_cuda_splitk_gemm:
+// s times cuBLAS's thread blocks for a few dozen rows, where its own choice for the down
+// projection at 64 rows reads the weights at ~0.25 TB/s), summed in slice order by
+// splitk_add_kernel with the bias and the residual: the GEMV's rounding points (the product + bias
+// rounded, then the residual added). CT_DECODE_SPLITK=s (2-16) takes s slices at every row count
+// past the GEMV, =0 none.
+// Measured (H200, bench/results/call117-118_*): +5.4-5.5% at 64 rows on the Qwen3-0.6B shape,
+// +2.9-3.2% at 96, +1.4-1.6% at 128, GPT-2 124M +4.2-4.3% / +2.3-3.3% / +2.5-2.7%; at 32 rows it
+// was even to 16% slower (call 115), 8 slices at 256 rows 3% slower (call 117). cuBLAS's first use
+// of these products in a process costs ~45 ms (call 116); the inference engine runs them once at
+// its full batch when it is made (trainer/model.c, infer_warm), so that cost is in its setup.
+#define SPLITK_MIN_ROWS 64
+#define SPLITK_MAX_ROWS 128
+#define SPLITK_SLICES 8
+grow_buf skbufs[16];
 long splitk_launches; // splitk_add_kernel launches (tests)
-// never freed (graphs captured earlier hold it), grows at least twofold, never during capture
-float *splitk_scratch(size_t bytes) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return NULL;
-  splitk_buf *b = &skbufs[dev];
-  if (bytes <= b->bytes) return b->p;
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  cudaStreamIsCapturing(stream(), &cs);
-  if (cs != cudaStreamCaptureStatusNone) return NULL; // the caller takes the plain path
-  if (bytes < 2 * b->bytes) bytes = 2 * b->bytes;
-  float *p = NULL;
-  if (cudaMalloc((void **)&p, bytes) != cudaSuccess) {
-    cudaGetLastError();
-    return NULL;
-  }
-  b->p = p;
-  b->bytes = bytes;
-  return p;
-}
+float *splitk_scratch(size_t bytes) { return grow_scratch(skbufs, bytes, 0, "matmul_add_fwd", true); }
 template <typename T>
 __global__ void splitk_add_kernel(T *out, const float *P, const T *bias, const T *res, long n,
                                   int OC, int s) {
@@ -3333,7 +3330,7 @@ template <typename T>
 bool splitk_add(void *out, const void *inp, const void *w, const void *bias, const void *res, int N,
                 int IC, int OC) {
   const char *v = getenv("CT_DECODE_SPLITK");
-  const int s = v ? atoi(v) : 0;
+  const int s = v ? atoi(v) : N >= SPLITK_MIN_ROWS && N <= SPLITK_MAX_ROWS ? SPLITK_SLICES : 0;
   if (s < 2 || s > 16 || IC % (8 * s)) return false;
   const long n = (long)N * OC;
   float *P = splitk_scratch((size_t)s * n * sizeof(float));

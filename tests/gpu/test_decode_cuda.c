@@ -1040,10 +1040,17 @@ int main(void) {
   /* the 16-bit GEMVs on the tensor cores (the default for 2-8 rows where IC is a multiple of
    * 256), then on the CUDA cores (CT_DECODE_MMA=0): both against the CPU, a batch's last row
    * against its run in another batch (test_fused) */
-  const long mma0 = ct_cuda_gemv_mma_launches();
+  const long mma0 = ct_cuda_gemv_mma_launches(), skd = ct_cuda_splitk_launches();
   test_fused(ct_ops_cuda_bf16(), 2e-2);
   test_fused(ct_ops_cuda_fp16(), 2e-2);
   CHECK_MSG(ct_cuda_gemv_mma_launches() > mma0, "no tensor-core GEMV ran");
+  /* split-K partials are the default for 64-128 rows (the 64-row residual products above) */
+  CHECK_MSG(ct_cuda_splitk_launches() > skd, "64-row residual products: no split-K product ran");
+  setenv("CT_DECODE_SPLITK", "0", 1);
+  const long sk_off = ct_cuda_splitk_launches();
+  test_fused(ct_ops_cuda_bf16(), 2e-2);
+  CHECK_MSG(ct_cuda_splitk_launches() == sk_off, "CT_DECODE_SPLITK=0: a split-K product ran");
+  unsetenv("CT_DECODE_SPLITK");
   setenv("CT_DECODE_MMA", "0", 1);
   const long mma1 = ct_cuda_gemv_mma_launches();
   test_fused(ct_ops_cuda_bf16(), 2e-2);
@@ -1066,7 +1073,7 @@ int main(void) {
   setenv("CT_DECODE_MMA_MAXN", "8", 1);
   test_fused(ct_ops_cuda_bf16(), 2e-2);
   unsetenv("CT_DECODE_MMA_MAXN");
-  /* the residual products past the GEMV as split-K partials (CT_DECODE_SPLITK; opt-in) */
+  /* the residual products past the GEMV as split-K partials at every row count (CT_DECODE_SPLITK=4) */
   setenv("CT_DECODE_SPLITK", "4", 1);
   const long sk0 = ct_cuda_splitk_launches();
   test_fused(ct_ops_cuda_bf16(), 2e-2);
