@@ -68,6 +68,13 @@
 # cuBLAS down projection 64x3072x1024 ~25 us (0.25 TB/s; split-K partials help only at 64 rows,
 # CT_DECODE_SPLITK), attention_decode_vec ~24 us a layer (~47% of the KV bandwidth), add_fwd and
 # swiglu_fwd as kernels of their own past 16 rows.
+# Session 22 (calls 117-118): split-K partials the default for 64-128 rows once the engine runs its
+# residual products at setup (+5.4% at batch 64 on the Qwen3 shape, +4.2% on GPT-2); the Llama-3.2-1B
+# shape (configs/llama3.2-1b.toml) decodes at 68% of the bandwidth bound at batch 1 with the same
+# kernels, 3.40x Transformers compiled: the Qwen3-0.6B shape's 43% is its 28 thin layers (7.6 us of
+# weight bytes against ~14 us of dependent-stage latency each), not a kernel that misses its bytes.
+# Attention's cluster merge spread over every block of the cluster (one DSMEM round trip, a thread
+# an output): the same bits, 3.6% slower at batch 1, 5% at 8 (call 118; patch in the results).
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation

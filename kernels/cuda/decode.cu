@@ -110,7 +110,15 @@
 // So the per-layer chain (~21.9 us in the timeline build: qkv 4.4, attention 7.0, o_proj 3.5,
 // gate/up 3.2, down 3.8) is bounded by latencies that more overlap does not remove; the next step
 // toward 60% of the bound is fewer dependent stages a layer with less work resident beside each,
-// not another placement of the same five.
+// not another placement of the same five. The same kernels on the Llama-3.2-1B shape (16 layers of
+// 121.6 MB, 29.3 us of weight bytes each against the Qwen3-0.6B shape's 7.6) reach 68% of the
+// bound at batch 1, 3.40x Transformers with static cache + torch.compile (2026-12-03, call 117,
+// bench/results/call117-118_*): a layer's ~14-17 us of dependent-stage latency is what the
+// thinner model cannot hide. Spreading attention's cluster merge over every block of the cluster
+// (each block a share of the outputs, one distributed-shared-memory round trip instead of block
+// 0's two) gave the same bits and ran slower: 1,432-1,445 against 1,480-1,493 tokens/s at batch 1,
+// 6,768-6,773 against 7,116-7,140 at 8, the Llama-1B shape 1.5-2.9% slower (call 118, the patch in
+// bench/results/call117-118_*/call118/spread_merge.patch.txt).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
