@@ -18,8 +18,8 @@ OUT=${OUT:-bench/results}
 BATCHES=${BATCHES:-1 8 64}
 HERE=$(cd "$(dirname "$0")" && pwd)
 P=128 NEW=256
-ARCH="qwen3 --config $CFG" # the Transformers model gets the config's shape
-grep -q '^arch *= *"gpt2"' "$CFG" && ARCH=gpt2
+REF="--arch qwen3 --config $CFG" # torch_decode_ref.py builds the config's shape
+grep -q '^arch *= *"gpt2"' "$CFG" && REF="--arch gpt2"
 mkdir -p "$OUT"
 LOG="$OUT/gpu_decode_raw.txt"
 : >"$LOG"
@@ -58,9 +58,9 @@ if [ -n "${TORCH_LOG:-}" ]; then
   echo "transformers results from $TORCH_LOG (an earlier run)" | tee -a "$LOG"
   grep '^{' "$TORCH_LOG" | tee -a "$LOG"
 else
-  PYTHONUNBUFFERED=1 timeout 240 python3 "$HERE/torch_decode_ref.py" --arch $ARCH --batch $BATCHES --prompt $P \
+  PYTHONUNBUFFERED=1 timeout 240 python3 "$HERE/torch_decode_ref.py" $REF --batch $BATCHES --prompt $P \
     --new $NEW --modes eager --reps 1 2>"$OUT/torch_eager.err" | tee -a "$LOG"
-  PYTHONUNBUFFERED=1 timeout "${COMPILE_TIMEOUT:-300}" python3 "$HERE/torch_decode_ref.py" --arch $ARCH \
+  PYTHONUNBUFFERED=1 timeout "${COMPILE_TIMEOUT:-300}" python3 "$HERE/torch_decode_ref.py" $REF \
     --batch ${COMPILE_BATCHES:-1 8 64} --prompt $P --new $NEW --modes static_compile --reps 1 \
     2>"$OUT/torch_compile.err" | tee -a "$LOG"
 fi

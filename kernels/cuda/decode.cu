@@ -2139,15 +2139,14 @@ void cu_kv_append(void *kc, void *vc, const void *qkv, const int32_t *slot, cons
   CKD_LAUNCH("kv_append", kv_append_kernel);
 }
 
-// The split buffer of each device, grown outside graph capture only. A replaced buffer is
-// never freed: graphs captured earlier (smaller batches) still write to it. Growth at least
-// doubles, so what is kept stays under twice the largest buffer. Its first SPLIT_COUNT_BYTES
-// hold the merge counters of attention_decode_vec_kernel (zero between launches), the rest the
-// split results.
+// The split buffer of each device (split_scratch, a grow_scratch buffer): its first
+// SPLIT_COUNT_BYTES hold the merge counters of attention_decode_vec_kernel (zero between
+// launches), the rest the split results.
 #define SPLIT_COUNT_BYTES 65536
 #define ARGMAX_MAX_ROWS 1024 // argmax_split_kernel's counters: the last 4 KB of the 64 KB
-// A per-device scratch buffer that only grows (at least twofold) and is never freed: graphs
-// captured earlier hold the old one. It never grows during a capture: NULL then, reported as
+// A per-device scratch buffer that only grows (at least twofold, so what is kept stays under
+// twice the largest) and is never freed: graphs captured earlier (smaller batches) still write
+// to the old one. It never grows during a capture: NULL then, reported as
 // an error of `op` unless `quiet` (a caller with a plain path to take). A new buffer's first
 // `zero` bytes are set to zero.
 struct grow_buf {
@@ -2183,9 +2182,9 @@ float *grow_scratch(grow_buf (&bufs)[16], size_t bytes, size_t zero, const char 
   return p;
 }
 
-grow_buf bufs[16];
+grow_buf split_bufs[16];
 float *split_scratch(size_t bytes) {
-  return grow_scratch(bufs, bytes, SPLIT_COUNT_BYTES, "attention_decode", false);
+  return grow_scratch(split_bufs, bytes, SPLIT_COUNT_BYTES, "attention_decode", false);
 }
 
 // ---- decode_layers: a batch-1 decode step's layers in one persistent kernel ----
