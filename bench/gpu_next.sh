@@ -75,6 +75,12 @@
 # weight bytes against ~14 us of dependent-stage latency each), not a kernel that misses its bytes.
 # Attention's cluster merge spread over every block of the cluster (one DSMEM round trip, a thread
 # an output): the same bits, 3.6% slower at batch 1, 5% at 8 (call 118; patch in the results).
+# Session 23 (calls 119-123): gemm_rows_kernel, the 9-64 row products with the weights as the mma A
+# operand and k slices summed over a cluster (opt-in CT_DECODE_GR=1): correct (same bits in any
+# batch of 9-64), slower than cuBLAS + split-K (batch 64 25,753 against 31,324 tokens/s on the Qwen3
+# shape); its phases (CT_DECODE_GR_STOP, timed by test_decode_cuda CT_TEST_PERF=only) put 2-6 us
+# in the cluster sum. Next for batch 64: that sum (residual loads before the barrier, partials
+# through L2), more blocks a multiprocessor, or wgmma from shared memory; then attention_decode_vec.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation

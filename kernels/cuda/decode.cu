@@ -3275,6 +3275,301 @@ void cu_layernorm_rows_fwd(void *out, const void *inp, const void *w, const void
     base<T>()->layernorm_fwd(out, NULL, NULL, inp, w, b, N, C, eps);
 }
 
+// ---- decode products for 9-64 rows: the weights as the tensor cores' A operand ----
+// Past 16 rows the tensor-core GEMV above loses to cuBLAS: its A operand is the input rows, so
+// each 16-byte weight load feeds 2 MT mmas while every warp reloads all rows' inputs from shared
+// memory (8x the weight bytes at 64 rows) and every 8-output block stages all of them. cuBLAS in
+// turn picks tiles for a few dozen rows that leave most multiprocessors idle (the down
+// projection 64x3072x1024 at ~0.25 TB/s). gemm_rows_kernel turns the product around: A is 16
+// weight rows (outputs), B 8 input rows, so a warp's weight loads feed NT mmas each and its input
+// reads from shared memory are NT / 2 times its weight bytes. Thread (g = lane / 4, t4 = lane % 4)
+// loads 16 bytes of weight rows g and g + 8 and of input row g at k = 32 kb + 8 t4 .. + 7 and
+// hands them to two mmas as their k positions 2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9 (the permutation
+// of gemv_mma_kernel: the same for both operands, so each dot product is unchanged).
+// A warp takes 32 weight rows (two 16-row tiles; GV_SWIGLU: 16 gate rows and their 16 up rows)
+// over a block's slice of the k range, GR_U k blocks a round, two rounds of weights in flight
+// (the first two loaded before the kernel waits on the one before). The GR_KS blocks of a cluster
+// take the GR_KS slices of the same outputs; their fp32 partials meet in shared memory and every
+// block of the cluster sums a share of the outputs over the cluster's blocks in slice order
+// (distributed shared memory), then applies the bias, residual, GELU or SwiGLU at the GEMV's
+// rounding points. So an output's arithmetic depends only on its own input row and on the shape
+// (the slices are chosen by IC and OC, never by the row count): a row gives the same bits in any
+// batch of 9-64 rows. Opt-in (CT_DECODE_GR=1; otherwise cuBLAS and the split-K partials below):
+// STATUS (H200, 2026-12-03, bench/results/call119-123_2026-12-03_H200_gemm_rows): correct (the
+// CPU within tolerance, the same bits in a batch of 17), and slower than cuBLAS + split-K at 24-64
+// rows. The Qwen3-0.6B shape's products at 64 rows, graph-replayed with cold weights
+// (test_decode_cuda CT_TEST_PERF=only; in us, with the norm where there is one; the default path
+// in brackets): qkv 9.1 [7.2], o 11.5 [5.5], gate/up 14.2 [10.0], down 10.3 [6.0]; decode at batch
+// 64 25,870-25,904 against 31,315-31,505 tokens/s, GPT-2 124M 65,835 against 79,576. Ending the
+// kernel early (CT_DECODE_GR_STOP=2: after the weights' and the input's loads; =3: after the mmas)
+// puts the time in phases, 64 rows: qkv 5.3 / 7.0 / 9.1, o 3.8 / 5.6 / 11.5, down 4.2 / 7.5 /
+// 10.3, gate/up 6.0 / 11.8 / 14.2. So the cross-block sum costs 2-6 us (the 8-block clusters
+// most: two cluster barriers, the distributed shared-memory round trip, the residual's loads after
+// it), and the phases run one after another in one block a multiprocessor (~170 registers a
+// thread), with nothing to overlap them; cuBLAS's pipelined tiles do. The first version, with
+// one mma after another on the same accumulator and one DSMEM round trip per block and output,
+// was twice as slow again (calls 119-120). What to try next: the residual and bias loads before
+// the cluster barrier, partials through L2 so a block need not wait for the others to read its
+// own, fewer slices with more blocks a multiprocessor (fewer registers: one weight round in
+// flight), or wgmma with the weights as A from shared memory (TMA).
+// CT_DECODE_GR_KS=k forces k slices (1, 2, 4 or 8 where IC allows); CT_DECODE_GR_WPB=w blocks
+// of w warps (2, 4 or 8; default 8); CT_DECODE_GR_WK=g: the block's warps in g groups that split
+// its slice again (default 4, fewer where the slice does not divide), their sums added in shared
+// memory before the cluster's.
+#define GR_MAXN 64 // rows at most (NT = 8 tiles of 8)
+#define GR_U 2     // 32-wide k blocks a round
+#define GR_KSMAX 8 // slices (blocks of a cluster) at most
+#define GR_SMEM_MAX (200 * 1024)
+
+template <typename T, int NT, int MODE>
+__global__ void __launch_bounds__(256)
+    gemm_rows_kernel(T *out, const T *inp, const T *w, const T *bias, const T *res, int nr, int IC,
+                     int OC, int kslice, int wk, int stop) {
+  namespace cg = cooperative_groups;
+  constexpr int MT = 2;                         // 16-row weight tiles a warp
+  constexpr int S = MODE == GV_SWIGLU ? 2 : 1;  // weight rows an output: gate and up, or one
+  extern __shared__ uint4 gv_smem[];
+  T *xs = (T *)gv_smem;         // the input slice: 8 NT rows of kslice + 32 values
+  float *red = (float *)gv_smem; // then the partials: wk planes of 8 NT rows of 32 wo + 4 floats
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
+  // warp = (wi, kg): output group wi of wo, k group kg of wk (a wk-th of the block's slice)
+  const int wo = (blockDim.x >> 5) / wk, wi = warp / wk, kg = warp - wi * wk;
+  const int XS = kslice + 32, RW = 32 * wo + 4, kw = kslice / wk, plane = 8 * NT * RW;
+  const int k0 = blockIdx.x * kslice + kg * kw, rounds = kw / (32 * GR_U);
+  const int obase = (blockIdx.y * wo + wi) * (32 / S); // this warp's first output
+  const T *wr[MT][2];
+  bool ok[MT][2];
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int o = obase + (S == 2 ? 0 : 16 * m) + g + 8 * h;
+      ok[m][h] = o < OC;
+      wr[m][h] = w + (long)(S == 2 && m ? OC + o : (ok[m][h] ? o : 0)) * IC + k0 + t4 * 8;
+    }
+  uint4 wa[MT][2][GR_U], wb[MT][2][GR_U];
+  auto load = [&](uint4 (&d)[MT][2][GR_U], int r) {
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int u = 0; u < GR_U; u++)
+          d[m][h][u] = ok[m][h] ? ld_stream(wr[m][h] + (long)(r * GR_U + u) * 32) : make_uint4(0, 0, 0, 0);
+  };
+  // the weights do not depend on the kernel before: the first two rounds go out while it finishes
+  load(wa, 0);
+  if (rounds > 1) load(wb, 1);
+  pdl_trigger();
+  pdl_wait();
+  const int cpr = kslice / 8; // 16-byte chunks of a row's slice
+  for (int i = threadIdx.x; i < 8 * NT * cpr; i += blockDim.x) {
+    const int n = i / cpr, c = i - n * cpr;
+    T *d = xs + (long)n * XS + c * 8;
+    if (n < nr) cp_async16(d, inp + (long)n * IC + blockIdx.x * kslice + c * 8);
+    else *(uint4 *)d = make_uint4(0, 0, 0, 0);
+  }
+  cp_async_wait_all();
+  __syncthreads();
+  if (stop == 2) { // a measurement (CT_DECODE_GR_STOP): the weights' and the input's loads only
+    uint32_t z = 0;
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int u = 0; u < GR_U; u++) z ^= wa[m][h][u].x ^ (rounds > 1 ? wb[m][h][u].y : 0u);
+    if (z == 0x9e3779b9u) out[0] = xs[threadIdx.x];
+    return;
+  }
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) acc[m][j][i] = 0.0f;
+  const T *xr = xs + (long)g * XS + kg * kw + t4 * 8;
+  // a k block's inputs first, then its 2 MT NT mmas with no two in a row on one accumulator
+  // (the mmas are asm volatile: the compiler keeps their order, and each waits for the one
+  // before on its accumulator)
+  auto mul_round = [&](const uint4 (&wv)[MT][2][GR_U], int r) {
+#pragma unroll
+    for (int u = 0; u < GR_U; u++) {
+      const int kb = r * GR_U + u;
+      uint4 xv[NT];
+#pragma unroll
+      for (int j = 0; j < NT; j++) xv[j] = *(const uint4 *)(xr + (long)j * 8 * XS + kb * 32);
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+          mma16816<T>(acc[m][j], wv[m][0][u].x, wv[m][1][u].x, wv[m][0][u].y, wv[m][1][u].y,
+                      xv[j].x, xv[j].y);
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+          mma16816<T>(acc[m][j], wv[m][0][u].z, wv[m][1][u].z, wv[m][0][u].w, wv[m][1][u].w,
+                      xv[j].z, xv[j].w);
+    }
+  };
+  // two register buffers, alternated without copies (a copy would wait for the loads)
+  for (int r = 0; r < rounds; r += 2) {
+    mul_round(wa, r);
+    if (r + 2 < rounds) load(wa, r + 2);
+    if (r + 1 < rounds) {
+      mul_round(wb, r + 1);
+      if (r + 3 < rounds) load(wb, r + 3);
+    }
+  }
+  if (stop == 3) { // a measurement: no partial sums across the cluster
+    if (acc[0][0][0] == 1.2345f) out[0] = inp[0];
+    return;
+  }
+  __syncthreads(); // the partials take the input's shared memory
+  // c[0], c[1]: weight row g of tile m, input rows 8 j + 2 t4 and + 1; c[2], c[3]: weight row g + 8
+#pragma unroll
+  for (int m = 0; m < MT; m++)
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      float *p = red + (long)kg * plane + (long)(8 * j + 2 * t4) * RW + wi * 32 + m * 16 + g;
+      p[0] = acc[m][j][0];
+      p[RW] = acc[m][j][1];
+      p[8] = acc[m][j][2];
+      p[RW + 8] = acc[m][j][3];
+    }
+  // the k groups' partials summed into plane 0, in group order
+  if (wk > 1) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < nr * (RW / 4); i += blockDim.x) {
+      float4 *d = (float4 *)red + i;
+      float4 a = *d;
+      for (int q = 1; q < wk; q++) {
+        const float4 b = *(const float4 *)(red + (long)q * plane + 4 * i);
+        a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+      }
+      *d = a;
+    }
+  }
+  const int ks = gridDim.x;
+  cg::cluster_group cl = cg::this_cluster();
+  if (ks > 1) cl.sync();
+  else __syncthreads();
+  // 4 outputs a thread at a time: every block's 16 bytes of them read at once (a distributed
+  // shared-memory round trip, not one per block), then summed in block order
+  const int bo = wo * (32 / S), q4 = bo / 4; // outputs a block, and in fours
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < nr * q4; e += ks * blockDim.x) {
+    const int n = e / q4, of = (e - n * q4) * 4, o = blockIdx.y * bo + of;
+    if (o >= OC) continue;
+    const int ri = n * RW + (S == 2 ? (of >> 4) * 32 + (of & 15) : of);
+    float4 pv[GR_KSMAX], pu[S == 2 ? GR_KSMAX : 1];
+#pragma unroll
+    for (int p = 0; p < GR_KSMAX; p++)
+      if (p < ks) {
+        const float *rp = ks > 1 ? cl.map_shared_rank(red, (unsigned)p) : red;
+        pv[p] = *(const float4 *)(rp + ri);
+        if (S == 2) pu[S == 2 ? p : 0] = *(const float4 *)(rp + ri + 16);
+      }
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, up[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int p = 0; p < GR_KSMAX; p++)
+      if (p < ks) {
+        v[0] += pv[p].x, v[1] += pv[p].y, v[2] += pv[p].z, v[3] += pv[p].w;
+        if (S == 2) {
+          const float4 &q = pu[S == 2 ? p : 0];
+          up[0] += q.x, up[1] += q.y, up[2] += q.z, up[3] += q.w;
+        }
+      }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int oi = o + i;
+      if (oi >= OC) break;
+      T *dst = out + (long)n * OC + oi;
+      if constexpr (MODE == GV_SWIGLU) {
+        const float gt = rounded<T>(v[i]), u = rounded<T>(up[i]);
+        stf(dst, gt / (1.0f + expf(-gt)) * u);
+      } else {
+        float y = v[i] + (bias ? ldf(bias + oi) : 0.0f);
+        if (MODE == GV_RESID) y = rounded<T>(y) + ldf(res + (long)n * OC + oi);
+        if (MODE == GV_GELU) y = gv_gelu(rounded<T>(y));
+        stf(dst, y);
+      }
+    }
+  }
+  if (ks > 1) cl.sync(); // the other blocks may still read this block's partials
+}
+
+long gr_launches; // gemm_rows_kernel launches (tests)
+// The slices of IC a cluster splits (each a multiple of unit): CT_DECODE_GR_KS, else the most
+// (1, 2, 4, 8) whose blocks still run at once, one a multiprocessor (a block holds ~170 registers
+// a thread), else the fewest; 0 where none divides IC.
+int gr_slices(int IC, int tiles, int unit) {
+  const char *v = getenv("CT_DECODE_GR_KS");
+  if (v) {
+    const int k = atoi(v);
+    return k >= 1 && k <= GR_KSMAX && IC % (unit * k) == 0 ? k : 0;
+  }
+  int best = 0;
+  for (int k = 1; k <= GR_KSMAX; k *= 2)
+    if (IC % (unit * k) == 0 && (!best || (long)tiles * k <= num_sms())) best = k;
+  return best;
+}
+
+// One launch of gemm_rows_kernel for out(N, OC) (GV_SWIGLU: OC is F, w has 2F rows); false where it
+// does not apply (the caller takes the path before it): not 16-bit, not asked for (CT_DECODE_GR=1), more
+// than GR_MAXN rows, before sm_90 (clusters), IC not a multiple of 64, unaligned operands, or
+// outputs as wide as a vocabulary (cuBLAS streams the head well).
+template <typename T, int MODE>
+bool gemm_rows(void *out, const void *inp, const void *w, const void *bias, const void *res, int N,
+               int IC, int OC) {
+  if constexpr (sizeof(T) != 2) {
+    return false;
+  } else {
+    if (N < 1 || N > GR_MAXN || OC > 16384 || !env_on("CT_DECODE_GR") || cc_major() < 9) return false;
+    if (!aligned16(inp) || !aligned16(w) || !aligned16(out)) return false;
+    const int S = MODE == GV_SWIGLU ? 2 : 1;
+    const char *wv = getenv("CT_DECODE_GR_WPB"), *kv = getenv("CT_DECODE_GR_WK");
+    int wpb = wv ? atoi(wv) : 8;
+    if (wpb != 2 && wpb != 4) wpb = 8;
+    // the shared memory of the most rows decides whether a shape applies, so that a row takes
+    // this kernel (and its bits) at every row count
+    int wk = 0, ks = 0, tiles = 0;
+    auto smem_of = [&](int nt) {
+      const size_t xsb = (size_t)8 * nt * (IC / ks + 32) * sizeof(T);
+      const size_t rb = (size_t)wk * 8 * nt * (32 * (wpb / wk) + 4) * sizeof(float);
+      return xsb > rb ? xsb : rb;
+    };
+    // k groups a block: CT_DECODE_GR_WK, else the most (4, 2, 1) the slices allow
+    for (int c = kv ? atoi(kv) : 4; c >= 1; c /= 2) {
+      if (wpb % c) continue;
+      wk = c;
+      const int bo = wpb / wk * 32 / S;
+      tiles = (OC + bo - 1) / bo;
+      ks = gr_slices(IC, tiles, 32 * GR_U * wk);
+      if ((ks && smem_of(GR_MAXN / 8) <= GR_SMEM_MAX) || kv) break;
+      ks = 0;
+    }
+    if (!ks || smem_of(GR_MAXN / 8) > GR_SMEM_MAX) return false;
+    const int nt = N <= 16 ? 2 : N <= 32 ? 4 : 8, kslice = IC / ks;
+    const size_t smem = smem_of(nt);
+    const char *sv = getenv("CT_DECODE_GR_STOP"); // a measurement: 2 / 3 end after the loads / the mmas
+    const int stop = sv ? atoi(sv) : 0;
+    auto go = [&](auto k) {
+      if (!raise_smem((const void *)k, GR_SMEM_MAX)) return false;
+      if (!launch_cl("decode gemm_rows", "gemm_rows_kernel", k, dim3(ks, tiles), wpb * 32, smem,
+                     (unsigned)ks, (T *)out, (const T *)inp, (const T *)w, (const T *)bias,
+                     (const T *)res, N, IC, OC, kslice, wk, stop))
+        return true; // reported; the op failed rather than run twice
+      gr_launches++;
+      return true;
+    };
+    if (nt == 2) return go(gemm_rows_kernel<T, 2, MODE>);
+    if (nt == 4) return go(gemm_rows_kernel<T, 4, MODE>);
+    return go(gemm_rows_kernel<T, 8, MODE>);
+  }
+}
+
 template <typename T>
 void cu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, const void *w,
                         const void *bias, int N, int IC, int OC, float eps) {
@@ -3286,6 +3581,7 @@ void cu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, co
     }
   }
   cu_rmsnorm_rows_fwd<T>(ln, inp, nw, N, IC, eps);
+  if (gemm_rows<T, GV_PLAIN>(out, ln, w, bias, NULL, N, IC, OC)) return;
   base<T>()->matmul_fwd(out, ln, w, bias, N, IC, OC);
 }
 
@@ -3301,6 +3597,7 @@ void cu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp, 
   }
   const ct_ops *b = base<T>();
   cu_rmsnorm_rows_fwd<T>(ln, inp, nw, N, IC, eps);
+  if (gemm_rows<T, GV_SWIGLU>(act, ln, w, NULL, NULL, N, IC, F)) return;
   b->matmul_fwd(pre, ln, w, NULL, N, IC, 2 * F);
   b->swiglu_fwd(act, pre, N, F);
 }
@@ -3358,6 +3655,7 @@ void cu_matmul_add_fwd(void *out, const void *inp, const void *w, const void *bi
       gemv<T, false, GV_RESID>(out, inp, NULL, w, bias, res, N, IC, OC, 0.0f);
       return;
     }
+    if (gemm_rows<T, GV_RESID>(out, inp, w, bias, res, N, IC, OC)) return;
     if (splitk_add<T>(out, inp, w, bias, res, N, IC, OC)) return;
   }
   const ct_ops *b = base<T>();
@@ -3378,6 +3676,7 @@ void cu_matmul_rows_fwd(void *out, const void *inp, const void *w, const void *b
       gemv<T, false, GV_PLAIN>(out, inp, NULL, w, bias, NULL, N, IC, OC, 0.0f);
       return;
     }
+    if (gemm_rows<T, GV_PLAIN>(out, inp, w, bias, NULL, N, IC, OC)) return;
   }
   base<T>()->matmul_fwd(out, inp, w, bias, N, IC, OC);
 }
@@ -3393,6 +3692,7 @@ void cu_matmul_gelu_rows_fwd(void *act, void *pre, const void *inp, const void *
       gemv<T, false, GV_GELU>(act, inp, NULL, w, bias, NULL, N, IC, OC, 0.0f);
       return;
     }
+    if (gemm_rows<T, GV_GELU>(act, inp, w, bias, NULL, N, IC, OC)) return;
   }
   const ct_ops *b = base<T>();
   b->matmul_fwd(pre, inp, w, bias, N, IC, OC);
@@ -3949,6 +4249,7 @@ extern "C" long ct_cuda_l2_hints_used(void) { return hints_used; }
 extern "C" long ct_cuda_gemv_staged_launches(void) { return staged_launches; }
 extern "C" long ct_cuda_gemv_mma_launches(void) { return mma_launches; }
 extern "C" long ct_cuda_splitk_launches(void) { return splitk_launches; }
+extern "C" long ct_cuda_gemm_rows_launches(void) { return gr_launches; }
 extern "C" long ct_cuda_attention_cluster_launches(void) { return cluster_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

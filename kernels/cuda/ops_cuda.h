@@ -137,6 +137,8 @@ long ct_cuda_gemv_staged_launches(void);
 long ct_cuda_gemv_mma_launches(void);
 /* How many split-K residual products (CT_DECODE_SPLITK) were launched or recorded (tests). */
 long ct_cuda_splitk_launches(void);
+/* How many decode products of 9-64 rows (gemm_rows_kernel) were launched or recorded (tests). */
+long ct_cuda_gemm_rows_launches(void);
 /* How many attention_decode_oproj kernels were launched or recorded into graphs (tests). */
 long ct_cuda_attention_oproj_launches(void);
 /* How many attention_decode_qkv kernels were launched or recorded into graphs (tests). */

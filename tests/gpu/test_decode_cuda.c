@@ -184,6 +184,9 @@ static const fcase fcases[] = {
     {F_SWIGLU, 64, 1024, 3072, 0}, {F_SWIGLU, 33, 2048, 100, 0}, {F_ADD, 64, 3072, 1024, 0},
     {F_ADD, 64, 2048, 1024, 1},   {F_ADD, 50, 3072, 130, 0},  {F_ROWS, 24, 768, 2304, 1},
     {F_ROWS, 64, 768, 5000, 0},   {F_GELU, 64, 768, 3072, 1}, {F_NORM, 65, 1024, 256, 0},
+    /* more of gemm_rows_kernel's shapes (17-64 rows): a partial last block, a slice of 1024 */
+    {F_ADD, 30, 1024, 1000, 1},   {F_SWIGLU, 20, 1024, 3072, 0}, {F_NORM, 48, 2048, 4096, 1},
+    {F_GELU, 40, 1024, 520, 1},
 };
 #define GUARD 64
 static const float guard_val = 4096.0f; /* exact in bf16 and fp16 */
@@ -251,7 +254,9 @@ static void test_fused(const ct_ops *o, double tol) {
       c->gelu_fwd(ref, pre, on);
     }
     int gok = 0;
+    const long gr_before = ct_cuda_gemm_rows_launches();
     fused_run(o, fc, x, nw, w, b, res, got, &gok);
+    const int gr_ran = ct_cuda_gemm_rows_launches() > gr_before;
     snprintf(what, sizeof what, "%s %s N=%d IC=%d OC=%d%s", o->name, name, N, IC, OC,
              fc->bias ? " +bias" : "");
     ct_check_close(what, got, ref, on, tol, 1e-6);
@@ -286,6 +291,25 @@ static void test_fused(const ct_ops *o, double tol) {
       free(solo);
       free(xin);
       free(rin);
+    }
+    /* with CT_DECODE_GR=1, past the tensor-core GEMV up to 64 rows, the 16-bit products go to
+     * gemm_rows_kernel (IC a multiple of 64, outputs narrower than a vocabulary, its shared
+     * memory enough): where it ran, its rows give the same bits in a batch of 17, the case's
+     * last 17 rows */
+    const int maxn = mx ? atoi(mx) : 16;
+    const char *gr = getenv("CT_DECODE_GR");
+    const int gr_on = gr && !strcmp(gr, "1");
+    CHECK_MSG(gr_ran == (gr_on && o->act_bytes == 2 && N > maxn && N <= 64 && IC % 64 == 0 &&
+                         OC <= 16384) || getenv("CT_DECODE_GR_KS") || off,
+              "%s: gemm_rows_kernel %s %d rows", what, gr_ran ? "took" : "did not take", N);
+    if (gr_ran && N > 17 && maxn < 17) {
+      fcase sub = *fc;
+      sub.N = 17;
+      float *part = malloc((size_t)17 * OC * 4);
+      fused_run(o, &sub, x + (size_t)(N - 17) * IC, nw, w, b, res + (size_t)(N - 17) * OC, part, &gok);
+      CHECK_MSG(!memcmp(part, got + (size_t)(N - 17) * OC, (size_t)17 * OC * 4),
+                "%s: rows %d-%d differ from their run as a batch of 17", what, N - 17, N - 1);
+      free(part);
     }
     free(x); free(nw); free(w); free(b); free(res); free(ref); free(got); free(ln); free(pre);
   }
@@ -424,7 +448,7 @@ static double now_s(void) {
   return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
-/* CT_TEST_PERF=1: the Qwen3-0.6B decode shapes, fused op vs the plain ops it replaces, mean of
+/* CT_TEST_PERF=1 (after the tests) or =only (alone): the Qwen3-0.6B decode shapes, fused op vs the plain ops it replaces, mean of
  * 200 back-to-back calls replayed from a CUDA graph, over 256 MB of rotating weight copies (so
  * they come from memory, not the 60 MB L2). */
 static void perf_fused(const ct_ops *o) {
@@ -446,15 +470,15 @@ static void perf_fused(const ct_ops *o) {
     for (size_t i = 0; i < wn; i++) tmp[i] = frand() * 0.05f;
     for (int i = 0; i < copies; i++) w[i] = up(o, tmp, wn);
     free(tmp);
-    const int Nmax = 8;
+    const int Nmax = 64;
     float *xh = malloc((size_t)Nmax * 2 * F * 4);
     for (size_t i = 0; i < (size_t)Nmax * 2 * F; i++) xh[i] = frand();
     void *x = up(o, xh, (size_t)Nmax * 2 * F), *nw = up(o, xh, (size_t)IC);
     void *out = o->alloc((size_t)Nmax * 2 * OC * ab), *pre = o->alloc((size_t)Nmax * 2 * OC * ab);
     void *ln = o->alloc((size_t)Nmax * IC * ab), *res = o->alloc((size_t)Nmax * OC * ab);
     free(xh);
-    static const int rows[] = {1, 8};
-    for (int ri = 0; ri < 2; ri++) {
+    static const int rows[] = {1, 8, 32, 64};
+    for (int ri = 0; ri < 4; ri++) {
       const int N = rows[ri];
       double t[2];
       for (int v = 0; v < 2; v++) {
@@ -1028,6 +1052,12 @@ int main(void) {
     printf("no CUDA device: skipped\n");
     return 77;
   }
+  const char *perf = getenv("CT_TEST_PERF");
+  if (perf && !strcmp(perf, "only")) { /* the timings alone, under the caller's environment */
+    perf_fused(ct_ops_cuda_bf16());
+    ct_cuda_shutdown();
+    return ct_test_finish();
+  }
   run(ct_ops_cuda(), 1e-5);
   run(ct_ops_cuda_bf16(), 2e-2);
   const ct_ops *o = ct_ops_cuda_bf16();
@@ -1041,9 +1071,11 @@ int main(void) {
    * 256), then on the CUDA cores (CT_DECODE_MMA=0): both against the CPU, a batch's last row
    * against its run in another batch (test_fused) */
   const long mma0 = ct_cuda_gemv_mma_launches(), skd = ct_cuda_splitk_launches();
+  const long gr_off = ct_cuda_gemm_rows_launches();
   test_fused(ct_ops_cuda_bf16(), 2e-2);
   test_fused(ct_ops_cuda_fp16(), 2e-2);
   CHECK_MSG(ct_cuda_gemv_mma_launches() > mma0, "no tensor-core GEMV ran");
+  CHECK_MSG(ct_cuda_gemm_rows_launches() == gr_off, "gemm_rows ran without CT_DECODE_GR=1");
   /* split-K partials are the default for 64-128 rows (the 64-row residual products above) */
   CHECK_MSG(ct_cuda_splitk_launches() > skd, "64-row residual products: no split-K product ran");
   setenv("CT_DECODE_SPLITK", "0", 1);
@@ -1051,6 +1083,28 @@ int main(void) {
   test_fused(ct_ops_cuda_bf16(), 2e-2);
   CHECK_MSG(ct_cuda_splitk_launches() == sk_off, "CT_DECODE_SPLITK=0: a split-K product ran");
   unsetenv("CT_DECODE_SPLITK");
+  /* the opt-in products of 9-64 rows (CT_DECODE_GR=1), with their default slices and k groups,
+   * then other slice counts, k groups and block sizes: the same checks */
+  setenv("CT_DECODE_GR", "1", 1);
+  const long gr0 = ct_cuda_gemm_rows_launches();
+  test_fused(ct_ops_cuda_bf16(), 2e-2);
+  test_fused(ct_ops_cuda_fp16(), 2e-2);
+  CHECK_MSG(ct_cuda_gemm_rows_launches() > gr0, "CT_DECODE_GR=1: no gemm_rows product ran");
+  setenv("CT_DECODE_GR_KS", "2", 1);
+  test_fused(ct_ops_cuda_bf16(), 2e-2);
+  setenv("CT_DECODE_GR_KS", "1", 1);
+  setenv("CT_DECODE_GR_WPB", "4", 1);
+  test_fused(ct_ops_cuda_fp16(), 2e-2);
+  unsetenv("CT_DECODE_GR_KS");
+  setenv("CT_DECODE_GR_WK", "1", 1);
+  test_fused(ct_ops_cuda_bf16(), 2e-2);
+  unsetenv("CT_DECODE_GR_WPB");
+  setenv("CT_DECODE_GR_WK", "2", 1);
+  setenv("CT_DECODE_MMA_MAXN", "8", 1); /* 9-16 rows too */
+  test_fused(ct_ops_cuda_fp16(), 2e-2);
+  unsetenv("CT_DECODE_MMA_MAXN");
+  unsetenv("CT_DECODE_GR_WK");
+  unsetenv("CT_DECODE_GR");
   setenv("CT_DECODE_MMA", "0", 1);
   const long mma1 = ct_cuda_gemv_mma_launches();
   test_fused(ct_ops_cuda_bf16(), 2e-2);
@@ -1102,7 +1156,6 @@ int main(void) {
   test_staged_gemv();
   test_attention_qkv();
   unsetenv("CT_DECODE_MMA");
-  const char *perf = getenv("CT_TEST_PERF");
   if (perf && perf[0] == '1') perf_fused(ct_ops_cuda_bf16());
   ct_cuda_shutdown();
   return ct_test_finish();
