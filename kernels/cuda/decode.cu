@@ -3325,6 +3325,7 @@ template <typename T, int NT, int MODE>
 __global__ void __launch_bounds__(256)
     gemm_rows_kernel(T *out, const T *inp, const T *w, const T *bias, const T *res, int nr, int IC,
                      int OC, int kslice, int wk, int stop) {
+#ifdef _CG_HAS_CLUSTER_GROUP // sm_90 and up (the host launches it only there: gemm_rows)
   namespace cg = cooperative_groups;
   constexpr int MT = 2;                         // 16-row weight tiles a warp
   constexpr int S = MODE == GV_SWIGLU ? 2 : 1;  // weight rows an output: gate and up, or one
@@ -3498,6 +3499,9 @@ __global__ void __launch_bounds__(256)
     }
   }
   if (ks > 1) cl.sync(); // the other blocks may still read this block's partials
+#else
+  __trap();
+#endif
 }
 
 long gr_launches; // gemm_rows_kernel launches (tests)
