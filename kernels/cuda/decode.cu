@@ -3288,8 +3288,8 @@ void cu_layernorm_rows_fwd(void *out, const void *inp, const void *w, const void
 // of gemv_mma_kernel: the same for both operands, so each dot product is unchanged).
 // A warp takes 32 weight rows (two 16-row tiles; GV_SWIGLU: 16 gate rows and their 16 up rows)
 // over a block's slice of the k range, GR_U k blocks a round, two rounds of weights in flight
-// (the first two loaded before the kernel waits on the one before). The GR_KS blocks of a cluster
-// take the GR_KS slices of the same outputs; their fp32 partials meet in shared memory and every
+// (the first two loaded before the kernel waits on the one before). The blocks of a cluster (up to
+// GR_KSMAX) take the slices of k of the same outputs; their fp32 partials meet in shared memory and every
 // block of the cluster sums a share of the outputs over the cluster's blocks in slice order
 // (distributed shared memory), then applies the bias, residual, GELU or SwiGLU at the GEMV's
 // rounding points. So an output's arithmetic depends only on its own input row and on the shape
