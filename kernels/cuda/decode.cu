@@ -2789,6 +2789,200 @@ int cu_decode_layers(void *x, void *res2, void *raw, void *qkv, void *atty, void
   }
 }
 
+// ---- attention_decode for 9 rows and more: a block per (row, kv head) ----
+// attention_decode_vec_kernel launches a 4-warp block for every 64 keys of max_T; each warp loads
+// its 16-key split into registers once, does the split's math and leaves; the last block of a
+// (row, kv head) merges the splits read back through L2. At batch 64 that is ~47% of the KV
+// bandwidth. Here one block takes a whole (row, kv head): warp w does the splits w, w + AB_W, ...
+// of the row's keys (only those below its length: no warps for the rest of max_T), each split's
+// K and V rows stream into a ring of AB_R stages in the warp's shared memory (cp.async, a lane
+// its own 16-byte chunks, so it reads back only what it copied and no warp waits on another), the
+// next AB_R - 1 splits in flight while one is computed. The split math is the vec kernel's
+// (att_split_math), its rows go to shared memory (or, where they do not fit beside the rings, to
+// the part scratch), and after one block barrier the block merges them in split order with
+// att_merge_core: the same arithmetic on the same values as the vec kernel and the fused batch-1
+// kernels, so a row has the same bits whichever of them ran. The old keys' copies for the first
+// splits go out before griddepcontrol.wait, the newest key (appended by the kernel before) is
+// read after it.
+template <typename T, int LK, int G, int BW, int R>
+__global__ void __launch_bounds__(BW * 32)
+    attention_decode_blk_kernel(T *out, float *part, const T *qkv, const T *kc, const T *vc,
+                                const int32_t *slot, const int32_t *pos, int H, int KV,
+                                int max_T, int splits, float scale, int ps_in_smem) {
+  constexpr int hd = 8 * LK, KPL = 32 / LK, J = DEC_CHUNK / KPL, PS = hd + 4;
+  constexpr int SB = DEC_CHUNK * hd; // elements of a split's K rows (and of its V rows)
+  extern __shared__ __align__(16) uint4 ab_smem[];
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, kv = blockIdx.x, n = blockIdx.y;
+  T *ring = (T *)ab_smem + (size_t)w * R * 2 * SB; // warp w's stages: K rows, then V rows
+  float *ps = ps_in_smem ? (float *)((T *)ab_smem + (size_t)BW * R * 2 * SB)
+                         : part + ((long)n * KV + kv) * splits * G * PS;
+  pdl_trigger();
+  // pos and slot were copied in before the step's first kernel; every key but the newest was
+  // cached by an earlier step (see attention_decode_vec_kernel)
+  const int len = pos[n] + 1, used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
+  const int ks = lane / LK, ch = lane % LK;
+  const long s = slot ? slot[n] : n;
+  const T *K = kc + ((s * KV + kv) * max_T) * (long)hd + ch * 8;
+  const T *V = vc + ((s * KV + kv) * max_T) * (long)hd + ch * 8;
+  // the old keys of the warp's i-th split into stage i % R; one commit group a split, empty past
+  // the warp's last, so the wait below always leaves the newest R - 1 in flight
+  auto issue = [&](int i) {
+    const int sp = w + i * BW;
+    if (sp < used) {
+      T *kst = ring + (i % R) * 2 * SB, *vst = kst + SB;
+#pragma unroll
+      for (int j = 0; j < J; j++) {
+        const int r = j * KPL + ks, key = sp * DEC_CHUNK + r;
+        if (key < len - 1) {
+          cp_async16(kst + r * hd + ch * 8, K + (long)key * hd);
+          cp_async16(vst + r * hd + ch * 8, V + (long)key * hd);
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  };
+#pragma unroll
+  for (int i = 0; i < R - 1; i++) issue(i);
+  pdl_wait();
+  const T *q0 = qkv + (long)n * (H + 2 * KV) * hd + (long)kv * G * hd;
+  for (int i = 0; w + i * BW < used; i++) {
+    issue(i + R - 1);
+    asm volatile("cp.async.wait_group %0;" ::"n"(R - 1) : "memory"); // split i has landed
+    const int sp = w + i * BW, k0 = sp * DEC_CHUNK;
+    const T *kst = ring + (i % R) * 2 * SB, *vst = kst + SB;
+    uint4 kr[J], vr[J];
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+      const int r = j * KPL + ks, key = k0 + r;
+      if (key < len - 1) {
+        kr[j] = *(const uint4 *)(kst + r * hd + ch * 8);
+        vr[j] = *(const uint4 *)(vst + r * hd + ch * 8);
+      } else if (key == len - 1) {
+        kr[j] = *(const uint4 *)(K + (long)key * hd);
+        vr[j] = *(const uint4 *)(V + (long)key * hd);
+      } else {
+        kr[j] = vr[j] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    att_split_math<T, LK, G>(nullptr, q0, kr, vr, n, kv, sp, k0, len, H, splits, scale, lane,
+                             ps + (long)sp * G * PS);
+  }
+  cp_async_wait_all();
+  __syncthreads(); // every split's rows written
+  constexpr int HP = BW >= 2 * G && hd % 64 == 0 ? 2 : 1; // two warps a head where there are
+  for (int t = w; t < G * HP; t += BW) {
+    const int g = t / HP;
+    auto ld = [&](int sp_, int i) { return ps[((long)sp_ * G + g) * PS + i]; };
+    att_merge_core<T, hd, decltype(ld), HP>(out + (long)n * H * hd + (long)(kv * G + g) * hd, ld,
+                                            used, lane, t % HP);
+  }
+}
+
+// CT_DECODE_ATT_BLK: attention_decode_blk_kernel for attention_decode where it applies ("0" off,
+// "1" at every row count; default: from AB_MIN_ROWS rows). CT_DECODE_AB_W (4 or 8 warps a block;
+// default: by the grid, see ab_try), CT_DECODE_AB_R (2 or 3 stages a warp) and CT_DECODE_AB_PS
+// (0: the split rows in the part scratch, 1: in shared memory where they fit) are for
+// measurements. Read at every call.
+#define AB_MIN_ROWS 9
+long ab_launches; // attention_decode_blk kernels launched (or recorded into a graph)
+int env_int(const char *name, int dflt) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : dflt;
+}
+// The device's largest opt-in dynamic shared memory a block (cached per device), 48 KB if unknown.
+size_t smem_optin() {
+  static int v[16];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 48 * 1024;
+  if (!v[dev] && cudaDeviceGetAttribute(&v[dev], cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();
+    v[dev] = 48 * 1024;
+  }
+  return (size_t)v[dev];
+}
+// Kernel k may use `bytes` of dynamic shared memory (raised once per kernel and device to the
+// device's opt-in limit).
+bool smem_allow(const void *k, const char *op) {
+  static kernel_list done;
+  bool in;
+  const int dev = listed(done, k, &in);
+  if (dev < 0) return false;
+  if (in) return true;
+  if (!CKD(op, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_optin())))
+    return false;
+  add_listed(done, dev, k);
+  return true;
+}
+
+template <typename T, int LK, int G, int BW, int R>
+bool ab_launch(T *o, float *part, const T *q, const T *K, const T *V, const int32_t *slot,
+               const int32_t *pos, int N, int H, int KV, int max_T, int splits, float sc,
+               bool ps_smem) {
+  constexpr int hd = 8 * LK;
+  const size_t ring = (size_t)BW * R * 2 * DEC_CHUNK * hd * sizeof(T);
+  const size_t psb = (size_t)splits * G * (hd + 4) * sizeof(float);
+  const bool in_smem = ps_smem && ring + psb + 1024 <= smem_optin();
+  const size_t smem = ring + (in_smem ? psb : 0);
+  if (smem + 1024 > smem_optin()) return false;
+  void (*k)(T *, float *, const T *, const T *, const T *, const int32_t *, const int32_t *, int,
+            int, int, int, float, int) = attention_decode_blk_kernel<T, LK, G, BW, R>;
+  if (smem > 48 * 1024 && !smem_allow((const void *)k, "attention_decode")) return false;
+  if (!launch("attention_decode", "attention_decode_blk_kernel", k, dim3(KV, N), BW * 32, smem, o,
+              part, q, K, V, slot, pos, H, KV, max_T, splits, sc, (int)in_smem))
+    return false;
+  ab_launches++;
+  return true;
+}
+
+// The device's shared memory a multiprocessor (cached per device), 228 KB if unknown.
+size_t smem_per_sm() {
+  static int v[16];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 228 * 1024;
+  if (!v[dev] && cudaDeviceGetAttribute(&v[dev], cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    v[dev] = 228 * 1024;
+  }
+  return (size_t)v[dev];
+}
+
+// 1: launched; 0: does not apply (the caller goes on with the vec kernel). By default the block
+// shape follows the grid: the first of 8 warps x 3 stages, 8 x 2 and 4 x 2 whose KV x N blocks
+// all fit the multiprocessors at once (one wave: as many keys in flight a row as can be), and where
+// none does, the one with the most warps resident a multiprocessor. On an H200 (call 125, 384
+// keys, us for vec | 8x3 | 8x2 | 4x2): Qwen3-0.6B (hd 128, G 2) 16 rows 13.5 | 10.8 | 10.6 |
+// 13.4, 32 rows 23.6 | 21.5 | 20.5 | 16.5, 64 rows 41.9 | 40.5 | 38.7 | 32.8; GPT-2 (hd 64, G 1)
+// 64 rows 33.9 | 24.7 | 20.9 | 25.0; Llama-3.2-1B (hd 64, G 4) 32 rows 19.9 | 17.2 | 12.5 | 16.9.
+template <typename T, int LK, int G>
+int ab_try(T *o, float *part, const T *q, const T *K, const T *V, const int32_t *slot,
+           const int32_t *pos, int N, int H, int KV, int max_T, int splits, float sc) {
+  int bw = env_int("CT_DECODE_AB_W", 0), r = env_int("CT_DECODE_AB_R", 0);
+  const bool ps = env_int("CT_DECODE_AB_PS", 1) != 0;
+  if (!bw) {
+    constexpr int hd = 8 * LK;
+    static const int cand[3][2] = {{8, 3}, {8, 2}, {4, 2}};
+    long best_warps = -1;
+    for (int c = 0; c < 3; c++) {
+      const size_t bytes = (size_t)cand[c][0] * cand[c][1] * 2 * DEC_CHUNK * hd * sizeof(T) +
+                           (size_t)splits * G * (hd + 4) * sizeof(float) + 1024;
+      long per_sm = (long)(smem_per_sm() / bytes);
+      if (per_sm > 64 / cand[c][0]) per_sm = 64 / cand[c][0]; // 64 warps a multiprocessor
+      if ((long)KV * N <= per_sm * num_sms()) {
+        bw = cand[c][0], r = cand[c][1];
+        break;
+      }
+      if (per_sm * cand[c][0] > best_warps) best_warps = per_sm * cand[c][0], bw = cand[c][0], r = cand[c][1];
+    }
+  }
+  if (!r) r = 3;
+  if (bw == 8) {
+    if (r == 2) return ab_launch<T, LK, G, 8, 2>(o, part, q, K, V, slot, pos, N, H, KV, max_T, splits, sc, ps);
+    return ab_launch<T, LK, G, 8, 3>(o, part, q, K, V, slot, pos, N, H, KV, max_T, splits, sc, ps);
+  }
+  if (r == 2) return ab_launch<T, LK, G, 4, 2>(o, part, q, K, V, slot, pos, N, H, KV, max_T, splits, sc, ps);
+  return ab_launch<T, LK, G, 4, 3>(o, part, q, K, V, slot, pos, N, H, KV, max_T, splits, sc, ps);
+}
+
 template <typename T>
 void cu_attention_decode(void *out, const void *qkv, const void *kc, const void *vc,
                          const int32_t *slot, const int32_t *pos, int N, int H, int KV, int hd,
@@ -2816,6 +3010,16 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
       const T *q = (const T *)qkv, *K = (const T *)kc, *V = (const T *)vc;
       unsigned *cnt = (unsigned *)buf;
       const l2_hint_t h = take_hint(true);
+      if (env_switch("CT_DECODE_ATT_BLK", N >= AB_MIN_ROWS) && cc_major() >= 8) {
+        int done;
+        if (hd == 64) done = G == 1 ? ab_try<T, 8, 1>(o, part, q, K, V, slot, pos, N, H, KV, max_T, splits, sc)
+                             : G == 2 ? ab_try<T, 8, 2>(o, part, q, K, V, slot, pos, N, H, KV, max_T, splits, sc)
+                                      : ab_try<T, 8, 4>(o, part, q, K, V, slot, pos, N, H, KV, max_T, splits, sc);
+        else done = G == 1 ? ab_try<T, 16, 1>(o, part, q, K, V, slot, pos, N, H, KV, max_T, splits, sc)
+                  : G == 2 ? ab_try<T, 16, 2>(o, part, q, K, V, slot, pos, N, H, KV, max_T, splits, sc)
+                           : ab_try<T, 16, 4>(o, part, q, K, V, slot, pos, N, H, KV, max_T, splits, sc);
+        if (done) return;
+      }
 #define ATT_VEC(LK, G_)                                                                           \
   launch("attention_decode", "attention_decode_vec_kernel", attention_decode_vec_kernel<T, LK, G_>, \
          g, DEC_WARPS * 32, 0, o, part, cnt, q, K, V, slot, pos, H, KV, max_T, splits, sc, h.p,  \
@@ -4255,5 +4459,6 @@ extern "C" long ct_cuda_gemv_mma_launches(void) { return mma_launches; }
 extern "C" long ct_cuda_splitk_launches(void) { return splitk_launches; }
 extern "C" long ct_cuda_gemm_rows_launches(void) { return gr_launches; }
 extern "C" long ct_cuda_attention_cluster_launches(void) { return cluster_launches; }
+extern "C" long ct_cuda_attention_blk_launches(void) { return ab_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

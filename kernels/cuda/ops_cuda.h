@@ -145,6 +145,9 @@ long ct_cuda_attention_oproj_launches(void);
 long ct_cuda_attention_qkv_launches(void);
 /* How many attention_decode_rope kernels ran as thread block clusters (CT_DECODE_CLUSTER=1; tests). */
 long ct_cuda_attention_cluster_launches(void);
+/* How many attention_decode_blk kernels (attention_decode for 9+ rows, a block per row and kv head)
+ * were launched or recorded into graphs (tests). */
+long ct_cuda_attention_blk_launches(void);
 
 #ifdef __cplusplus
 }

@@ -520,6 +520,184 @@ static void perf_fused(const ct_ops *o) {
   }
 }
 
+/* attention_decode_blk_kernel (attention_decode from 9 rows: a block per row and kv head, keys
+ * streamed through shared memory) against attention_decode_vec_kernel (CT_DECODE_ATT_BLK=0) bit
+ * for bit, and against the CPU within tolerance; with its block sizes, stage counts and both
+ * homes of the split rows; GQA 1, 2 and 4, head dims 64 and 128, row lengths 1, 16, 17, max_T and
+ * random ones; a captured call replayed after the positions change equals the direct call. */
+static void blk_case(const ct_ops *o, int Nr, int Hh, int KVh, int hdh, int maxTh, double tol) {
+  const ct_ops *c = ct_ops_cpu();
+  const int Wh = (Hh + 2 * KVh) * hdh, S2 = Nr + 1;
+  const size_t nq = (size_t)Nr * Wh, nc = (size_t)S2 * KVh * maxTh * hdh, no = (size_t)Nr * Hh * hdh;
+  float *qkv = malloc(nq * 4), *kc = malloc(nc * 4), *vc = malloc(nc * 4);
+  float *ref = malloc(no * 4), *a = malloc(no * 4), *b = malloc(no * 4);
+  int32_t *pos = malloc(Nr * 4), *slot = malloc(Nr * 4), *pos2 = malloc(Nr * 4);
+  for (size_t i = 0; i < nq; i++) qkv[i] = frand();
+  for (size_t i = 0; i < nc; i++) kc[i] = frand(), vc[i] = frand();
+  for (int r = 0; r < Nr; r++) {
+    const int fixed[] = {0, 15, 16, maxTh - 1};
+    pos[r] = r < 4 ? fixed[r] : (int)((frand() * 0.5 + 0.5) * (maxTh - 1));
+    pos2[r] = (pos[r] * 7 + 3) % maxTh;
+    slot[r] = (r * 5 + 1) % S2;
+  }
+  rounded(o, qkv, nq);
+  rounded(o, kc, nc);
+  rounded(o, vc, nc);
+  void *dq = up(o, qkv, nq), *dk = up(o, kc, nc), *dv = up(o, vc, nc);
+  void *dout = o->alloc(no * o->act_bytes);
+  int32_t *dpos = o->alloc(Nr * 4), *dslot = o->alloc(Nr * 4);
+  o->to_device(dpos, pos, Nr * 4);
+  o->to_device(dslot, slot, Nr * 4);
+  c->attention_decode(ref, qkv, kc, vc, slot, pos, Nr, Hh, KVh, hdh, maxTh);
+  setenv("CT_DECODE_ATT_BLK", "0", 1);
+  const long b0 = ct_cuda_attention_blk_launches();
+  o->attention_decode(dout, dq, dk, dv, dslot, dpos, Nr, Hh, KVh, hdh, maxTh);
+  down(o, a, dout, no);
+  CHECK_MSG(ct_cuda_attention_blk_launches() == b0, "CT_DECODE_ATT_BLK=0: the block kernel ran");
+  setenv("CT_DECODE_ATT_BLK", "1", 1);
+  static const char *var[][3] = {{"4", "3", "1"}, {"4", "2", "1"}, {"8", "3", "1"},
+                                 {"8", "2", "0"}, {"4", "3", "0"}};
+  char what[160];
+  for (size_t vi = 0; vi < sizeof var / sizeof var[0]; vi++) {
+    setenv("CT_DECODE_AB_W", var[vi][0], 1);
+    setenv("CT_DECODE_AB_R", var[vi][1], 1);
+    setenv("CT_DECODE_AB_PS", var[vi][2], 1);
+    snprintf(what, sizeof what, "%s attention_decode_blk N%d H%d KV%d hd%d T%d W%s R%s PS%s",
+             o->name, Nr, Hh, KVh, hdh, maxTh, var[vi][0], var[vi][1], var[vi][2]);
+    const long before = ct_cuda_attention_blk_launches();
+    o->zero(dout, no * o->act_bytes);
+    o->attention_decode(dout, dq, dk, dv, dslot, dpos, Nr, Hh, KVh, hdh, maxTh);
+    down(o, b, dout, no);
+    CHECK_MSG(ct_cuda_attention_blk_launches() == before + 1, "%s: the block kernel did not run", what);
+    ct_check_close(what, b, ref, no, tol, 1e-6);
+    size_t diff = 0;
+    for (size_t i = 0; i < no; i++) diff += memcmp(&a[i], &b[i], 4) != 0;
+    CHECK_MSG(diff == 0, "%s: %zu of %zu outputs differ from the vec kernel's", what, diff, no);
+  }
+  unsetenv("CT_DECODE_AB_W");
+  unsetenv("CT_DECODE_AB_R");
+  unsetenv("CT_DECODE_AB_PS");
+  /* graph: capture, rewrite positions, replay == direct */
+  o->graph_begin();
+  o->attention_decode(dout, dq, dk, dv, dslot, dpos, Nr, Hh, KVh, hdh, maxTh);
+  void *g = o->graph_end();
+  CHECK(g != NULL);
+  o->to_device(dpos, pos2, Nr * 4);
+  o->attention_decode(dout, dq, dk, dv, dslot, dpos, Nr, Hh, KVh, hdh, maxTh);
+  down(o, a, dout, no);
+  o->zero(dout, no * o->act_bytes);
+  if (g) {
+    o->graph_launch(g);
+    o->graph_destroy(g);
+  }
+  down(o, b, dout, no);
+  snprintf(what, sizeof what, "%s attention_decode_blk N%d hd%d G%d", o->name, Nr, hdh, Hh / KVh);
+  CHECK_MSG(!memcmp(a, b, no * 4), "%s: graph replay differs", what);
+  unsetenv("CT_DECODE_ATT_BLK");
+  printf("%s: = vec kernel bit for bit, graph replay = direct\n", what);
+  void *d[] = {dq, dk, dv, dout, dpos, dslot};
+  for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) o->free(d[i]);
+  free(qkv), free(kc), free(vc), free(ref), free(a), free(b), free(pos), free(slot), free(pos2);
+}
+
+static void test_attention_blk(void) {
+  blk_case(ct_ops_cuda_bf16(), 64, 16, 8, 128, 384, 2e-2);
+  blk_case(ct_ops_cuda_fp16(), 9, 8, 2, 128, 300, 2e-2);
+  blk_case(ct_ops_cuda_bf16(), 20, 8, 8, 64, 200, 2e-2);
+  blk_case(ct_ops_cuda_bf16(), 12, 32, 8, 64, 520, 2e-2);
+  blk_case(ct_ops_cuda_bf16(), 3, 16, 8, 128, 2100, 2e-2); /* past the rows' room in shared memory */
+  /* the default from AB_MIN_ROWS rows */
+  const long b0 = ct_cuda_attention_blk_launches();
+  const ct_ops *o = ct_ops_cuda_bf16();
+  const int Nr = 9, Wh = (16 + 16) * 128;
+  void *dq = o->alloc((size_t)Nr * Wh * 2), *dk = o->alloc((size_t)Nr * 8 * 64 * 128 * 2);
+  void *dv = o->alloc((size_t)Nr * 8 * 64 * 128 * 2), *dout = o->alloc((size_t)Nr * 16 * 128 * 2);
+  int32_t pos[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8}, *dpos = o->alloc(sizeof pos);
+  o->zero(dq, (size_t)Nr * Wh * 2);
+  o->zero(dk, (size_t)Nr * 8 * 64 * 128 * 2);
+  o->zero(dv, (size_t)Nr * 8 * 64 * 128 * 2);
+  o->to_device(dpos, pos, sizeof pos);
+  o->attention_decode(dout, dq, dk, dv, NULL, dpos, 8, 16, 8, 128, 64);
+  CHECK_MSG(ct_cuda_attention_blk_launches() == b0, "8 rows: the block kernel ran by default");
+  o->attention_decode(dout, dq, dk, dv, NULL, dpos, 9, 16, 8, 128, 64);
+  CHECK_MSG(ct_cuda_attention_blk_launches() == b0 + 1, "9 rows: the block kernel did not run by default");
+  void *d[] = {dq, dk, dv, dout, dpos};
+  for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) o->free(d[i]);
+  char err[512];
+  CHECK_MSG(ct_cuda_check(err, sizeof err) == 0, "%s", err);
+}
+
+/* CT_TEST_PERF=att (alone) or with =1/only: attention_decode on a model's shape (Qwen3-0.6B: 16
+ * heads, 8 kv heads, hd 128; GPT-2: 12, 12, 64; Llama-3.2-1B: 32, 8, 64), a 384-key cache, every
+ * row at `len` keys: the vec kernel, the block kernel's default choice and its variants (warps /
+ * stages / split rows in shared memory); mean of 200 calls replayed from a CUDA graph over rotating
+ * caches past the L2. GB/s: the K and V bytes read. */
+static void perf_attention_shape(const ct_ops *o, const char *model, int Hh, int KVh, int hdh) {
+  enum { ITERS = 200, maxTh = 384 };
+  static const int rows[] = {8, 16, 24, 32, 64}, lens[] = {256, 384};
+  /* ATT_BLK, W, R, PS; "" unsets */
+  static const char *var[][4] = {{"0", "", "", ""},     {"", "", "", ""},     {"1", "4", "2", "1"},
+                                 {"1", "8", "3", "1"}, {"1", "8", "2", "1"}, {"1", "4", "3", "1"}};
+  static const char *names[] = {"vec", "default", "4/2", "8/3", "8/2", "4/3"};
+  static const char *keys[] = {"CT_DECODE_ATT_BLK", "CT_DECODE_AB_W", "CT_DECODE_AB_R", "CT_DECODE_AB_PS"};
+  printf("perf %s attention_decode %s H%d KV%d hd%d max_T %d: rows, len, us (GB/s) for vec | default "
+         "| blk warps/stages ...\n", o->name, model, Hh, KVh, hdh, maxTh);
+  for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+    const int Nr = rows[ri];
+    const size_t cache = (size_t)Nr * KVh * maxTh * hdh * o->act_bytes;
+    int copies = (int)((512u << 20) / (2 * cache)) + 1;
+    if (copies > 32) copies = 32;
+    void *kc[32], *vc[32];
+    for (int i = 0; i < copies; i++) {
+      kc[i] = o->alloc(cache), vc[i] = o->alloc(cache);
+      o->zero(kc[i], cache), o->zero(vc[i], cache);
+    }
+    void *dq = o->alloc((size_t)Nr * (Hh + 2 * KVh) * hdh * o->act_bytes);
+    void *dout = o->alloc((size_t)Nr * Hh * hdh * o->act_bytes);
+    o->zero(dq, (size_t)Nr * (Hh + 2 * KVh) * hdh * o->act_bytes);
+    int32_t *dpos = o->alloc(Nr * 4), pos[64];
+    for (int li = 0; li < 2; li++) {
+      for (int r = 0; r < Nr; r++) pos[r] = lens[li] - 1;
+      o->to_device(dpos, pos, Nr * 4);
+      printf("  %2d rows %3d keys:", Nr, lens[li]);
+      for (size_t vi = 0; vi < sizeof var / sizeof var[0]; vi++) {
+        for (int k = 0; k < 4; k++) {
+          if (var[vi][k][0]) setenv(keys[k], var[vi][k], 1);
+          else unsetenv(keys[k]);
+        }
+        for (int it = -10; it < ITERS; it++) {
+          if (it == 0) o->graph_begin();
+          const int c = (it + 10) % copies;
+          o->attention_decode(dout, dq, kc[c], vc[c], NULL, dpos, Nr, Hh, KVh, hdh, maxTh);
+        }
+        void *g = o->graph_end();
+        double t = 0;
+        if (g) {
+          o->graph_launch(g);
+          o->sync();
+          t = now_s();
+          o->graph_launch(g);
+          o->sync();
+          t = (now_s() - t) / ITERS;
+          o->graph_destroy(g);
+        }
+        const double gb = 2.0 * Nr * KVh * lens[li] * hdh * o->act_bytes / 1e9;
+        printf("  %s %.1f us (%.0f)", names[vi], t * 1e6, t > 0 ? gb / t : 0.0);
+      }
+      printf("\n");
+    }
+    for (int k = 0; k < 4; k++) unsetenv(keys[k]);
+    for (int i = 0; i < copies; i++) o->free(kc[i]), o->free(vc[i]);
+    o->free(dq), o->free(dout), o->free(dpos);
+  }
+}
+
+static void perf_attention(const ct_ops *o) {
+  perf_attention_shape(o, "Qwen3-0.6B", 16, 8, 128);
+  perf_attention_shape(o, "GPT-2", 12, 12, 64);
+  perf_attention_shape(o, "Llama-3.2-1B", 32, 8, 64);
+}
+
 /* prefill 3 prompts (lengths 20, 7, 20: two go together), then 4 batched decode steps; logits
  * of every output row appended to out (rows x Vp) */
 static void engine_logits(ct_model *m, const ct_ops *o, const int *layer_dev, float *out) {
@@ -1053,6 +1231,11 @@ int main(void) {
     return 77;
   }
   const char *perf = getenv("CT_TEST_PERF");
+  if (perf && !strcmp(perf, "att")) { /* attention_decode's timings alone */
+    perf_attention(ct_ops_cuda_bf16());
+    ct_cuda_shutdown();
+    return ct_test_finish();
+  }
   if (perf && !strcmp(perf, "only")) { /* the timings alone, under the caller's environment */
     perf_fused(ct_ops_cuda_bf16());
     ct_cuda_shutdown();
@@ -1150,13 +1333,17 @@ int main(void) {
   test_l2_hints();
   test_attention_cluster();
   test_attention_oproj();
+  test_attention_blk();
   /* the staged GEMV and the norm + qkv + attention kernel repeat gemv_kernel's arithmetic: their
    * bits are checked against it, so these run with the tensor-core GEMV off */
   setenv("CT_DECODE_MMA", "0", 1);
   test_staged_gemv();
   test_attention_qkv();
   unsetenv("CT_DECODE_MMA");
-  if (perf && perf[0] == '1') perf_fused(ct_ops_cuda_bf16());
+  if (perf && perf[0] == '1') {
+    perf_fused(ct_ops_cuda_bf16());
+    perf_attention(ct_ops_cuda_bf16());
+  }
   ct_cuda_shutdown();
   return ct_test_finish();
 }
