@@ -2879,11 +2879,13 @@ __global__ void __launch_bounds__(BW * 32)
 }
 
 // CT_DECODE_ATT_BLK: attention_decode_blk_kernel for attention_decode where it applies ("0" off,
-// "1" at every row count; default: from AB_MIN_ROWS rows). CT_DECODE_AB_W (4 or 8 warps a block;
+// "1" at every row count; default: from AB_MIN_ROWS rows, and at any row count where every query
+// head has its own kv head (G 1: GPT-2 decodes 7-11% faster at batch 1 with it, 3-3.5% at 8; the
+// grouped shapes gain nothing below 8 rows; H200, 2026-12-04, calls 1-2). CT_DECODE_AB_W (4 or 8 warps a block;
 // default: by the grid, see ab_try), CT_DECODE_AB_R (2 or 3 stages a warp) and CT_DECODE_AB_PS
 // (0: the split rows in the part scratch, 1: in shared memory where they fit) are for
 // measurements. Read at every call.
-#define AB_MIN_ROWS 9
+#define AB_MIN_ROWS 8
 long ab_launches; // attention_decode_blk kernels launched (or recorded into a graph)
 int env_int(const char *name, int dflt) {
   const char *v = getenv(name);
@@ -2934,25 +2936,16 @@ bool ab_launch(T *o, float *part, const T *q, const T *K, const T *V, const int3
   return true;
 }
 
-// The device's shared memory a multiprocessor (cached per device), 228 KB if unknown.
-size_t smem_per_sm() {
-  static int v[16];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 228 * 1024;
-  if (!v[dev] && cudaDeviceGetAttribute(&v[dev], cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess) {
-    cudaGetLastError();
-    v[dev] = 228 * 1024;
-  }
-  return (size_t)v[dev];
-}
-
 // 1: launched; 0: does not apply (the caller goes on with the vec kernel). By default the block
 // shape follows the grid: the first of 8 warps x 3 stages, 8 x 2 and 4 x 2 whose KV x N blocks
 // all fit the multiprocessors at once (one wave: as many keys in flight a row as can be), and where
-// none does, the one with the most warps resident a multiprocessor. On an H200 (call 125, 384
-// keys, us for vec | 8x3 | 8x2 | 4x2): Qwen3-0.6B (hd 128, G 2) 16 rows 13.5 | 10.8 | 10.6 |
-// 13.4, 32 rows 23.6 | 21.5 | 20.5 | 16.5, 64 rows 41.9 | 40.5 | 38.7 | 32.8; GPT-2 (hd 64, G 1)
-// 64 rows 33.9 | 24.7 | 20.9 | 25.0; Llama-3.2-1B (hd 64, G 4) 32 rows 19.9 | 17.2 | 12.5 | 16.9.
+// none does, the one with the most warps resident a multiprocessor (the occupancy calculator's
+// count: registers, threads and shared memory; CT_DECODE_AB_SHOW=1 prints it), a tie going to the
+// smaller block (more blocks resident: Qwen3-0.6B at 64 rows holds 8 warps a multiprocessor in
+// every shape, and 4 x 2 runs 32.7 us against 40.6 for 8 x 3). On an H200 (call 1 of 2026-12-04,
+// 384 keys, us for vec | 8x3 | 8x2 | 4x2): Qwen3-0.6B (hd 128, G 2) 16 rows 13.5 | 10.9 | 10.5 |
+// 13.4, 32 rows 23.6 | 21.5 | 20.4 | 16.5, 64 rows 41.9 | 40.6 | 38.5 | 32.7; GPT-2 (hd 64, G 1)
+// 64 rows 34.1 | 24.9 | 20.9 | 25.2; Llama-3.2-1B (hd 64, G 4) 32 rows 19.4 | 17.1 | 12.5 | 17.1.
 template <typename T, int LK, int G>
 int ab_try(T *o, float *part, const T *q, const T *K, const T *V, const int32_t *slot,
            const int32_t *pos, int N, int H, int KV, int max_T, int splits, float sc) {
@@ -2960,19 +2953,34 @@ int ab_try(T *o, float *part, const T *q, const T *K, const T *V, const int32_t 
   const bool ps = env_int("CT_DECODE_AB_PS", 1) != 0;
   if (!bw) {
     constexpr int hd = 8 * LK;
+    void (*const ks[3])(T *, float *, const T *, const T *, const T *, const int32_t *,
+                        const int32_t *, int, int, int, int, float, int) = {
+        attention_decode_blk_kernel<T, LK, G, 8, 3>, attention_decode_blk_kernel<T, LK, G, 8, 2>,
+        attention_decode_blk_kernel<T, LK, G, 4, 2>};
     static const int cand[3][2] = {{8, 3}, {8, 2}, {4, 2}};
     long best_warps = -1;
     for (int c = 0; c < 3; c++) {
-      const size_t bytes = (size_t)cand[c][0] * cand[c][1] * 2 * DEC_CHUNK * hd * sizeof(T) +
-                           (size_t)splits * G * (hd + 4) * sizeof(float) + 1024;
-      long per_sm = (long)(smem_per_sm() / bytes);
-      if (per_sm > 64 / cand[c][0]) per_sm = 64 / cand[c][0]; // 64 warps a multiprocessor
-      if ((long)KV * N <= per_sm * num_sms()) {
+      // the shared memory ab_launch will ask for: the ring, and the split rows where they fit
+      const size_t ring = (size_t)cand[c][0] * cand[c][1] * 2 * DEC_CHUNK * hd * sizeof(T);
+      const size_t psb = (size_t)splits * G * (hd + 4) * sizeof(float);
+      const size_t bytes = ring + (ps && ring + psb + 1024 <= smem_optin() ? psb : 0);
+      // blocks a multiprocessor holds at once (registers, threads and shared memory counted)
+      int per_sm = 0;
+      if (bytes + 1024 > smem_optin() || !smem_allow((const void *)ks[c], "attention_decode") ||
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ks[c], cand[c][0] * 32, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        per_sm = 0;
+      }
+      if (getenv("CT_DECODE_AB_SHOW"))
+        fprintf(stderr, "attention_decode_blk: N %d KV %d hd %d G %d: %dx%d %zu B, %d a multiprocessor\n",
+                N, KV, hd, G, cand[c][0], cand[c][1], bytes, per_sm);
+      if (per_sm > 0 && (long)KV * N <= (long)per_sm * num_sms()) {
         bw = cand[c][0], r = cand[c][1];
         break;
       }
-      if (per_sm * cand[c][0] > best_warps) best_warps = per_sm * cand[c][0], bw = cand[c][0], r = cand[c][1];
+      if (per_sm > 0 && (long)per_sm * cand[c][0] >= best_warps) best_warps = (long)per_sm * cand[c][0], bw = cand[c][0], r = cand[c][1];
     }
+    if (!bw) return 0; // no shape fits a multiprocessor: the vec kernel
   }
   if (!r) r = 3;
   if (bw == 8) {
@@ -3010,7 +3018,7 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
       const T *q = (const T *)qkv, *K = (const T *)kc, *V = (const T *)vc;
       unsigned *cnt = (unsigned *)buf;
       const l2_hint_t h = take_hint(true);
-      if (env_switch("CT_DECODE_ATT_BLK", N >= AB_MIN_ROWS) && cc_major() >= 8) {
+      if (env_switch("CT_DECODE_ATT_BLK", N >= AB_MIN_ROWS || G == 1) && cc_major() >= 8) {
         int done;
         if (hd == 64) done = G == 1 ? ab_try<T, 8, 1>(o, part, q, K, V, slot, pos, N, H, KV, max_T, splits, sc)
                              : G == 2 ? ab_try<T, 8, 2>(o, part, q, K, V, slot, pos, N, H, KV, max_T, splits, sc)

@@ -606,7 +606,7 @@ static void test_attention_blk(void) {
   blk_case(ct_ops_cuda_bf16(), 20, 8, 8, 64, 200, 2e-2);
   blk_case(ct_ops_cuda_bf16(), 12, 32, 8, 64, 520, 2e-2);
   blk_case(ct_ops_cuda_bf16(), 3, 16, 8, 128, 2100, 2e-2); /* past the rows' room in shared memory */
-  /* the default from AB_MIN_ROWS rows */
+  /* the default choice of kernel */
   const long b0 = ct_cuda_attention_blk_launches();
   const ct_ops *o = ct_ops_cuda_bf16();
   const int Nr = 9, Wh = (16 + 16) * 128;
@@ -617,10 +617,16 @@ static void test_attention_blk(void) {
   o->zero(dk, (size_t)Nr * 8 * 64 * 128 * 2);
   o->zero(dv, (size_t)Nr * 8 * 64 * 128 * 2);
   o->to_device(dpos, pos, sizeof pos);
+  /* two query heads a kv head: the vec kernel below AB_MIN_ROWS (8) rows, the block kernel from it */
+  o->attention_decode(dout, dq, dk, dv, NULL, dpos, 7, 16, 8, 128, 64);
+  CHECK_MSG(ct_cuda_attention_blk_launches() == b0, "7 rows, 2 heads a kv head: the block kernel ran by default");
   o->attention_decode(dout, dq, dk, dv, NULL, dpos, 8, 16, 8, 128, 64);
-  CHECK_MSG(ct_cuda_attention_blk_launches() == b0, "8 rows: the block kernel ran by default");
-  o->attention_decode(dout, dq, dk, dv, NULL, dpos, 9, 16, 8, 128, 64);
-  CHECK_MSG(ct_cuda_attention_blk_launches() == b0 + 1, "9 rows: the block kernel did not run by default");
+  CHECK_MSG(ct_cuda_attention_blk_launches() == b0 + 1,
+            "8 rows, 2 heads a kv head: the block kernel did not run by default");
+  /* one query head a kv head (GPT-2's multi-head attention): the block kernel from one row */
+  o->attention_decode(dout, dq, dk, dv, NULL, dpos, 1, 8, 8, 128, 64);
+  CHECK_MSG(ct_cuda_attention_blk_launches() == b0 + 2,
+            "1 row, 1 head a kv head: the block kernel did not run by default");
   void *d[] = {dq, dk, dv, dout, dpos};
   for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) o->free(d[i]);
   char err[512];
@@ -634,7 +640,7 @@ static void test_attention_blk(void) {
  * caches past the L2. GB/s: the K and V bytes read. */
 static void perf_attention_shape(const ct_ops *o, const char *model, int Hh, int KVh, int hdh) {
   enum { ITERS = 200, maxTh = 384 };
-  static const int rows[] = {8, 16, 24, 32, 64}, lens[] = {256, 384};
+  static const int rows[] = {1, 4, 8, 16, 24, 32, 64}, lens[] = {256, 384};
   /* ATT_BLK, W, R, PS; "" unsets */
   static const char *var[][4] = {{"0", "", "", ""},     {"", "", "", ""},     {"1", "4", "2", "1"},
                                  {"1", "8", "3", "1"}, {"1", "8", "2", "1"}, {"1", "4", "3", "1"}};
