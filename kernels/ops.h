@@ -240,6 +240,15 @@ typedef struct ct_ops {
   void (*rmsnorm_rows_fwd)(void *out, const void *inp, const void *w, int N, int C, float eps);
   void (*layernorm_rows_fwd)(void *out, const void *inp, const void *w, const void *b, int N,
                              int C, float eps);
+  /* A GPT-2 decode step's norm + product: out(N,OC) = layernorm(inp; nw, nb) @ w^T + bias, and
+   * gelu of that when `gelu` is set; the values of layernorm_rows_fwd into ln followed by
+   * matmul_rows_fwd (matmul_gelu_rows_fwd with pre) (nb, bias may be NULL; pre may be NULL
+   * without gelu; ln and pre may be left unwritten). CUDA: one GEMV whose prologue norms its
+   * rows, for up to 16 rows the GEMV takes; the composition otherwise. NULL where the caller
+   * composes the ops (CPU). */
+  void (*layernorm_matmul_fwd)(void *out, void *pre, void *ln, const void *inp, const void *nw,
+                               const void *nb, const void *w, const void *bias, int N, int IC,
+                               int OC, int gelu, float eps);
   /* Decode-step fusions of a llama-style layer (RMSNorm, SwiGLU). Each computes what the plain
    * ops named beside it compute, rounding to the working dtype at the same points; only the
    * order of the fp32 sums inside a product may differ (the CPU composes the plain ops with

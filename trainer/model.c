@@ -1447,8 +1447,13 @@ static void infer_layer(ct_infer *e, infer_dev *d, int l, int N, bool decode, in
   /* a decode step's products through the table's row GEMV where it has one (ops.h) */
   void (*mm)(void *, const void *, const void *, const void *, int, int, int) =
       decode && o->matmul_rows_fwd ? o->matmul_rows_fwd : o->matmul_fwd;
-  infer_norm(e, d, ln, x, DW(d, l, P_LN1_W), DWO(d, l, P_LN1_B), N);
-  if (m->cfg.qk_norm) {
+  /* a GPT-2 decode step's norms inside the products after them (ops.h layernorm_matmul_fwd) */
+  const bool lnmm = decode && m->gpt2 && !m->cfg.qk_norm && o->layernorm_matmul_fwd;
+  if (!lnmm) infer_norm(e, d, ln, x, DW(d, l, P_LN1_W), DWO(d, l, P_LN1_B), N);
+  if (lnmm) {
+    o->layernorm_matmul_fwd(qkv, NULL, ln, x, DW(d, l, P_LN1_W), DWO(d, l, P_LN1_B),
+                            DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C, W, 0, eps);
+  } else if (m->cfg.qk_norm) {
     char *raw = DA(d, raw);
     mm(raw, ln, DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C, W);
     const size_t row = (size_t)W * ab, v0 = (size_t)(H + KV) * hd;
@@ -1482,8 +1487,12 @@ static void infer_layer(ct_infer *e, infer_dev *d, int l, int N, bool decode, in
     mm(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), N, H * hd, C);
     o->add_fwd(res2, res2, x, (size_t)N * C);
   }
-  infer_norm(e, d, ln, res2, DW(d, l, P_LN2_W), DWO(d, l, P_LN2_B), N);
-  if (m->gpt2 && decode && o->matmul_gelu_rows_fwd) {
+  if (!lnmm) infer_norm(e, d, ln, res2, DW(d, l, P_LN2_W), DWO(d, l, P_LN2_B), N);
+  if (lnmm) {
+    o->layernorm_matmul_fwd(DA(d, act), DA(d, fch), ln, res2, DW(d, l, P_LN2_W),
+                            DWO(d, l, P_LN2_B), DW(d, l, P_FC_W), DWO(d, l, P_FC_B), N, C, F, 1,
+                            eps);
+  } else if (m->gpt2 && decode && o->matmul_gelu_rows_fwd) {
     o->matmul_gelu_rows_fwd(DA(d, act), DA(d, fch), ln, DW(d, l, P_FC_W), DWO(d, l, P_FC_B), N, C,
                             F);
   } else if (m->gpt2) {

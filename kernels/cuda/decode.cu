@@ -989,12 +989,14 @@ __global__ void argmax_rows_kernel(int32_t *out, int32_t *tok, int32_t *pos, con
 //       GV_GELU   out(N,OC) = gelu(round(acc + bias)) (matmul_fwd then gelu_fwd: the tanh form);
 //       GV_SWIGLU out(N,F) = silu(round(acc_gate)) * round(acc_up), gate rows j and up rows F + j
 //                 of w (2F, IC), no bias.
-// NORM: the input rows are first rmsnorm'd with weight nw (as rmsnorm_fwd, rounded to T).
+// NORM (GV_NONORM, GV_RMS, GV_LAYER): the input rows are first rmsnorm'd with weight nw (as
+// rmsnorm_fwd, rounded to T) or layernorm'd with weight nw and bias nb (as layernorm_rows_fwd).
 // A warp task is R output rows (R gate + R up rows for GV_SWIGLU); each lane holds U 16-byte
 // chunks of each of them per round. x sits in shared memory as T: (N, IC).
 #define GV_WARPS 8
 #define GV_MAXN 8
 enum { GV_PLAIN = 0, GV_RESID = 1, GV_SWIGLU = 2, GV_GELU = 3 };
+enum { GV_NONORM = 0, GV_RMS = 1, GV_LAYER = 2 }; // NORM: the input rows as they are, rmsnorm'd, layernorm'd
 
 // gelu_fwd's formula (ops_cuda.cu), so GV_GELU's outputs equal matmul_fwd + gelu_fwd's up to the
 // order of the product's sums
@@ -1015,18 +1017,28 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-// The norm weight nw (IC values) into shared memory nws, asked before the GEMV waits on the kernel
-// before (it comes from DRAM: every step streams more than L2 holds); gv_x_rows waits for it.
+// The norm weight nw (IC values; then the norm bias nb, if any, at nws + IC) into shared memory
+// nws, asked before the GEMV waits on the kernel before (they come from DRAM: every step streams
+// more than L2 holds); gv_x_rows waits for them.
 template <typename T>
-__device__ __forceinline__ void gv_norm_weight(T *nws, const T *nw, int IC) {
+__device__ __forceinline__ void gv_norm_weight(T *nws, const T *nw, int IC, const T *nb = NULL) {
   for (int c = threadIdx.x; c < IC / 8; c += blockDim.x) cp_async16(nws + (long)c * 8, nw + (long)c * 8);
+  if (nb)
+    for (int c = threadIdx.x; c < IC / 8; c += blockDim.x)
+      cp_async16(nws + IC + (long)c * 8, nb + (long)c * 8);
 }
+// The norm's parameter rows of IC values that shared memory holds beside the input rows: none
+// unless vn == 2, the weight, and for GV_LAYER the bias too
+__host__ __device__ constexpr int gv_np(int norm, int vn) { return vn != 2 || !norm ? 0 : norm == 2 ? 2 : 1; }
 
-// The GEMV's input: rows n < nr of inp (rmsnorm'd by nw when NORM) into shared memory xs (N, IC)
-// as T; rows nr .. N-1 zero. The block's warps share the rows. nws: nw already on its way into
-// shared memory (gv_norm_weight), or NULL.
-template <typename T, int N, bool NORM>
-__device__ __forceinline__ void gv_x_rows(T *xs, const T *inp, const T *nw, int nr, int IC,
+// The GEMV's input: rows n < nr of inp (NORM GV_RMS: rmsnorm'd by nw; GV_LAYER: layernorm'd by
+// nw and the bias nb, which may be NULL) into shared memory xs (N, IC) as T; rows nr .. N-1 zero.
+// The block's warps share the rows. nws: nw (and for GV_LAYER nb) already on its way into shared
+// memory (gv_norm_weight), or NULL. The layer norm holds its row in registers as norm_rows_kernel
+// does (lane l the 16-byte chunks l, l + 32, ..., IC up to 2048) and sums in its order (the mean
+// first, then the squares of the differences), so its values are the bits of layernorm_rows_fwd's.
+template <typename T, int N, int NORM>
+__device__ __forceinline__ void gv_x_rows(T *xs, const T *inp, const T *nw, const T *nb, int nr, int IC,
                                           float eps, int vnorm, const T *nws = NULL) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nchunk = IC / 8;
   if constexpr (NORM) {
@@ -1034,10 +1046,47 @@ __device__ __forceinline__ void gv_x_rows(T *xs, const T *inp, const T *nw, int 
       cp_async_wait_all();
       __syncthreads();
       nw = nws;
+      if (NORM == GV_LAYER && nb) nb = nws + IC;
     }
     for (int n = warp; n < N; n += GV_WARPS) {
       T *xo = xs + (long)n * IC;
-      if (n < nr && !vnorm) { // as rmsnorm_fwd: lane sums c = lane, lane + 32, ...
+      if (NORM == GV_LAYER && n < nr) { // (cu_layernorm_matmul_fwd: IC <= 2048)
+        constexpr int CH = 8;
+        const T *x = inp + (long)n * IC;
+        float v[CH][8];
+#pragma unroll
+        for (int k = 0; k < CH; k++) {
+          const int c = lane + 32 * k;
+          cvt8<T>(c < nchunk ? *(const uint4 *)(x + (long)c * 8) : make_uint4(0, 0, 0, 0), v[k]);
+        }
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < CH; k++)
+#pragma unroll
+          for (int e = 0; e < 8; e++) sum += v[k][e];
+        const float mean = warp_sum(sum) / IC;
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < CH; k++)
+          if (lane + 32 * k < nchunk)
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+              const float d = v[k][e] - mean;
+              ss = fmaf(d, d, ss);
+            }
+        const float r = 1.0f / sqrtf(warp_sum(ss) / IC + eps);
+#pragma unroll
+        for (int k = 0; k < CH; k++) {
+          const int c = lane + 32 * k;
+          if (c >= nchunk) continue;
+          float g[8], bb[8], y[8];
+          cvt8<T>(*(const uint4 *)(nw + (long)c * 8), g);
+          cvt8<T>(nb ? *(const uint4 *)(nb + (long)c * 8) : make_uint4(0, 0, 0, 0), bb);
+#pragma unroll
+          for (int e = 0; e < 8; e++) y[e] = (v[k][e] - mean) * r * g[e] + bb[e];
+          *(uint4 *)(xo + (long)c * 8) = pack8<T>(y);
+        }
+      } else if (n < nr && !vnorm) { // as rmsnorm_fwd: lane sums c = lane, lane + 32, ...
         const T *x = inp + (long)n * IC;
         float ss = 0.0f;
         for (int c = lane; c < IC; c += 32) {
@@ -1079,9 +1128,9 @@ __device__ __forceinline__ void gv_x_rows(T *xs, const T *inp, const T *nw, int 
   }
 }
 
-template <typename T, int N, int R, int U, bool NORM, int MODE>
+template <typename T, int N, int R, int U, int NORM, int MODE>
 __global__ void __launch_bounds__(GV_WARPS * 32)
-    gemv_kernel(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
+    gemv_kernel(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res,
                 int nr, int IC, int OC, float eps, int vnorm, const void *pf, size_t pfb) {
   constexpr int RR = MODE == GV_SWIGLU ? 2 * R : R;
   extern __shared__ uint4 gv_smem[];
@@ -1114,11 +1163,11 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   // the first weights do not depend on the kernel before: load them while it finishes
   if (t < tasks) load_round(t, 0);
   T *nws = NORM && vnorm == 2 ? xs + (long)N * IC : NULL; // the norm weight's copy (gemv_go)
-  if (nws) gv_norm_weight(nws, nw, IC);
+  if (nws) gv_norm_weight(nws, nw, IC, NORM == GV_LAYER ? nb : NULL);
   l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
   pdl_trigger();
   pdl_wait();
-  gv_x_rows<T, N, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
+  gv_x_rows<T, N, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
   __syncthreads();
   for (; t < tasks; t += stride) {
     float acc[RR][N];
@@ -1227,11 +1276,11 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
 // with one tile at a time the head ran at a quarter of the bandwidth. MT: 16-row tiles of A (1:
 // up to 16 rows). nx: the input rows held (1, 4, 8, 16 with MT = 1, else 16 MT; rows nr .. nx - 1
 // zero, rows past nx zero in registers only, so a few rows do not fill 16 rows of shared memory).
-// Dynamic shared memory: the nx input rows (T), the norm weight when vnorm == 2, then two buffers
+// Dynamic shared memory: the nx input rows (T), the norm's gv_np rows, then two buffers
 // of the warps' partial sums (float [GV_WARPS][S * TT][rs][8], rs = max(nx, 8) rows).
-template <typename T, int U, int TT, bool NORM, int MODE, int MT>
+template <typename T, int U, int TT, int NORM, int MODE, int MT>
 __global__ void __launch_bounds__(GV_WARPS * 32)
-    gemv_mma_kernel(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
+    gemv_mma_kernel(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res,
                     int nr, int nx, int IC, int OC, float eps, int vnorm, const void *pf,
                     size_t pfb) {
   constexpr int S = MODE == GV_SWIGLU ? 2 : 1; // weight rows a tile output: gate and up, or one
@@ -1240,7 +1289,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   extern __shared__ uint4 gv_smem[];
   T *xs = (T *)gv_smem;
   T *nws = NORM && vnorm == 2 ? xs + (long)nx * IC : NULL;
-  float *red = (float *)(xs + (long)(nx + (nws != NULL)) * IC); // [2][GV_WARPS][RT][rs][8]
+  float *red = (float *)(xs + (long)(nx + gv_np(NORM, vnorm)) * IC); // [2][GV_WARPS][RT][rs][8]
   const int rs = nx > 8 ? nx : 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
   const int F = OC; // GV_SWIGLU: OC is F (outputs a row); w has 2F rows
@@ -1266,17 +1315,17 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   int grp = blockIdx.x;
   // the first weights do not depend on the kernel before: load them while it finishes
   if (grp < groups) load_round(grp, 0);
-  if (nws) gv_norm_weight(nws, nw, IC);
+  if (nws) gv_norm_weight(nws, nw, IC, NORM == GV_LAYER ? nb : NULL);
   l2_prefetch_slice(pf, pfb);
   pdl_trigger();
   pdl_wait();
   if constexpr (MT == 1) {
-    if (nx == 1) gv_x_rows<T, 1, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
-    else if (nx == 4) gv_x_rows<T, 4, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
-    else if (nx == 8) gv_x_rows<T, 8, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
-    else gv_x_rows<T, 16, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
+    if (nx == 1) gv_x_rows<T, 1, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
+    else if (nx == 4) gv_x_rows<T, 4, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
+    else if (nx == 8) gv_x_rows<T, 8, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
+    else gv_x_rows<T, 16, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
   } else {
-    gv_x_rows<T, 16 * MT, NORM>(xs, inp, nw, nr, IC, eps, vnorm, nws);
+    gv_x_rows<T, 16 * MT, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
   }
   __syncthreads();
   // this thread's input rows g + 8 h (h even: A's row g of m tile h / 2; odd: its row g + 8)
@@ -1397,9 +1446,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity) {
 #endif
 }
 
-template <typename T, int N, bool NORM, int MODE>
+template <typename T, int N, int NORM, int MODE>
 __global__ void __launch_bounds__(GV_WARPS * 32)
-    gemv_staged_kernel(T *out, const T *inp, const T *nw, const T *w, const T *bias,
+    gemv_staged_kernel(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias,
                        const T *res, int nr, int IC, int OC, float eps, int vnorm, int rpb) {
   constexpr int S = MODE == GV_SWIGLU ? 2 : 1; // weight spans: the gate and up rows, or the rows
   extern __shared__ uint4 gv_smem[];
@@ -1417,7 +1466,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   }
   pdl_trigger();
   pdl_wait();
-  gv_x_rows<T, N, NORM>(xs, inp, nw, nr, IC, eps, vnorm);
+  gv_x_rows<T, N, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm);
   __syncthreads(); // xs, and the barrier's initialization, seen by every thread
   mbar_wait(&bar, 0);
   for (int r = warp; r < rows; r += GV_WARPS) {
@@ -1973,7 +2022,7 @@ __global__ void __launch_bounds__(QA_WARPS * 32, 1)
   rope_table(cs_, sn_, hd, p, theta);
   pdl_trigger();
   pdl_wait();
-  gv_x_rows<T, 1, true>(xs, inp, nw, 1, IC, eps, vn, vn == 2 ? nws : NULL);
+  gv_x_rows<T, 1, 1>(xs, inp, nw, NULL, 1, IC, eps, vn, vn == 2 ? nws : NULL);
   __syncthreads(); // xs, and the barrier's initialization, seen by every thread
   mbar_wait(&bar, 0);
   const int nchunk = IC / 8;
@@ -2347,7 +2396,7 @@ __device__ __forceinline__ void dl_issue(const dl_args &a, dl_ring_t &r, char *r
 // NORM its rms norm by nws (the norm weight, already in shared memory): warp 0 holds the row in
 // registers (one L2 round trip), sums its squares by 16-byte chunks as gemv_kernel does and
 // writes the normed row.
-template <typename T, int U, bool NORM>
+template <typename T, int U, int NORM>
 __device__ __forceinline__ void dl_x(uint4 *xs4, const T *inp, const T *nws, int IC, float eps) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nchunk = IC / 8;
   const uint4 *x4 = (const uint4 *)inp;
@@ -3134,8 +3183,8 @@ bool raise_smem(const void *k, size_t limit) {
 
 // The staged GEMV, when its per-block slice (an SM's share of the outputs) fits GV_STAGE_MAX;
 // false: not launched (the caller runs gemv_kernel).
-template <typename T, int N, bool NORM, int MODE>
-bool gemv_staged(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
+template <typename T, int N, int NORM, int MODE>
+bool gemv_staged(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res,
                  int nr, int IC, int OC, float eps) {
   const int S = MODE == GV_SWIGLU ? 2 : 1, sms = num_sms();
   const int rpb = (OC + sms - 1) / sms;
@@ -3147,7 +3196,7 @@ bool gemv_staged(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
   if (!raise_smem((const void *)k, GV_STAGE_MAX)) return false;
   take_hint(); // its weights are already on their way: an L2 hint adds nothing
   if (!launch("decode gemv", "gemv_staged_kernel", k, (OC + rpb - 1) / rpb, GV_WARPS * 32, smem,
-              out, inp, nw, w, bias, res, nr, IC, OC, eps, (int)v2_on(), rpb))
+              out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, (int)v2_on(), rpb))
     return true; // reported; the step fails at its check
   staged_launches++;
   return true;
@@ -3182,12 +3231,12 @@ long mma_launches; // gemv_mma_kernel launches (tests)
 
 
 typedef void (*gm_kernel_t)(void *, const void *, const void *, const void *, const void *,
-                            const void *, int, int, int, int, float, int, const void *, size_t);
+                            const void *, const void *, int, int, int, int, float, int, const void *, size_t);
 // gemv_mma_kernel for k blocks a warp kbw, tiles at a time tt and MT m tiles of 16 rows, which it
 // lowers tt to the most the kernels are built for (U: one round up to 4 / 8 k blocks, 12 beyond;
 // TT 4 only with U 4 and MT 1, 2 up to U 8 (MT 4: U 4), so a thread's weights and accumulators
 // stay in registers; GV_SWIGLU 1).
-template <typename T, bool NORM, int MODE, int MT> gm_kernel_t gm_pick_mt(int kbw, int &tt) {
+template <typename T, int NORM, int MODE, int MT> gm_kernel_t gm_pick_mt(int kbw, int &tt) {
 #define GM_K(U, TT) ((gm_kernel_t)gemv_mma_kernel<T, U, TT, NORM, MODE, MT>)
   const int tmax = MODE == GV_SWIGLU || kbw > 8 || (MT == 4 && kbw > 4) ? 1 : MT == 1 && kbw <= 4 ? 4 : 2;
   tt = tt >= 4 && tmax >= 4 ? 4 : tt >= 2 && tmax >= 2 ? 2 : 1;
@@ -3207,7 +3256,7 @@ template <typename T, bool NORM, int MODE, int MT> gm_kernel_t gm_pick_mt(int kb
   }
 #undef GM_K
 }
-template <typename T, bool NORM, int MODE> gm_kernel_t gm_pick(int kbw, int &tt, int mt) {
+template <typename T, int NORM, int MODE> gm_kernel_t gm_pick(int kbw, int &tt, int mt) {
   return mt == 1 ? gm_pick_mt<T, NORM, MODE, 1>(kbw, tt)
          : mt == 2 ? gm_pick_mt<T, NORM, MODE, 2>(kbw, tt)
                    : gm_pick_mt<T, NORM, MODE, 4>(kbw, tt);
@@ -3225,9 +3274,9 @@ int gm_maxn() {
 }
 // gemv_mma_kernel's dynamic shared memory for nx input rows held, rt weight rows a thread and
 // vn (2: the norm weight copied too)
-size_t gm_smem(int nx, int IC, int rt, int vn) {
+size_t gm_smem(int nx, int IC, int rt, int np) { // np: the norm's rows (gv_np)
   const int rs = nx > 8 ? nx : 8;
-  return (size_t)(nx + (vn == 2)) * IC * 2 + 2 * (size_t)GV_WARPS * rt * rs * 8 * sizeof(float);
+  return (size_t)(nx + np) * IC * 2 + 2 * (size_t)GV_WARPS * rt * rs * 8 * sizeof(float);
 }
 // The tensor-core GEMV takes nr rows of width IC: mma_mode, 2+ rows (1 with CT_DECODE_MMA=all),
 // at most gm_maxn(), IC % 256 == 0, sm_80 and up, and from 9 rows 16 of them fit its shared memory
@@ -3235,12 +3284,12 @@ bool gm_applies(int nr, int IC) {
   const int mode = mma_mode();
   if (!mode || env_on("CT_DECODE_STAGE") || IC % (32 * GV_WARPS)) return false;
   if ((nr < 2 && mode != 2) || nr > gm_maxn() || cc_major() < 8) return false;
-  return nr <= GV_MAXN || gm_smem(16, IC, 2, 2) <= GM_SMEM_MAX;
+  return nr <= GV_MAXN || gm_smem(16, IC, 2, 1) <= GM_SMEM_MAX;
 }
 
 // One launch of gemv_mma_kernel for rows [0, nr) of inp / res / out (nr <= 16 mt).
-template <typename T, bool NORM, int MODE>
-void gemv_mma_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
+template <typename T, int NORM, int MODE>
+void gemv_mma_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res,
                  int nr, int mt, int IC, int OC, float eps) {
   const int S = MODE == GV_SWIGLU ? 2 : 1, kbw = IC / (32 * GV_WARPS);
   // tiles a block at a time: CT_DECODE_MMA_TT, else 2 for the wide outputs (4 hold 142
@@ -3264,14 +3313,14 @@ void gemv_mma_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
   // vnorm as gemv_go: the norm weight copied to shared memory where the rows and it fit 48 KB
   // (from 9 rows: where it fits at all)
   const size_t vlim = nx > GV_MAXN ? GM_SMEM_MAX : 48 * 1024;
-  int vn = !v2_on() ? 0 : NORM && (size_t)(nx + 1) * IC * sizeof(T) <= vlim ? 2 : 1;
-  size_t smem = gm_smem(nx, IC, S * tt, vn);
+  int vn = !v2_on() ? 0 : NORM && (size_t)(nx + gv_np(NORM, 2)) * IC * sizeof(T) <= vlim ? 2 : 1;
+  size_t smem = gm_smem(nx, IC, S * tt, gv_np(NORM, vn));
   while (smem > GM_SMEM_MAX && tt > 1) { // fewer tiles: a smaller reduction buffer
     tt /= 2;
     k = gm_pick<T, NORM, MODE>(kbw, tt, mt);
-    smem = gm_smem(nx, IC, S * tt, vn);
+    smem = gm_smem(nx, IC, S * tt, gv_np(NORM, vn));
   }
-  if (smem > GM_SMEM_MAX && vn == 2) smem = gm_smem(nx, IC, S * tt, vn = 1); // same values
+  if (smem > GM_SMEM_MAX && vn == 2) smem = gm_smem(nx, IC, S * tt, gv_np(NORM, vn = 1)); // same values
   const int groups = (OC + GM_TILE * tt - 1) / (GM_TILE * tt);
   unsigned blocks = (unsigned)groups;
   // blocks loop over further groups. From 9 rows a block's input rows cost more to fetch (and
@@ -3286,7 +3335,7 @@ void gemv_mma_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
   if (!raise_smem((const void *)k, GM_SMEM_MAX)) return; // reported; the step fails at its check
   const l2_hint_t h = take_hint();
   if (launch("decode gemv", "gemv_mma_kernel", k, blocks, GV_WARPS * 32, smem, (void *)out,
-             (const void *)inp, (const void *)nw, (const void *)w, (const void *)bias,
+             (const void *)inp, (const void *)nw, (const void *)nb, (const void *)w, (const void *)bias,
              (const void *)res, nr, nx, IC, OC, eps, vn, h.p, h.bytes))
     mma_launches++;
 }
@@ -3295,31 +3344,31 @@ void gemv_mma_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, c
 // with the other GEMVs). From 9 rows the rows go in launches of 16 mt rows, mt the largest of
 // 4 / 2 / 1 whose rows fit the shared memory (a wide input, the down projection's, holds 32 rows
 // at most): each launch reads the weights again, from L2 where they stayed.
-template <typename T, bool NORM, int MODE>
-bool gemv_mma(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res, int nr,
+template <typename T, int NORM, int MODE>
+bool gemv_mma(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res, int nr,
               int IC, int OC, float eps) {
   if (!gm_applies(nr, IC)) return false;
   if (nr <= GV_MAXN) {
-    gemv_mma_go<T, NORM, MODE>(out, inp, nw, w, bias, res, nr, 1, IC, OC, eps);
+    gemv_mma_go<T, NORM, MODE>(out, inp, nw, nb, w, bias, res, nr, 1, IC, OC, eps);
     return true;
   }
   int mt = nr > 32 ? 4 : nr > 16 ? 2 : 1;
-  while (mt > 1 && gm_smem(16 * mt, IC, 1, 1) > GM_SMEM_MAX) mt /= 2;
+  while (mt > 1 && gm_smem(16 * mt, IC, 1, 0) > GM_SMEM_MAX) mt /= 2;
   for (int r0 = 0; r0 < nr; r0 += 16 * mt) {
     const int n = nr - r0 < 16 * mt ? nr - r0 : 16 * mt;
     int m = 1; // the last launch: the fewest m tiles that hold its rows
     while (16 * m < n) m *= 2;
-    gemv_mma_go<T, NORM, MODE>(out + (size_t)r0 * OC, inp + (size_t)r0 * IC, nw, w, bias,
+    gemv_mma_go<T, NORM, MODE>(out + (size_t)r0 * OC, inp + (size_t)r0 * IC, nw, nb, w, bias,
                                res ? res + (size_t)r0 * OC : NULL, n, m, IC, OC, eps);
   }
   return true;
 }
 
-template <typename T, int N, bool NORM, int MODE, int R, int U>
-void gemv_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res, int nr,
+template <typename T, int N, int NORM, int MODE, int R, int U>
+void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res, int nr,
              int IC, int OC, float eps) {
-  if (gemv_mma<T, NORM, MODE>(out, inp, nw, w, bias, res, nr, IC, OC, eps)) return;
-  if (gemv_staged<T, N, NORM, MODE>(out, inp, nw, w, bias, res, nr, IC, OC, eps)) return;
+  if (gemv_mma<T, NORM, MODE>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps)) return;
+  if (gemv_staged<T, N, NORM, MODE>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps)) return;
   const int tasks = (OC + R - 1) / R;
   unsigned blocks = (unsigned)((tasks + GV_WARPS - 1) / GV_WARPS);
   const unsigned cap = 4u * (unsigned)num_sms(); // warps loop over further tasks
@@ -3327,23 +3376,23 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *w, const T *bias, const
   const l2_hint_t h = take_hint();
   // vnorm: 0 the first round's norm, 1 the second's, 2 the second's with the norm weight copied
   // to shared memory first (where that still fits the 48 KB)
-  const int vn = !v2_on() ? 0 : NORM && (size_t)(N + 1) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
+  const int vn = !v2_on() ? 0 : NORM && (size_t)(N + gv_np(NORM, 2)) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
   launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
-         (size_t)(N + (vn == 2)) * IC * sizeof(T), out, inp, nw, w, bias, res, nr, IC, OC, eps, vn,
+         (size_t)(N + gv_np(NORM, vn)) * IC * sizeof(T), out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn,
          h.p, h.bytes);
 }
 
 // Rows per warp task (R) and 16-byte chunks per lane and round (U): one round covers a row of
 // up to 1024 / 2048 values (U = 4 / 8), 3072 with U = 12, more rounds beyond. Wide outputs
 // (the vocabulary head) take 4 rows a task, the rest 1 or 2, so even 1024 outputs fill the GPU.
-template <typename T, int N, bool NORM, int MODE>
-void gemv_shape(T *out, const T *inp, const T *nw, const T *w, const T *bias, const T *res,
+template <typename T, int N, int NORM, int MODE>
+void gemv_shape(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res,
                 int nr, int IC, int OC, float eps) {
   if constexpr (MODE == GV_PLAIN) {
-    if (IC <= 1024 && OC >= 16384) gemv_go<T, N, NORM, MODE, 4, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
-    else if (IC <= 1024) gemv_go<T, N, NORM, MODE, 2, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
-    else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 2, 8>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
-    else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    if (IC <= 1024 && OC >= 16384) gemv_go<T, N, NORM, MODE, 4, 4>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps);
+    else if (IC <= 1024) gemv_go<T, N, NORM, MODE, 2, 4>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps);
+    else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 2, 8>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps);
+    else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps);
   } else if constexpr (MODE == GV_SWIGLU) {
     // One row, up to 1024 wide: one gate/up pair a task (a warp holds half the weights in
     // registers, so more of the kernel's blocks can be resident beside the kernel before, with
@@ -3354,31 +3403,31 @@ void gemv_shape(T *out, const T *inp, const T *nw, const T *w, const T *bias, co
     // multiprocessors with two): 3 ran slower, 1,194-1,208 against 1,293 tokens/s at batch 1 on an
     // H200 (bench/results/gpu_decode_swiglu_r3_2026-11-30_2xH200_7f359d9.txt)
     if (N == 1 && IC <= 1024)
-      gemv_go<T, N, NORM, MODE, 1, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
-    else if (IC <= 1024) gemv_go<T, N, NORM, MODE, 2, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
-    else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 1, 8>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
-    else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+      gemv_go<T, N, NORM, MODE, 1, 4>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps);
+    else if (IC <= 1024) gemv_go<T, N, NORM, MODE, 2, 4>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps);
+    else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 1, 8>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps);
+    else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps);
   } else {
-    if (IC <= 1024) gemv_go<T, N, NORM, MODE, 1, 4>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
-    else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 1, 8>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
-    else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, w, bias, res, nr, IC, OC, eps);
+    if (IC <= 1024) gemv_go<T, N, NORM, MODE, 1, 4>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps);
+    else if (IC <= 2048) gemv_go<T, N, NORM, MODE, 1, 8>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps);
+    else gemv_go<T, N, NORM, MODE, 1, 12>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps);
   }
 }
 
-template <typename T, bool NORM, int MODE>
-void gemv(void *out, const void *inp, const void *nw, const void *w, const void *bias,
-          const void *res, int N, int IC, int OC, float eps) {
+template <typename T, int NORM, int MODE>
+void gemv(void *out, const void *inp, const void *nw, const void *nb, const void *w,
+          const void *bias, const void *res, int N, int IC, int OC, float eps) {
   T *o = (T *)out;
-  const T *x = (const T *)inp, *g = (const T *)nw, *W = (const T *)w, *b = (const T *)bias,
-          *r = (const T *)res;
+  const T *x = (const T *)inp, *g = (const T *)nw, *gb = (const T *)nb, *W = (const T *)w,
+          *b = (const T *)bias, *r = (const T *)res;
   if (N > GV_MAXN) { // gemv_fits: the tensor-core GEMV applies
-    gemv_mma<T, NORM, MODE>(o, x, g, W, b, r, N, IC, OC, eps);
+    gemv_mma<T, NORM, MODE>(o, x, g, gb, W, b, r, N, IC, OC, eps);
     return;
   }
   switch (gv_rows(N)) {
-  case 1: gemv_shape<T, 1, NORM, MODE>(o, x, g, W, b, r, N, IC, OC, eps); break;
-  case 4: gemv_shape<T, 4, NORM, MODE>(o, x, g, W, b, r, N, IC, OC, eps); break;
-  default: gemv_shape<T, 8, NORM, MODE>(o, x, g, W, b, r, N, IC, OC, eps); break;
+  case 1: gemv_shape<T, 1, NORM, MODE>(o, x, g, gb, W, b, r, N, IC, OC, eps); break;
+  case 4: gemv_shape<T, 4, NORM, MODE>(o, x, g, gb, W, b, r, N, IC, OC, eps); break;
+  default: gemv_shape<T, 8, NORM, MODE>(o, x, g, gb, W, b, r, N, IC, OC, eps); break;
   }
 }
 
@@ -3792,7 +3841,7 @@ void cu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, co
   if (N <= 0 || OC <= 0) return;
   if constexpr (sizeof(T) == 2) {
     if (gemv_fits<T>(N, IC, inp, w, nw)) {
-      gemv<T, true, GV_PLAIN>(out, inp, nw, w, bias, NULL, N, IC, OC, eps);
+      gemv<T, GV_RMS, GV_PLAIN>(out, inp, nw, NULL, w, bias, NULL, N, IC, OC, eps);
       return;
     }
   }
@@ -3807,7 +3856,7 @@ void cu_norm_matmul_swiglu_fwd(void *act, void *pre, void *ln, const void *inp, 
   if (N <= 0 || F <= 0) return;
   if constexpr (sizeof(T) == 2) {
     if (gemv_fits<T>(N, IC, inp, w, nw)) {
-      gemv<T, true, GV_SWIGLU>(act, inp, nw, w, NULL, NULL, N, IC, F, eps);
+      gemv<T, GV_RMS, GV_SWIGLU>(act, inp, nw, NULL, w, NULL, NULL, N, IC, F, eps);
       return;
     }
   }
@@ -3868,7 +3917,7 @@ void cu_matmul_add_fwd(void *out, const void *inp, const void *w, const void *bi
   if (N <= 0 || OC <= 0) return;
   if constexpr (sizeof(T) == 2) {
     if (gemv_fits<T>(N, IC, inp, w)) {
-      gemv<T, false, GV_RESID>(out, inp, NULL, w, bias, res, N, IC, OC, 0.0f);
+      gemv<T, GV_NONORM, GV_RESID>(out, inp, NULL, NULL, w, bias, res, N, IC, OC, 0.0f);
       return;
     }
     if (gemm_rows<T, GV_RESID>(out, inp, w, bias, res, N, IC, OC)) return;
@@ -3889,7 +3938,7 @@ void cu_matmul_rows_fwd(void *out, const void *inp, const void *w, const void *b
   if (N <= 0 || OC <= 0) return;
   if constexpr (sizeof(T) == 2) {
     if (gemv_fits<T>(N, IC, inp, w)) {
-      gemv<T, false, GV_PLAIN>(out, inp, NULL, w, bias, NULL, N, IC, OC, 0.0f);
+      gemv<T, GV_NONORM, GV_PLAIN>(out, inp, NULL, NULL, w, bias, NULL, N, IC, OC, 0.0f);
       return;
     }
     if (gemm_rows<T, GV_PLAIN>(out, inp, w, bias, NULL, N, IC, OC)) return;
@@ -3897,6 +3946,13 @@ void cu_matmul_rows_fwd(void *out, const void *inp, const void *w, const void *b
   base<T>()->matmul_fwd(out, inp, w, bias, N, IC, OC);
 }
 
+// ops.h layernorm_matmul_fwd: GPT-2's norm + qkv projection and norm + fc (+ GELU) of a decode
+// step as one GEMV (its layer norm in the GEMV's prologue, every block norming its rows: a kernel
+// boundary less each), where the GEMV applies; else layernorm_rows_fwd into ln, then the product.
+template <typename T>
+void cu_layernorm_matmul_fwd(void *out, void *pre, void *ln, const void *inp, const void *nw,
+                             const void *nb, const void *w, const void *bias, int N, int IC,
+                             int OC, int gelu, float eps);
 // ops.h matmul_gelu_rows_fwd: act(N,OC) = gelu(inp @ w^T + bias), the GEMV with a GELU epilogue
 // where it applies, else matmul_fwd + gelu_fwd (pre holds the product then).
 template <typename T>
@@ -3905,7 +3961,7 @@ void cu_matmul_gelu_rows_fwd(void *act, void *pre, const void *inp, const void *
   if (N <= 0 || OC <= 0) return;
   if constexpr (sizeof(T) == 2) {
     if (gemv_fits<T>(N, IC, inp, w)) {
-      gemv<T, false, GV_GELU>(act, inp, NULL, w, bias, NULL, N, IC, OC, 0.0f);
+      gemv<T, GV_NONORM, GV_GELU>(act, inp, NULL, NULL, w, bias, NULL, N, IC, OC, 0.0f);
       return;
     }
     if (gemm_rows<T, GV_GELU>(act, inp, w, bias, NULL, N, IC, OC)) return;
@@ -3913,6 +3969,34 @@ void cu_matmul_gelu_rows_fwd(void *act, void *pre, const void *inp, const void *
   const ct_ops *b = base<T>();
   b->matmul_fwd(pre, inp, w, bias, N, IC, OC);
   b->gelu_fwd(act, pre, (size_t)N * OC);
+}
+
+template <typename T>
+void cu_layernorm_matmul_fwd(void *out, void *pre, void *ln, const void *inp, const void *nw,
+                             const void *nb, const void *w, const void *bias, int N, int IC,
+                             int OC, int gelu, float eps) {
+  if (N <= 0 || OC <= 0) return;
+  if constexpr (sizeof(T) == 2) {
+    // IC up to 2048: where layernorm_rows_fwd has its own kernel (the same sums, so both ways
+    // give the same bits) and a warp holds a row in registers. Up to 16 rows: every block norms
+    // all the rows again, which from 32 rows costs more than the launch it saves. GPT-2 124M,
+    // H200, bf16, 128 + 256 tokens, decode tokens/s fused / composed (CT_DECODE_LNMM=0), twice
+    // each (bench/results/call128-130_2026-12-04_H200_gpt2_lnmm): batch 1 3,844 3,841 / 3,889
+    // 3,832, 8 18,490 18,507 / 18,220 18,204, 16 31,301 31,387 / 30,072 30,016, 32 53,567 53,830
+    // / 54,007 54,295, 64 92,458 92,664 / 93,080 94,469; with this 16-row limit (call 130)
+    // batch 8 18,527 18,453 / 18,095 18,121, 16 31,428 31,330 / 29,913 29,958, the same ids
+    // (--print_ids, batches 4 and 12) and Qwen3 / Llama unchanged. Reading the row three
+    // times from L2 instead of once, the fused GEMV lost 8% at batch 1 (3,550 against 3,891).
+    if (N <= 16 && IC <= 2048 && gemv_fits<T>(N, IC, inp, w, nw) && aligned16(nb) &&
+        !env_off("CT_DECODE_LNMM")) {
+      if (gelu) gemv<T, GV_LAYER, GV_GELU>(out, inp, nw, nb, w, bias, NULL, N, IC, OC, eps);
+      else gemv<T, GV_LAYER, GV_PLAIN>(out, inp, nw, nb, w, bias, NULL, N, IC, OC, eps);
+      return;
+    }
+  }
+  cu_layernorm_rows_fwd<T>(ln, inp, nw, nb, N, IC, eps);
+  if (gelu) cu_matmul_gelu_rows_fwd<T>(out, pre, ln, w, bias, N, IC, OC);
+  else cu_matmul_rows_fwd<T>(out, ln, w, bias, N, IC, OC);
 }
 
 template <typename T>
@@ -4281,6 +4365,7 @@ template <typename T> void fill(ct_ops *t) {
   t->matmul_add_fwd = cu_matmul_add_fwd<T>;
   t->matmul_rows_fwd = cu_matmul_rows_fwd<T>;
   t->matmul_gelu_rows_fwd = cu_matmul_gelu_rows_fwd<T>;
+  t->layernorm_matmul_fwd = cu_layernorm_matmul_fwd<T>;
   t->qkv_rope_append = cu_qkv_rope_append<T>;
   t->decode_layers = cu_decode_layers<T>;
   t->attention_decode_rope = cu_attention_decode_rope<T>;

@@ -157,7 +157,7 @@ static void run(const ct_ops *o, double tol) {
 
 /* ---- decode-step fusions ---- */
 
-enum { F_NORM = 0, F_SWIGLU = 1, F_ADD = 2, F_ROWS = 3, F_GELU = 4 };
+enum { F_NORM = 0, F_SWIGLU = 1, F_ADD = 2, F_ROWS = 3, F_GELU = 4, F_LN = 5, F_LNGELU = 6 };
 typedef struct fcase {
   int op, N, IC, OC; /* F_SWIGLU: OC is F */
   int bias;
@@ -187,17 +187,24 @@ static const fcase fcases[] = {
     /* more of gemm_rows_kernel's shapes (17-64 rows): a partial last block, a slice of 1024 */
     {F_ADD, 30, 1024, 1000, 1},   {F_SWIGLU, 20, 1024, 3072, 0}, {F_NORM, 48, 2048, 4096, 1},
     {F_GELU, 40, 1024, 520, 1},
+    /* GPT-2's norms inside its products (layernorm_matmul_fwd): the 124M qkv and fc, a few rows
+     * on the CUDA and the tensor cores, 12 and 64 rows (the tensor-core GEMV from 9 rows with
+     * CT_DECODE_MMA_MAXN, else the composition), a width past the GEMV's norm (composed) */
+    {F_LN, 1, 768, 2304, 1},      {F_LNGELU, 1, 768, 3072, 1}, {F_LN, 4, 768, 2304, 1},
+    {F_LNGELU, 8, 768, 3072, 1},  {F_LN, 3, 1024, 333, 0},  {F_LNGELU, 5, 2048, 129, 1},
+    {F_LN, 12, 768, 2304, 1},     {F_LNGELU, 64, 768, 3072, 1}, {F_LN, 2, 3072, 64, 1},
 };
 #define GUARD 64
 static const float guard_val = 4096.0f; /* exact in bf16 and fp16 */
 
 /* Runs case fc on table o (inputs host fp32, already rounded); out host fp32 (N * outw). */
 static void fused_run(const ct_ops *o, const fcase *fc, const float *x, const float *nw,
-                      const float *w, const float *b, const float *res, float *out, int *guard_ok) {
+                      const float *nb, const float *w, const float *b, const float *res,
+                      float *out, int *guard_ok) {
   const int N = fc->N, IC = fc->IC, OC = fc->OC;
   const int wrows = fc->op == F_SWIGLU ? 2 * OC : OC;
   const size_t on = (size_t)N * OC;
-  void *dx = up(o, x, (size_t)N * IC), *dnw = up(o, nw, (size_t)IC);
+  void *dx = up(o, x, (size_t)N * IC), *dnw = up(o, nw, (size_t)IC), *dnb = up(o, nb, (size_t)IC);
   void *dw = up(o, w, (size_t)wrows * IC), *db = fc->bias ? up(o, b, (size_t)OC) : NULL;
   void *dres = up(o, res, on);
   float *init = malloc((on + GUARD) * 4);
@@ -208,16 +215,35 @@ static void fused_run(const ct_ops *o, const fcase *fc, const float *x, const fl
   else if (fc->op == F_SWIGLU) o->norm_matmul_swiglu_fwd(dout, pre, ln, dx, dnw, dw, N, IC, OC, 1e-6f);
   else if (fc->op == F_ADD) o->matmul_add_fwd(dout, dx, dw, db, dres, N, IC, OC);
   else if (fc->op == F_ROWS) o->matmul_rows_fwd(dout, dx, dw, db, N, IC, OC);
-  else o->matmul_gelu_rows_fwd(dout, pre, dx, dw, db, N, IC, OC);
+  else if (fc->op == F_GELU) o->matmul_gelu_rows_fwd(dout, pre, dx, dw, db, N, IC, OC);
+  else o->layernorm_matmul_fwd(dout, pre, ln, dx, dnw, dnb, dw, db, N, IC, OC, fc->op == F_LNGELU, 1e-5f);
   down(o, init, dout, on + GUARD);
   memcpy(out, init, on * 4);
   *guard_ok = 1;
   for (int i = 0; i < GUARD; i++)
     if (init[on + i] != guard_val) *guard_ok = 0;
-  void *d[] = {dx, dnw, dw, db, dres, dout, ln, pre};
+  void *d[] = {dx, dnw, dnb, dw, db, dres, dout, ln, pre};
   for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
     if (d[i]) o->free(d[i]);
   free(init);
+}
+
+/* layernorm_matmul_fwd's composition on table o: layernorm_rows_fwd, then matmul_rows_fwd or
+ * matmul_gelu_rows_fwd (out host fp32, N * OC) */
+static void ln_composed(const ct_ops *o, const fcase *fc, const float *x, const float *nw,
+                        const float *nb, const float *w, const float *b, float *out) {
+  const int N = fc->N, IC = fc->IC, OC = fc->OC;
+  void *dx = up(o, x, (size_t)N * IC), *dnw = up(o, nw, (size_t)IC), *dnb = up(o, nb, (size_t)IC);
+  void *dw = up(o, w, (size_t)OC * IC), *db = fc->bias ? up(o, b, (size_t)OC) : NULL;
+  void *ln = o->alloc((size_t)N * IC * o->act_bytes), *pre = o->alloc((size_t)N * OC * o->act_bytes);
+  void *dout = o->alloc((size_t)N * OC * o->act_bytes);
+  o->layernorm_rows_fwd(ln, dx, dnw, dnb, N, IC, 1e-5f);
+  if (fc->op == F_LNGELU) o->matmul_gelu_rows_fwd(dout, pre, ln, dw, db, N, IC, OC);
+  else o->matmul_rows_fwd(dout, ln, dw, db, N, IC, OC);
+  down(o, out, dout, (size_t)N * OC);
+  void *d[] = {dx, dnw, dnb, dw, db, ln, pre, dout};
+  for (size_t i = 0; i < sizeof d / sizeof d[0]; i++)
+    if (d[i]) o->free(d[i]);
 }
 
 static float *rnd_buf(const ct_ops *o, size_t n, float scale) {
@@ -236,31 +262,50 @@ static void test_fused(const ct_ops *o, double tol) {
     const int wrows = fc->op == F_SWIGLU ? 2 * OC : OC;
     const size_t on = (size_t)N * OC;
     float *x = rnd_buf(o, (size_t)N * IC, 2.0f), *nw = rnd_buf(o, (size_t)IC, 1.0f);
+    float *nb = rnd_buf(o, (size_t)IC, 0.5f);
     float *w = rnd_buf(o, (size_t)wrows * IC, 0.05f), *b = rnd_buf(o, (size_t)OC, 0.5f);
     float *res = rnd_buf(o, on, 1.0f);
     float *ref = malloc(on * 4), *got = malloc(on * 4), *ln = malloc((size_t)N * IC * 4);
     float *pre = malloc((size_t)N * 2 * OC * 4);
     static const char *names[] = {"norm_matmul_fwd", "norm_matmul_swiglu_fwd", "matmul_add_fwd",
-                                  "matmul_rows_fwd", "matmul_gelu_rows_fwd"};
+                                  "matmul_rows_fwd", "matmul_gelu_rows_fwd",
+                                  "layernorm_matmul_fwd", "layernorm_matmul_fwd +gelu"};
     const char *name = names[fc->op];
     const float *bb = fc->bias ? b : NULL;
     if (fc->op == F_NORM) c->norm_matmul_fwd(ref, ln, x, nw, w, bb, N, IC, OC, 1e-6f);
     else if (fc->op == F_SWIGLU) c->norm_matmul_swiglu_fwd(ref, pre, ln, x, nw, w, N, IC, OC, 1e-6f);
     else if (fc->op == F_ADD) c->matmul_add_fwd(ref, x, w, bb, res, N, IC, OC);
     else if (fc->op == F_ROWS) c->matmul_rows_fwd(ref, x, w, bb, N, IC, OC);
-    else { /* the composition: the product rounded to the working dtype, then gelu */
+    else if (fc->op == F_GELU) { /* the composition: the product rounded to the working dtype, then gelu */
       c->matmul_rows_fwd(pre, x, w, bb, N, IC, OC);
       rounded(o, pre, on);
       c->gelu_fwd(ref, pre, on);
+    } else { /* the norm rounded, the product (rounded), gelu */
+      float *mean = malloc((size_t)N * 4), *rstd = malloc((size_t)N * 4);
+      c->layernorm_fwd(ln, mean, rstd, x, nw, nb, N, IC, 1e-5f);
+      rounded(o, ln, (size_t)N * IC);
+      c->matmul_rows_fwd(fc->op == F_LNGELU ? pre : ref, ln, w, bb, N, IC, OC);
+      if (fc->op == F_LNGELU) {
+        rounded(o, pre, on);
+        c->gelu_fwd(ref, pre, on);
+      }
+      free(mean);
+      free(rstd);
     }
     int gok = 0;
     const long gr_before = ct_cuda_gemm_rows_launches();
-    fused_run(o, fc, x, nw, w, b, res, got, &gok);
+    fused_run(o, fc, x, nw, nb, w, b, res, got, &gok);
     const int gr_ran = ct_cuda_gemm_rows_launches() > gr_before;
     snprintf(what, sizeof what, "%s %s N=%d IC=%d OC=%d%s", o->name, name, N, IC, OC,
              fc->bias ? " +bias" : "");
     ct_check_close(what, got, ref, on, tol, 1e-6);
     CHECK_MSG(gok, "%s: wrote past its output", what);
+    if (fc->op >= F_LN) { /* the same bits as the ops it fuses on this table */
+      float *comp = malloc(on * 4);
+      ln_composed(o, fc, x, nw, nb, w, b, comp);
+      CHECK_MSG(!memcmp(comp, got, on * 4), "%s: differs from layernorm_rows_fwd + its product", what);
+      free(comp);
+    }
     /* rows give the same bits in another batch: the last alone where one row takes the same
      * kernel as N (the CUDA-core GEMV at every row count up to 8: CT_DECODE_MMA=0,
      * CT_DECODE_STAGE=1, IC not a multiple of 256; the tensor-core GEMV at every row count:
@@ -283,7 +328,7 @@ static void test_fused(const ct_ops *o, double tol) {
         memcpy(rin + (size_t)r * OC, res + (size_t)rows[r] * OC, (size_t)OC * 4);
       }
       float *solo = malloc((size_t)2 * OC * 4);
-      fused_run(o, &one, xin, nw, w, b, rin, solo, &gok);
+      fused_run(o, &one, xin, nw, nb, w, b, rin, solo, &gok);
       for (int r = 2 - one.N; r < 2; r++)
         CHECK_MSG(!memcmp(solo + (size_t)(r - (2 - one.N)) * OC, got + (size_t)rows[r] * OC,
                           (size_t)OC * 4),
@@ -306,12 +351,12 @@ static void test_fused(const ct_ops *o, double tol) {
       fcase sub = *fc;
       sub.N = 17;
       float *part = malloc((size_t)17 * OC * 4);
-      fused_run(o, &sub, x + (size_t)(N - 17) * IC, nw, w, b, res + (size_t)(N - 17) * OC, part, &gok);
+      fused_run(o, &sub, x + (size_t)(N - 17) * IC, nw, nb, w, b, res + (size_t)(N - 17) * OC, part, &gok);
       CHECK_MSG(!memcmp(part, got + (size_t)(N - 17) * OC, (size_t)17 * OC * 4),
                 "%s: rows %d-%d differ from their run as a batch of 17", what, N - 17, N - 1);
       free(part);
     }
-    free(x); free(nw); free(w); free(b); free(res); free(ref); free(got); free(ln); free(pre);
+    free(x); free(nw); free(nb); free(w); free(b); free(res); free(ref); free(got); free(ln); free(pre);
   }
 
   /* qkv_rope_append, with and without qk norm, against the CPU composition */
