@@ -1938,7 +1938,11 @@ ct_status ct_infer_plan(const ct_model *m, const ct_ops *ops, const char *spec,
     int d = 0;
     double used = fixed + pre;
     for (int l = 0; l < L; l++) {
-      while (d < nd - 1 && used + lw[l] > budget[d]) {
+      /* the last layer brings the final norm and head with it (and the tied head's copy
+       * where the embedding is on another device) */
+      for (;;) {
+        const double tail = l < L - 1 ? 0 : post + (l > 0 && d != layer_dev[0] ? tied : 0);
+        if (d == nd - 1 || used + lw[l] + tail <= budget[d]) break;
         d++;
         used = fixed;
       }
