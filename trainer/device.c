@@ -159,6 +159,10 @@ void ct_env_print(FILE *f) {
       fprintf(f, "  cuda:%d  %-28s pci %s  %.1f GiB  sm_%d%d  precision auto -> %s\n", i, name, pci,
               mem / 1073741824.0, ma, mi, ma >= 8 ? "bf16" : "fp16");
   }
+  const char *virt = getenv("CT_CUDA_VIRTUAL_DEVICES");
+  if (n > 0 && virt && atoi(virt) > 0)
+    fprintf(f, "CT_CUDA_VIRTUAL_DEVICES=%s: inference sees %d devices, device i on cuda:(i mod %d)"
+            " (for tests)\n", virt, atoi(virt) < 16 ? atoi(virt) : 16, n);
 #else
   fprintf(f, "devices: none (CPU-only build)\n");
 #endif

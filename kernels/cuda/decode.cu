@@ -4045,20 +4045,13 @@ void cu_qkv_rope_append(void *qkv, const void *raw, const void *qnw, const void 
 // ---------------------------------------------------------------------------------------------
 // devices and graphs
 
-int cu_device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
-}
+int cu_device_count() { return ct_cuda_backend_devices(); }
 
 int cu_set_device(int dev) { return ct_cuda_use_device(dev); }
 
 int cu_device_memory(int dev, size_t *free_bytes, size_t *total_bytes) {
   int cur = 0;
-  if (cudaGetDevice(&cur) != cudaSuccess || cudaSetDevice(dev) != cudaSuccess) {
+  if (cudaGetDevice(&cur) != cudaSuccess || cudaSetDevice(ct_cuda_physical_device(dev)) != cudaSuccess) {
     cudaGetLastError();
     return -1;
   }
@@ -4080,6 +4073,8 @@ unsigned char peer_tried[16][16];
 
 void cu_copy_peer(void *dst, int dst_dev, const void *src, int src_dev, size_t bytes) {
   if (!bytes) return;
+  dst_dev = ct_cuda_physical_device(dst_dev); // the GPUs (CT_CUDA_VIRTUAL_DEVICES: one may
+  src_dev = ct_cuda_physical_device(src_dev); // hold several devices)
   if (dst_dev == src_dev) {
     CKD("copy_peer", cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
     CKD("copy_peer", cudaStreamSynchronize(stream()));

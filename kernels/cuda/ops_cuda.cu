@@ -4604,6 +4604,40 @@ extern "C" int ct_cuda_set_variant(const char *op, const char *variant) {
   return set_variant(op, variant);
 }
 
+// CT_CUDA_VIRTUAL_DEVICES=N (N >= 1, for tests): the backend presents N devices, device i
+// running on visible GPU i % (the visible count), each with its own stream, handles and
+// scratch as a real device has; so inference across devices (--device_map) runs its
+// multi-device path on one GPU. Unset or 0: the devices are the visible GPUs.
+static int physical_count() {
+  static int n = -1;
+  if (n < 0) {
+    int c = 0;
+    if (cudaGetDeviceCount(&c) != cudaSuccess) {
+      cudaGetLastError();
+      c = 0;
+    }
+    n = c;
+  }
+  return n;
+}
+static int virtual_count() {
+  static int n = -1;
+  if (n < 0) {
+    const char *v = getenv("CT_CUDA_VIRTUAL_DEVICES");
+    n = v && atoi(v) > 0 ? atoi(v) : 0;
+    if (n > 16) n = 16;
+  }
+  return n;
+}
+extern "C" int ct_cuda_backend_devices(void) {
+  const int n = physical_count();
+  return n > 0 && virtual_count() > 0 ? virtual_count() : n;
+}
+extern "C" int ct_cuda_physical_device(int device) {
+  const int n = physical_count();
+  return virtual_count() > 0 && n > 0 && device >= 0 ? device % n : device;
+}
+
 extern "C" int ct_cuda_init(int device, char *err, size_t errcap) {
 #define INIT_FAIL(...)                                                                            \
   do {                                                                                            \
@@ -4624,17 +4658,19 @@ extern "C" int ct_cuda_init(int device, char *err, size_t errcap) {
   if (e != cudaSuccess)
     INIT_FAIL("no usable CUDA device: cudaGetDeviceCount: %s", cudaGetErrorString(e));
   if (n <= 0) INIT_FAIL("no CUDA device visible");
+  n = ct_cuda_backend_devices();
   if (device < 0 || device >= n)
     INIT_FAIL("CUDA device %d does not exist (%d visible; check CUDA_VISIBLE_DEVICES)", device, n);
-  if ((e = cudaSetDevice(device)) != cudaSuccess)
-    INIT_FAIL("cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
-  e = cudaDeviceGetAttribute(&g.num_sms, cudaDevAttrMultiProcessorCount, device);
+  const int phys = ct_cuda_physical_device(device);
+  if ((e = cudaSetDevice(phys)) != cudaSuccess)
+    INIT_FAIL("cudaSetDevice(%d): %s", phys, cudaGetErrorString(e));
+  e = cudaDeviceGetAttribute(&g.num_sms, cudaDevAttrMultiProcessorCount, phys);
   if (e != cudaSuccess)
     INIT_FAIL("cudaDeviceGetAttribute(MultiProcessorCount): %s", cudaGetErrorString(e));
   int ccmaj = 0, ccmin = 0;
-  e = cudaDeviceGetAttribute(&ccmaj, cudaDevAttrComputeCapabilityMajor, device);
+  e = cudaDeviceGetAttribute(&ccmaj, cudaDevAttrComputeCapabilityMajor, phys);
   if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&ccmin, cudaDevAttrComputeCapabilityMinor, device);
+    e = cudaDeviceGetAttribute(&ccmin, cudaDevAttrComputeCapabilityMinor, phys);
   if (e != cudaSuccess)
     INIT_FAIL("cudaDeviceGetAttribute(ComputeCapability): %s", cudaGetErrorString(e));
   g.cc = ccmaj * 10 + ccmin;
@@ -4748,7 +4784,7 @@ extern "C" int ct_cuda_use_device(int device) {
     g = dev_g[device];
     lt = dev_lt[device];
     dev_g[device].ready = 0; // the live copy is g now
-    if (cudaSetDevice(device) != cudaSuccess) cudaGetLastError();
+    if (cudaSetDevice(ct_cuda_physical_device(device)) != cudaSuccess) cudaGetLastError();
   } else {
     g = cuda_state();
     lt = lt_api();
@@ -4757,7 +4793,7 @@ extern "C" int ct_cuda_use_device(int device) {
       g = dev_g[prev];
       lt = dev_lt[prev];
       dev_g[prev].ready = 0;
-      cudaSetDevice(prev);
+      cudaSetDevice(ct_cuda_physical_device(prev));
       record_error("ct_cuda_use_device", why, __FILE__, __LINE__);
       return -1;
     }
@@ -4777,14 +4813,14 @@ extern "C" void ct_cuda_release_other_devices(void) {
     if (!dev_g[d].ready || d == cur.device) continue;
     g = dev_g[d];
     lt = dev_lt[d];
-    cudaSetDevice(d);
+    cudaSetDevice(ct_cuda_physical_device(d));
     cudaStreamSynchronize(g.stream);
     release();
     dev_g[d] = cuda_state();
   }
   g = cur;
   lt = cur_lt;
-  cudaSetDevice(g.device);
+  cudaSetDevice(ct_cuda_physical_device(g.device));
 }
 
 // Records an error from another file's op (decode.cu) in the sticky state.

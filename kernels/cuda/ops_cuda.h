@@ -106,6 +106,13 @@ void ct_cuda_shutdown(void);
  * later op, with its own stream, cuBLAS / cuBLASLt handles and scratch (created on first use,
  * as ct_cuda_init does). Needs ct_cuda_init first. Returns 0, or -1 with the error recorded. */
 int ct_cuda_use_device(int device);
+/* The devices the backend presents (its tables' device_count): the visible GPUs, or with
+ * CT_CUDA_VIRTUAL_DEVICES=N (for tests) N devices, device i on GPU i % (visible GPUs), each with
+ * its own state as above, so the multi-device inference path runs on one GPU (the GPUs
+ * themselves are still what ct_cuda_device_count, device_query.cu, counts).
+ * ct_cuda_physical_device maps a device to its GPU (the identity without the variable). */
+int ct_cuda_backend_devices(void);
+int ct_cuda_physical_device(int device);
 /* Frees the state of every device but the current one (ct_cuda_shutdown calls it). */
 void ct_cuda_release_other_devices(void);
 /* Records an error in the sticky state (for ops defined outside ops_cuda.cu). */

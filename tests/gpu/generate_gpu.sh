@@ -3,8 +3,9 @@
 # text for the tiny HF fixtures; CUDA-graph decode equals non-graph decode token for token
 # (bf16 and fp32); a batch of prompts of different lengths gives each prompt's solo tokens
 # (greedy and sampled); decoding ahead (CT_DECODE_AHEAD) equals step-by-step decoding, with
-# and without --stop; with 2+ GPUs, --device_map balanced / sequential (--max_memory) equal
-# one GPU; bad --device_map / --max_memory input fails with a message. Usage:
+# and without --stop; --device_map balanced / sequential (--max_memory) over 2 GPUs (with one
+# GPU, over 2 devices on it: CT_CUDA_VIRTUAL_DEVICES=2) equal one device; bad --device_map /
+# --max_memory input fails with a message. Usage:
 #   generate_gpu.sh CTRAIN [FIXTURES_DIR]      (exits 77 without a CUDA device; FIXTURES="qwen3"
 #   limits the models)
 source "$(dirname "$0")/../integration/lib.sh"
@@ -58,20 +59,22 @@ for m in ${FIXTURES:-gpt2 llama_gqa qwen3 qwen2}; do
       check "$m: batch member 0 = its solo run (sampled)" same "$(head -1 <<<"$batch")" "$(head -1 <<<"$solo")"
     fi
   done
-  if [ "$ngpu" -ge 2 ]; then
-    one=$(gen $m "${P[@]}" --greedy --print_ids --device_map cuda:0)
-    two=$(gen $m "${P[@]}" --greedy --print_ids --device_map balanced)
-    check "$m: --device_map balanced over 2 GPUs = one GPU" same "$one" "$two"
-    check "$m: the log shows layers on cuda:0 and cuda:1" grep -q "cuda:1 layers 1-1" "$TMP/log"
-    one32=$(gen $m "${P[@]}" --greedy --print_ids --precision fp32 --device_map cuda:1)
-    two32=$(gen $m "${P[@]}" --greedy --print_ids --precision fp32 --device_map balanced)
-    check "$m: fp32 balanced over 2 GPUs = cuda:1 alone" same "$one32" "$two32"
-    seq=$(gen $m "${P[@]}" --greedy --print_ids --device_map sequential --max_memory 0=1MiB,1=40GiB)
-    check "$m: sequential with no room on cuda:0 (--max_memory) runs on cuda:1" same "$one" "$seq"
-    check "$m: ... and says so" grep -q "device_map sequential: cuda:1 layers 0-1" "$TMP/log"
-  fi
+  # across devices: two GPUs, or with one GPU two devices on it (CT_CUDA_VIRTUAL_DEVICES=2:
+  # each with its own stream, handles, weights, caches and graphs, the hidden states copied
+  # between them), which runs the same multi-device path
+  if [ "$ngpu" -ge 2 ]; then where="2 GPUs"; virt=""; else where="2 devices on one GPU"; virt=2; fi
+  one=$(CT_CUDA_VIRTUAL_DEVICES=$virt gen $m "${P[@]}" --greedy --print_ids --device_map cuda:0)
+  two=$(CT_CUDA_VIRTUAL_DEVICES=$virt gen $m "${P[@]}" --greedy --print_ids --device_map balanced)
+  check "$m: --device_map balanced over $where = one device" same "$one" "$two"
+  check "$m: the log shows layers on cuda:0 and cuda:1" grep -q "cuda:1 layers 1-1" "$TMP/log"
+  one32=$(CT_CUDA_VIRTUAL_DEVICES=$virt gen $m "${P[@]}" --greedy --print_ids --precision fp32 --device_map cuda:1)
+  two32=$(CT_CUDA_VIRTUAL_DEVICES=$virt gen $m "${P[@]}" --greedy --print_ids --precision fp32 --device_map balanced)
+  check "$m: fp32 balanced over $where = cuda:1 alone" same "$one32" "$two32"
+  seq=$(CT_CUDA_VIRTUAL_DEVICES=$virt gen $m "${P[@]}" --greedy --print_ids --device_map sequential --max_memory 0=1MiB,1=40GiB)
+  check "$m: sequential with no room on cuda:0 (--max_memory, $where) runs on cuda:1" same "$one" "$seq"
+  check "$m: ... and says so" grep -q "device_map sequential: cuda:1 layers 0-1" "$TMP/log"
 done
-if [ "$ngpu" -lt 2 ]; then echo "only $ngpu GPU: device_map across GPUs not tested"; fi
+if [ "$ngpu" -lt 2 ]; then echo "only $ngpu GPU: device_map checked over 2 devices on it, not across GPUs"; fi
 expect_fail 2 "device_map fast: expected auto, balanced" -- "$CTRAIN" generate --model "$FIX/gpt2" --device_map fast
 expect_fail 2 "max_memory 0=lots: expected DEVICE=SIZE" -- "$CTRAIN" generate --model "$FIX/gpt2" --max_memory 0=lots
 expect_fail 2 "device 9 is not visible" -- "$CTRAIN" generate --model "$FIX/gpt2" --max_memory 9=1GiB

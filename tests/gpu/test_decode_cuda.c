@@ -830,7 +830,7 @@ static void test_engine(void) {
       const int split[2] = {0, 1};
       memcpy(one, got, rows * Vp * 4);
       engine_logits(m, tabs[t], split, got);
-      CHECK_MSG(!memcmp(one, got, rows * Vp * 4), "engine %s: layers on 2 GPUs differ from one GPU",
+      CHECK_MSG(!memcmp(one, got, rows * Vp * 4), "engine %s: layers on 2 devices differ from one",
                 tabs[t]->name);
     }
   }
