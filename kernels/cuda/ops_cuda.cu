@@ -4608,16 +4608,10 @@ extern "C" int ct_cuda_set_variant(const char *op, const char *variant) {
 // running on visible GPU i % (the visible count), each with its own stream, handles and
 // scratch as a real device has; so inference across devices (--device_map) runs its
 // multi-device path on one GPU. Unset or 0: the devices are the visible GPUs.
+extern "C" int ct_cuda_device_count(void); // the visible GPUs (device_query.cu)
 static int physical_count() {
   static int n = -1;
-  if (n < 0) {
-    int c = 0;
-    if (cudaGetDeviceCount(&c) != cudaSuccess) {
-      cudaGetLastError();
-      c = 0;
-    }
-    n = c;
-  }
+  if (n < 0) n = ct_cuda_device_count();
   return n;
 }
 static int virtual_count() {

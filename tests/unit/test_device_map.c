@@ -170,6 +170,17 @@ static ct_model *make_model(const char *arch, int n_layer) {
   return m;
 }
 
+/* An engine's shape: seqs sequence slots of len tokens, rows a prefill forward, layers on map
+ * (NULL: one device). */
+static ct_infer_cfg engine_cfg(int seqs, int len, int rows, const int *map) {
+  ct_infer_cfg ic = CT_INFER_CFG_INIT;
+  ic.max_seqs = seqs;
+  ic.max_len = len;
+  ic.max_rows = rows;
+  ic.layer_dev = map;
+  return ic;
+}
+
 /* What one engine computes: prefill logits of three prompts of different lengths (one at a
  * time and two of equal length together), five batched decode steps' logits and ids, the
  * evaluation loss of two sequences, and a greedy + a sampled ct_generate_infer. */
@@ -187,11 +198,7 @@ typedef struct {
 static void run_engine(ct_model *m, const ct_ops *ops, const int *layer_dev, run_out *o) {
   memset(o, 0, sizeof *o);
   const int Vp = ct_model_padded_vocab(ct_model_config(m));
-  ct_infer_cfg ic = CT_INFER_CFG_INIT;
-  ic.max_seqs = 3;
-  ic.max_len = 40;
-  ic.max_rows = 24;
-  ic.layer_dev = layer_dev;
+  ct_infer_cfg ic = engine_cfg(3, 40, 24, layer_dev);
   ct_infer *e = NULL;
   ct_status st = ct_infer_create(m, ops, &ic, &e);
   CHECK_MSG(st == CT_OK, "ct_infer_create on %s: %s", ops->name, ct_last_error());
@@ -289,11 +296,7 @@ static void test_engine_split(const char *arch) {
    * bytes; the untied head (llama) or the tied head's copy (gpt2) lives on device 1 */
   vops_init(2, 80.0);
   const int half[4] = {0, 0, 1, 1};
-  ct_infer_cfg ic = CT_INFER_CFG_INIT;
-  ic.max_seqs = 3;
-  ic.max_len = 40;
-  ic.max_rows = 24;
-  ic.layer_dev = half;
+  ct_infer_cfg ic = engine_cfg(3, 40, 24, half);
   ct_infer *e = NULL;
   CHECK(ct_infer_create(m, &vops, &ic, &e) == CT_OK);
   CHECK_MSG(vused[0] > 0 && vused[1] > 0, "%s: %zu and %zu bytes on devices 0 and 1", arch,
@@ -310,9 +313,7 @@ static void test_engine_split(const char *arch) {
  * backend has (the plain CPU table has one), a device the backend cannot switch to. */
 static void test_engine_refusals(void) {
   ct_model *m = make_model("gpt2", 4);
-  ct_infer_cfg ic = CT_INFER_CFG_INIT;
-  ic.max_seqs = 1;
-  ic.max_len = 16;
+  ct_infer_cfg ic = engine_cfg(1, 16, 512, NULL);
   ct_infer *e = NULL;
   vops_init(2, 80.0);
   const int back[4] = {0, 1, 1, 0};
@@ -333,8 +334,10 @@ static void test_engine_refusals(void) {
 
 /* ---- the planner ---- */
 
+/* The shape every plan here is made for, and the engines that check a plan are built with. */
+enum { PLAN_SEQS = 2, PLAN_LEN = 32, PLAN_ROWS = 64 };
 static int plan(const ct_model *m, const char *spec, const char *maxmem, int *dev, char *rep) {
-  return ct_infer_plan(m, &vops, spec, maxmem, 2, 32, 64, dev, rep, 1024);
+  return ct_infer_plan(m, &vops, spec, maxmem, PLAN_SEQS, PLAN_LEN, PLAN_ROWS, dev, rep, 1024);
 }
 
 static bool map_is(const int *dev, int L, const char *want) {
@@ -427,11 +430,7 @@ static void test_plan(void) {
     {
       vops_init(3, 80.0);
       const int all0[8] = {0};
-      ct_infer_cfg ic = CT_INFER_CFG_INIT;
-      ic.max_seqs = 2;
-      ic.max_len = 32;
-      ic.max_rows = 64;
-      ic.layer_dev = all0;
+      ct_infer_cfg ic = engine_cfg(PLAN_SEQS, PLAN_LEN, PLAN_ROWS, all0);
       ct_infer *e = NULL;
       CHECK_MSG(ct_infer_create(m, &vops, &ic, &e) == CT_OK, "%s", ct_last_error());
       const double own = (double)whole_hi - 256.0 * 1048576.0;
@@ -490,11 +489,7 @@ static void test_plan_runs(const char *arch) {
   char rep[1024];
   vops_init(3, 80.0);
   CHECK(plan(m, "balanced", NULL, dev, rep) == CT_OK);
-  ct_infer_cfg ic = CT_INFER_CFG_INIT;
-  ic.max_seqs = 2;
-  ic.max_len = 32;
-  ic.max_rows = 64;
-  ic.layer_dev = dev;
+  ct_infer_cfg ic = engine_cfg(PLAN_SEQS, PLAN_LEN, PLAN_ROWS, dev);
   ct_infer *e = NULL;
   CHECK_MSG(ct_infer_create(m, &vops, &ic, &e) == CT_OK, "%s", ct_last_error());
   if (e) {
