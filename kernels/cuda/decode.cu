@@ -1165,22 +1165,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   T *nws = NORM && vnorm == 2 ? xs + (long)N * IC : NULL; // the norm weight's copy (gemv_go)
   if (nws) gv_norm_weight(nws, nw, IC, NORM == GV_LAYER ? nb : NULL);
   l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
-  // The first task's epilogue operands go out early (the same values, so the same bits): its
-  // bias (a weight) before the wait, its residual (lane n: row n) right after it, in flight with
-  // the input rows, instead of an L2 round trip after the reductions.
-  const int t0 = t;
-  float bpre[MODE == GV_SWIGLU ? 1 : R], rpre[MODE == GV_RESID ? R : 1];
-  if constexpr (MODE != GV_SWIGLU)
-#pragma unroll
-    for (int r = 0; r < R; r++)
-      bpre[r] = bias && t0 < tasks && t0 * R + r < OC ? ldf(bias + t0 * R + r) : 0.0f;
   pdl_trigger();
   pdl_wait();
-  if constexpr (MODE == GV_RESID)
-#pragma unroll
-    for (int r = 0; r < R; r++)
-      rpre[r] = lane < N && lane < nr && t0 < tasks && t0 * R + r < OC
-                    ? ldf(res + (long)lane * OC + t0 * R + r) : 0.0f;
   gv_x_rows<T, N, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
   __syncthreads();
   for (; t < tasks; t += stride) {
@@ -1228,10 +1214,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
           const float gt = rounded<T>(acc[r][n]), up = rounded<T>(acc[R + r][n]);
           stf(out + (long)n * F + o, gt / (1.0f + expf(-gt)) * up);
         } else {
-          const bool first = t == t0;
-          float v = acc[r][n] + (bias ? (first ? bpre[r] : ldf(bias + o)) : 0.0f);
-          if constexpr (MODE == GV_RESID)
-            v = rounded<T>(v) + (first ? rpre[r] : ldf(res + (long)n * OC + o));
+          float v = acc[r][n] + (bias ? ldf(bias + o) : 0.0f);
+          if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
           if (MODE == GV_GELU) v = gv_gelu(rounded<T>(v));
           stf(out + (long)n * OC + o, v);
         }
@@ -1266,15 +1250,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #define GM_TILE 8  // outputs a tile
 #define GM_MAXN 64 // rows the kernel takes at most (CT_DECODE_MMA_MAXN up to this)
 #define GM_MAXN_DEFAULT 16 // rows it takes by default (more: cuBLAS; see gm_maxn)
-#define GM_PRE 2 // epilogue elements a thread whose bias and residual load early (gemv_mma_kernel)
-
-// a[k] of a register array indexed at run time without a local-memory copy (k < GM_PRE)
-__device__ __forceinline__ float pick(const float (&a)[GM_PRE], int k) {
-  float v = a[0];
-#pragma unroll
-  for (int i = 1; i < GM_PRE; i++) v = k == i ? a[i] : v;
-  return v;
-}
 
 // c += A B for one m16n8k16 tile (T: bf16 or f16, fp32 accumulation): a0 / a2 row g's k pairs,
 // a1 / a3 row g + 8's (zero where the launch has at most 8 rows).
@@ -1342,31 +1317,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
   if (grp < groups) load_round(grp, 0);
   if (nws) gv_norm_weight(nws, nw, IC, NORM == GV_LAYER ? nb : NULL);
   l2_prefetch_slice(pf, pfb);
-  // The first group's epilogue operands of this thread's first GM_PRE elements go out early (as
-  // in gemv_kernel: the bias before the wait, the residual right after it; the same values).
-  const int ne = TT * rs * 8; // epilogue elements a group
-  float bpre[GM_PRE], rpre[GM_PRE];
-  auto elem = [&](int e, int gr, int *n, int *o) {
-    *n = (e >> 3) % rs;
-    *o = (gr * TT + e / (8 * rs)) * GM_TILE + (e & 7);
-  };
-#pragma unroll
-  for (int k = 0; k < GM_PRE; k++) {
-    const int e = threadIdx.x + k * blockDim.x;
-    int n, o;
-    elem(e, grp, &n, &o);
-    bpre[k] = MODE != GV_SWIGLU && bias && grp < groups && e < ne && o < OC ? ldf(bias + o) : 0.0f;
-  }
   pdl_trigger();
   pdl_wait();
-  if constexpr (MODE == GV_RESID)
-#pragma unroll
-    for (int k = 0; k < GM_PRE; k++) {
-      const int e = threadIdx.x + k * blockDim.x;
-      int n, o;
-      elem(e, grp, &n, &o);
-      rpre[k] = grp < groups && e < ne && n < nr && o < OC ? ldf(res + (long)n * OC + o) : 0.0f;
-    }
   if constexpr (MT == 1) {
     if (nx == 1) gv_x_rows<T, 1, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
     else if (nx == 4) gv_x_rows<T, 4, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
@@ -1430,9 +1382,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
       }
     __syncthreads();
     // element e < TT rs 8: tile j = e / (8 rs) of the group, row n = e / 8 % rs, output e % 8
-    for (int e = threadIdx.x, k = 0; e < ne; e += blockDim.x, k++) {
+    for (int e = threadIdx.x; e < TT * rs * 8; e += blockDim.x) {
       const int j = e / (8 * rs), n = (e >> 3) % rs, o = (grp * TT + j) * GM_TILE + (e & 7);
-      const bool pre = it == 0 && k < GM_PRE; // bpre[k] / rpre[k] hold its operands
       if (n < nr && o < OC) {
         float acc[S];
 #pragma unroll
@@ -1445,8 +1396,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
           const float gt = rounded<T>(acc[0]), up = rounded<T>(acc[1]);
           stf(out + (long)n * F + o, gt / (1.0f + expf(-gt)) * up);
         } else {
-          float v = acc[0] + (bias ? (pre ? pick(bpre, k) : ldf(bias + o)) : 0.0f);
-          if (MODE == GV_RESID) v = rounded<T>(v) + (pre ? pick(rpre, k) : ldf(res + (long)n * OC + o));
+          float v = acc[0] + (bias ? ldf(bias + o) : 0.0f);
+          if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
           if (MODE == GV_GELU) v = gv_gelu(rounded<T>(v));
           stf(out + (long)n * OC + o, v);
         }
