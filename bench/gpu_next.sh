@@ -81,6 +81,13 @@
 # shape); its phases (CT_DECODE_GR_STOP, timed by test_decode_cuda CT_TEST_PERF=only) put 2-6 us
 # in the cluster sum. Next for batch 64: that sum (residual loads before the barrier, partials
 # through L2), more blocks a multiprocessor, or wgmma from shared memory; then attention_decode_vec.
+# Session 25 (calls 131-132, 2026-12-05): CT_CUDA_VIRTUAL_DEVICES ran on an H200 for the first time
+# (decode_cuda_2dev 7,441 checks, generate_gpu.sh 69, none failed). The GEMVs' bias / residual loaded
+# before the reductions: same ids, 1.5-2.7% slower, taken back. main: 1,477 tokens/s at batch 1 =
+# 5.53x Transformers compiled, 43% of the bound. Register arithmetic (decode.cu header): 3 gate/up
+# blocks + 1 down block exceed a multiprocessor's registers, which delays down's blocks and the qkv
+# launch behind them; next: a down projection that fits beside gate/up without spilling (fewer
+# warps a block, or its k split across two warps of a pair) timed with the timeline build.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation

@@ -119,6 +119,13 @@
 // 0's two) gave the same bits and ran slower: 1,432-1,445 against 1,480-1,493 tokens/s at batch 1,
 // 6,768-6,773 against 7,116-7,140 at 8, the Llama-1B shape 1.5-2.9% slower (call 118, the patch in
 // bench/results/call117-118_*/call118/spread_merge.patch.txt).
+// The GEMVs' first task's bias loaded before the wait and its residual right after it (in flight
+// with the input rows, not after the reductions): the same ids, 1.5-2% slower at batch 1 on the
+// Qwen3-0.6B shape and 2.7% at batch 8 on GPT-2 (call 131, 2026-12-05; the patch in
+// bench/results/call131-132_*). Why the qkv GEMV starts ~3.3 us after the down projection's
+// release (call 90's timeline): at batch 1 three gate/up blocks (64 registers x 256 threads) and a
+// down block (72) need 67,584 of a multiprocessor's 65,536 registers, so down's blocks, and the
+// qkv launch that waits for all of them to start, wait for gate/up blocks to leave.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
