@@ -110,6 +110,8 @@
 #   dist     bench/gpu_dist.sh equiv ckpt fault
 # On a 4- or 8-GPU machine (nvidia-h200-x4 / -x8, issues #10 and #11): bench/gpu_scale.sh, one part per call.
 # usage: bench/gpu_next.sh PART...     results under $OUT (default bench/results)
+# (build and pack here first with bench/gpu_pack.sh BIN...: the device call sends at most 64 MiB,
+# which build-gpu itself exceeds; unpack there with tar -xJf .carry/pack.tar.xz)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=$PWD/.gpu/lib:/usr/local/cuda/lib64 NCCL_NVLS_ENABLE=0
