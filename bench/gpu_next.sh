@@ -86,8 +86,10 @@
 # before the reductions: same ids, 1.5-2.7% slower, taken back. main: 1,477 tokens/s at batch 1 =
 # 5.53x Transformers compiled, 43% of the bound. Register arithmetic (decode.cu header): 3 gate/up
 # blocks + 1 down block exceed a multiprocessor's registers, which delays down's blocks and the qkv
-# launch behind them; next: a down projection that fits beside gate/up without spilling (fewer
-# warps a block, or its k split across two warps of a pair) timed with the timeline build.
+# launch behind them; call 69's timeline with down at 64 registers shows that removing the delay
+# moves down's weight loads into gate/up's window, which is already at the copy bandwidth (4% slower
+# overall), so that is not the way either: the bytes that could move are those of the windows where
+# DRAM idles (attention, the boundaries).
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation

@@ -125,7 +125,12 @@
 // bench/results/call131-132_*). Why the qkv GEMV starts ~3.3 us after the down projection's
 // release (call 90's timeline): at batch 1 three gate/up blocks (64 registers x 256 threads) and a
 // down block (72) need 67,584 of a multiprocessor's 65,536 registers, so down's blocks, and the
-// qkv launch that waits for all of them to start, wait for gate/up blocks to leave.
+// qkv launch that waits for all of them to start, wait for gate/up blocks to leave. Call 69's
+// down projection capped at 64 registers confirms it (bench/results/call69_c253c3b/ctrain-tl4.log:
+// qkv's block 0 starts 0.6 us after down's release instead of 3.1) and shows why it does not pay:
+// down's weights, now loaded during gate/up, which already runs at the copy bandwidth, make gate/up
+// 0.9 us longer, and the step is 4% slower. DRAM idles during attention and the boundaries, not
+// during gate/up.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
