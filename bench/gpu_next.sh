@@ -89,7 +89,15 @@
 # launch behind them; call 69's timeline with down at 64 registers shows that removing the delay
 # moves down's weight loads into gate/up's window, which is already at the copy bandwidth (4% slower
 # overall), so that is not the way either: the bytes that could move are those of the windows where
-# DRAM idles (attention, the boundaries).
+# DRAM idles (attention, the boundaries). Untried idea for that: gate/up's 12.6 MB loading during
+# attention rather than during o_proj. Its block 0 starts only ~2.3 us into attention's ~7 us
+# (call 90: gate/up "start -5.28" before o_proj's release), and its 384 blocks of 16,384 registers
+# fit 3 a multiprocessor at most. A gate/up grid of one block a multiprocessor whose warps hold
+# all their 3 tasks' weights in registers (~130 registers a thread, ~33K a block: a TK template
+# parameter of gemv_kernel, the same arithmetic and bits) would sit beside o_proj (14,336) during
+# attention on the ~108 multiprocessors without an attention block. Check with ptxas -v first
+# (no device time), then the timeline build: gate/up's release-to-release should fall from ~3.2 us
+# towards ~1.5.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
