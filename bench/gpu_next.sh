@@ -97,7 +97,9 @@
 # parameter of gemv_kernel, the same arithmetic and bits) would sit beside o_proj (14,336) during
 # attention on the ~108 multiprocessors without an attention block. Check with ptxas -v first
 # (no device time), then the timeline build: gate/up's release-to-release should fall from ~3.2 us
-# towards ~1.5.
+# towards ~1.5. The risk, measured in call 66-74's notes (decode.cu header): weight loads in flight
+# beside attention lengthen its phases (rope 0.95 -> 1.55 us, split math 0.95 -> 2.15), so what
+# gate/up gains attention may lose.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
