@@ -100,6 +100,14 @@
 # towards ~1.5. The risk, measured in call 66-74's notes (decode.cu header): weight loads in flight
 # beside attention lengthen its phases (rope 0.95 -> 1.55 us, split math 0.95 -> 2.15), so what
 # gate/up gains attention may lose.
+# Session 26 (calls 133-134, 2026-12-05, an H100: no H200 started): that idea, gemv_kernel with 2-4
+# tasks a warp (all weights loaded before the wait; gate/up at 3 or 4 tasks one block a
+# multiprocessor, all of them resident beside attention at 4), ran 0.6 / 13.5 / 15.5% slower at
+# 2 / 3 / 4 (qkv at 2: 4.8%): each task a warp does in sequence after the release costs ~1.6 us.
+# An L2 persisting window over the head's first 32 MB: 2-5% slower on every model (the layers lose
+# the L2). Both taken out (bench/results/call133-134_*). Still untried: the stage's work over more
+# warps than tasks (half a gate/up pair's k range a warp, the two halves summed in shared memory),
+# since fewer tasks a warp is the one direction that has paid (session 17: one pair a task, +1%).
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
