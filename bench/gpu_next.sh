@@ -108,6 +108,10 @@
 # the L2). Both taken out (bench/results/call133-134_*). Still untried: the stage's work over more
 # warps than tasks (half a gate/up pair's k range a warp, the two halves summed in shared memory),
 # since fewer tasks a warp is the one direction that has paid (session 17: one pair a task, +1%).
+# For scale: the fastest public batch-1 Qwen3-0.6B decoder found (a persistent megakernel on an RTX
+# 5090, blog.alpindale.net/posts/5090_decode_optimization: ~0.97 ms a token against its 712 us
+# bound) spends ~260 us a token beyond streaming the weights, ~9 us a layer; that overhead over the
+# H200's 293 us bound would be ~53%. ctrain spends ~384 us (~13.7 us a layer); 60% allows 195 us.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
