@@ -108,6 +108,8 @@
 # the L2). Both taken out (bench/results/call133-134_*). Still untried: the stage's work over more
 # warps than tasks (half a gate/up pair's k range a warp, the two halves summed in shared memory),
 # since fewer tasks a warp is the one direction that has paid (session 17: one pair a task, +1%).
+# SASS without a GPU: pip download nvidia-cuda-cuobjdump (13.5.37 reads these sm_90 objects), unzip,
+# cuobjdump -sass build-gpu/libctrain_core.a.p/kernels_cuda_decode.cu.o (ACQBULK is the PDL wait).
 # For scale: the fastest public batch-1 Qwen3-0.6B decoder found (a persistent megakernel on an RTX
 # 5090, blog.alpindale.net/posts/5090_decode_optimization: ~0.97 ms a token against its 712 us
 # bound) spends ~260 us a token beyond streaming the weights, ~9 us a layer; that overhead over the

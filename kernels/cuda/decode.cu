@@ -137,8 +137,9 @@
 //    multiprocessor for gate/up at 3, so it sits beside attention with its weights in flight):
 //    gate/up at 2 / 3 / 4 tasks -0.6 / -13.5 / -15.5% at batch 1 on the Qwen3-0.6B shape, qkv at
 //    2 -4.8% (GPT-2 -2.7%). At 4 all 96 blocks fit beside attention at once, so the loss is not
-//    blocks starting late: each task a warp does in sequence after its release costs ~1.6 us, far
-//    more than its arithmetic. A stage's work is best spread over as many warps as it has tasks.
+//    blocks starting late, nor loads issued after the wait (the SASS has every task's loads before
+//    its ACQBULK): each task a warp does in sequence after its release costs ~1.6 us, far more
+//    than its arithmetic. A stage's work is best spread over as many warps as it has tasks.
 //  - the vocabulary head's first 32 MB kept in L2 across steps (a persisting access-policy window
 //    on the head's launch, the device's whole set-aside): -2.2% (Qwen3-0.6B), -5.3% (GPT-2), -3.3%
 //    (Llama-3.2-1B) although the head reads 32 MB less DRAM a token: the rest of the step, left
