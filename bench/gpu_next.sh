@@ -105,9 +105,9 @@
 # multiprocessor, all of them resident beside attention at 4), ran 0.6 / 13.5 / 15.5% slower at
 # 2 / 3 / 4 (qkv at 2: 4.8%): each task a warp does in sequence after the release costs ~1.6 us.
 # An L2 persisting window over the head's first 32 MB: 2-5% slower on every model (the layers lose
-# the L2). Both taken out (bench/results/call133-134_*). Still untried: the stage's work over more
-# warps than tasks (half a gate/up pair's k range a warp, the two halves summed in shared memory),
-# since fewer tasks a warp is the one direction that has paid (session 17: one pair a task, +1%).
+# the L2). Both taken out (bench/results/call133-134_*). Call 135 tried the other direction, a task's
+# k range over 2 or 4 warps: gate/up -11.5%, qkv -5.1%, the output / down projections even
+# (bench/results/call135_*). The batch-1 grids of gate/up and qkv are at a local optimum both ways.
 # SASS without a GPU: pip download nvidia-cuda-cuobjdump (13.5.37 reads these sm_90 objects), unzip,
 # cuobjdump -sass build-gpu/libctrain_core.a.p/kernels_cuda_decode.cu.o (ACQBULK is the PDL wait).
 # For scale: the fastest public batch-1 Qwen3-0.6B decoder found (a persistent megakernel on an RTX

@@ -139,7 +139,12 @@
 //    2 -4.8% (GPT-2 -2.7%). At 4 all 96 blocks fit beside attention at once, so the loss is not
 //    blocks starting late, nor loads issued after the wait (the SASS has every task's loads before
 //    its ACQBULK): each task a warp does in sequence after its release costs ~1.6 us, far more
-//    than its arithmetic. A stage's work is best spread over as many warps as it has tasks.
+//    than its arithmetic.
+//  - the other direction, each task's k range split over 2 or 4 warps (their sums added in shared
+//    memory; call 135, bench/results/call135_2026-12-05_H100_splitk, patch there): gate/up -11.5%,
+//    qkv -5.1%, the output and down projections even (-0.6% at 4). So for gate/up and qkv any grid
+//    but today's (384 and 256 blocks of 64 registers, the shapes that fit beside the kernels
+//    resident with them) costs, bigger or smaller blocks alike; a warp's arithmetic is not it.
 //  - the vocabulary head's first 32 MB kept in L2 across steps (a persisting access-policy window
 //    on the head's launch, the device's whole set-aside): -2.2% (Qwen3-0.6B), -5.3% (GPT-2), -3.3%
 //    (Llama-3.2-1B) although the head reads 32 MB less DRAM a token: the rest of the step, left
