@@ -136,10 +136,10 @@
 //  - gemv_kernel holding 2-4 tasks a warp, all their weights loaded before the wait (one block a
 //    multiprocessor for gate/up at 3, so it sits beside attention with its weights in flight):
 //    gate/up at 2 / 3 / 4 tasks -0.6 / -13.5 / -15.5% at batch 1 on the Qwen3-0.6B shape, qkv at
-//    2 -4.8% (GPT-2 -2.7%); bit-identical logits. At 4 all 96 blocks fit beside attention at once, so the loss is not
-//    blocks starting late, nor loads issued after the wait (the SASS has every task's loads before
-//    its ACQBULK): each task a warp does in sequence after its release costs ~1.6 us, far more
-//    than its arithmetic.
+//    2 -4.8% (GPT-2 -2.7%); bit-identical logits. At 4 all 96 blocks fit beside attention at
+//    once, so the loss is not blocks starting late, nor loads issued after the wait (the SASS has
+//    every task's loads before its ACQBULK): each task a warp does in sequence after its release
+//    costs ~1.6 us, far more than its arithmetic.
 //  - the other direction, each task's k range split over 2 or 4 warps (their sums added in shared
 //    memory; call 135, bench/results/call135_2026-12-05_H100_splitk, patch there): gate/up -11.5%,
 //    qkv -5.1%, the output and down projections even (-0.6% at 4). So for gate/up and qkv any grid
