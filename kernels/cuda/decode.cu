@@ -131,8 +131,8 @@
 // down's weights, now loaded during gate/up, which already runs at the copy bandwidth, make gate/up
 // 0.9 us longer, and the step is 4% slower. DRAM idles during attention and the boundaries, not
 // during gate/up.
-// Three more that lost (2026-12-05, calls 133-135 on an H100, the variants against each other in one
-// call; bench/results/call133-134_2026-12-05_H100_tk_l2 with the patch of the first and third):
+// Three more that lost (2026-12-05, calls 133-135 on an H100, the variants against each other in
+// one call; bench/results/call133-134_2026-12-05_H100_tk_l2 with the patch of the first and third):
 //  - gemv_kernel holding 2-4 tasks a warp, all their weights loaded before the wait (one block a
 //    multiprocessor for gate/up at 3, so it sits beside attention with its weights in flight):
 //    gate/up at 2 / 3 / 4 tasks -0.6 / -13.5 / -15.5% at batch 1 on the Qwen3-0.6B shape, qkv at
@@ -147,8 +147,9 @@
 //    resident with them) costs, bigger or smaller blocks alike; a warp's arithmetic is not it.
 //  - the vocabulary head's first 32 MB kept in L2 across steps (a persisting access-policy window
 //    on the head's launch, the device's whole set-aside): -2.2% (Qwen3-0.6B), -5.3% (GPT-2), -3.3%
-//    (Llama-3.2-1B), bit-identical, although the head reads 32 MB less DRAM a token: the rest of the step, left
-//    with ~18 MB of L2, loses more on the reads that follow their writes than the head gains.
+//    (Llama-3.2-1B), bit-identical, although the head reads 32 MB less DRAM a token: the rest of
+//    the step, left with ~18 MB of L2, loses more on the reads that follow their writes than the
+//    head gains.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
