@@ -225,7 +225,7 @@ check "(c) the requeued run completed" test "$(state "$jc" JobState)" = COMPLETE
 if [ "$(state "$jc" JobState)" != COMPLETED ]; then # why: the job, its log, slurmctld's view
   scontrol show job "$jc" | grep -E "JobState|Restarts|ExitCode|Reason" | sed 's/^/  /'
   tail -25 "$log" | sed 's/^/  log: /'
-  grep -E "$jc" "$S/log/slurmctld.log" | tail -12 | sed 's/^/  slurmctld: /'
+  grep -F "JobId=$jc" "$S/log/slurmctld.log" | tail -12 | sed 's/^/  slurmctld: /'
 fi
 check "(c) the requeued job ran its script again as restart 1" grep -q "job $jc (restart 1)" "$log"
 check "(c) the rerun resumed from step ${stop:-?}" grep -qE "resumed from .* at step ${stop:-x}( |\$)" "$log"
