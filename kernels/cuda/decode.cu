@@ -62,7 +62,10 @@
 //    0.95 / 0.95 / 1.2 / 1.5 without early launches (CT_CUDA_PDL=0, where the step is 28% slower
 //    for the launch gaps). Triggering attention's dependents after its split math made the rope
 //    and split math fast and the merge slow (1,483 against 1,483 tokens/s, call 73); the output
-//    projection triggering gate/up only after its own wait ran 1% slower (call 74).
+//    projection triggering gate/up only after its own wait ran 1% slower (call 74). What does pay
+//    (2026-12-05, calls 136-139): keeping those blocks off attention's multiprocessors rather than
+//    launching them later; attention's blocks ask for unused shared memory where its grid is small
+//    (att_alone_pad): +5.2% at batch 1 on the Qwen3-0.6B shape, +3.3% on Llama-3.2-1B's (H100).
 //  - The old keys' DRAM loads are not on attention's critical path: without them (a measurement
 //    build) its phases are the same (call 70). Pushing the splits' rows into block 0's shared
 //    memory and loading the q/k norm weights before the wait changed nothing (call 72).
@@ -4180,6 +4183,7 @@ bool cluster_on() {
   return cc_major() >= 9;
 }
 long cluster_launches; // of them, launched as clusters
+long alone_launches;   // of them, alone on their multiprocessors (att_alone_pad)
 // Tried and taken out (f528c9f, bench/results/call72_f528c9f): each split pushing its rows into
 // block 0's shared memory (block 0 merges locally, the other blocks leave after one barrier) and
 // the q / k norm weights loaded into shared memory before the wait: bit-identical and no faster
@@ -4218,6 +4222,66 @@ bool smem_raised(const void *k) {
   return true;
 }
 
+// Attention's blocks alone on their multiprocessors. attention_decode_rope is a chain of short
+// latencies (L2 loads, shuffles, a cluster barrier, the merge); the output projection's and
+// gate/up's blocks, launched early beside it with their weight loads in flight, slow each of its
+// phases (their data returning through the same L1 / shared-memory path). Where its grid has at
+// most att_alone_pct() percent as many blocks as the device has multiprocessors, each block asks
+// for so much unused dynamic shared memory that it sits alone on one; the GEMVs' early blocks take
+// the other multiprocessors. Same arithmetic, so the same bits (test_attention_alone).
+// Measured (2026-12-05, one H100, 128 + 256 tokens, greedy, bf16, graphs; the variants against
+// each other in one call, two or three rounds; bench/results/call136-139_2026-12-05_H100_attalone):
+//   Qwen3-0.6B shape, batch 1 (48 blocks): 1,414-1,428 against 1,344-1,358 tokens/s (+5.2%)
+//   Llama-3.2-1B shape, batch 1 (48 blocks): 971-989 against 947-952 (+3.3%)
+//   GPT-2 124M, batch 1 (72 blocks): 3,622-3,685 against 3,627-3,651 (even)
+//   batch 2 (96 blocks: 73% of the 132 multiprocessors): Qwen3 +3.8%, Llama-1B -3.9%; batch 4
+//   with two blocks a multiprocessor: Qwen3 +1.1%, Llama-1B -2.0%; batch 8 with three: Qwen3
+//   -10%. The bigger the share taken, the fewer early GEMV blocks find room; hence the cap.
+// A pad that only keeps attention's blocks apart (GEMV blocks still fit beside): +1.8%. The
+// launch after attention without the early launch instead (nothing waiting beside it, nothing
+// preloaded): -6%. CT_DECODE_ATT_ALONE=P (default 50) sets the percentage; 0 turns it off. Read
+// at every call.
+int att_alone_pct() { return env_int("CT_DECODE_ATT_ALONE", 50); }
+// Dynamic shared memory a block of kernel k for `blocks` attention blocks (0: the rule does not
+// apply, or the device does not allow it). Raises k's limit once per device.
+size_t att_alone_pad(const void *k, long blocks) {
+  const int pct = att_alone_pct(), sms = num_sms();
+  if (pct <= 0 || sms <= 0 || blocks * 100 > (long)sms * pct) return 0;
+  static int sm_smem[16], reserved[16];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 0;
+  if (!sm_smem[dev] &&
+      (cudaDeviceGetAttribute(&sm_smem[dev], cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
+           cudaSuccess ||
+       cudaDeviceGetAttribute(&reserved[dev], cudaDevAttrReservedSharedMemoryPerBlock, dev) !=
+           cudaSuccess)) {
+    cudaGetLastError();
+    sm_smem[dev] = -1;
+  }
+  cudaFuncAttributes fa;
+  if (sm_smem[dev] <= 0 || cudaFuncGetAttributes(&fa, k) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  // the multiprocessor's shared memory, less the reserved part and the block's static arrays
+  const long most_dyn = (long)smem_optin() - (long)fa.sharedSizeBytes;
+  long share = sm_smem[dev] - reserved[dev] - (long)fa.sharedSizeBytes;
+  if (share > most_dyn) share = most_dyn;
+  if (share <= 0) return 0;
+  static kernel_list raised;
+  bool in;
+  if (listed(raised, k, &in) < 0) return 0;
+  if (!in) {
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most_dyn) !=
+        cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    add_listed(raised, dev, k);
+  }
+  return (size_t)share;
+}
+
 // qkv_rope_append then attention_decode (ops.h) as attention_decode_rope_kernel: 16-bit tables,
 // head dims 64 / 128, 1, 2 or 4 query heads per kv head; 1 (the caller runs the two ops) where it
 // does not apply. op.w != NULL: attention_decode_oproj, which needs the cluster variant.
@@ -4253,6 +4317,8 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   T *o = (T *)out, *K = (T *)kc, *V = (T *)vc;
   const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
   bool ok = false;
+  const long nblk = (long)g.x * g.y * g.z;
+  size_t pad_used = 0; // attention's blocks alone on their multiprocessors (att_alone_pad)
 #define ATT_ROPE(LK, G_)                                                                          \
   ok = op.w ? smem_raised((const void *)attention_decode_rope_kernel<T, LK, G_, true, true>) &&   \
                   launch_cl("attention_decode_oproj", "attention_decode_rope_kernel",             \
@@ -4260,11 +4326,17 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
                             DEC_WARPS * 32, osmem, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, \
                             H, KV, max_T, splits, sc, theta, eps, h.p, h.bytes, op)               \
      : cl ? launch_cl("attention_decode_rope", "attention_decode_rope_kernel",                    \
-                      attention_decode_rope_kernel<T, LK, G_, true>, g, DEC_WARPS * 32, 0, g.x,   \
+                      attention_decode_rope_kernel<T, LK, G_, true>, g, DEC_WARPS * 32,           \
+                      (pad_used = att_alone_pad(                                                  \
+                           (const void *)attention_decode_rope_kernel<T, LK, G_, true>, nblk)),   \
+                      g.x,                                                                        \
                       o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta,  \
                       eps, h.p, h.bytes, op)                                                      \
           : launch("attention_decode_rope", "attention_decode_rope_kernel",                       \
-                   attention_decode_rope_kernel<T, LK, G_>, g, DEC_WARPS * 32, 0, o, part, cnt,   \
+                   attention_decode_rope_kernel<T, LK, G_>, g, DEC_WARPS * 32,                    \
+                   (pad_used =                                                                    \
+                        att_alone_pad((const void *)attention_decode_rope_kernel<T, LK, G_>, nblk)), \
+                   o, part, cnt,                                                                  \
                    r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, h.p,         \
                    h.bytes, op)
   if (hd == 64) {
@@ -4280,6 +4352,7 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   if (!ok) return -1;
   fa_launches++;
   if (cl) cluster_launches++;
+  if (pad_used) alone_launches++;
   if (op.w) oproj_launches++;
   return 0;
 }
@@ -4578,6 +4651,7 @@ extern "C" long ct_cuda_gemv_mma_launches(void) { return mma_launches; }
 extern "C" long ct_cuda_splitk_launches(void) { return splitk_launches; }
 extern "C" long ct_cuda_gemm_rows_launches(void) { return gr_launches; }
 extern "C" long ct_cuda_attention_cluster_launches(void) { return cluster_launches; }
+extern "C" long ct_cuda_attention_alone_launches(void) { return alone_launches; }
 extern "C" long ct_cuda_attention_blk_launches(void) { return ab_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

@@ -152,6 +152,8 @@ long ct_cuda_attention_oproj_launches(void);
 long ct_cuda_attention_qkv_launches(void);
 /* How many attention_decode_rope kernels ran as thread block clusters (CT_DECODE_CLUSTER=1; tests). */
 long ct_cuda_attention_cluster_launches(void);
+/* of them, launched with attention's blocks alone on their multiprocessors (att_alone_pad) */
+long ct_cuda_attention_alone_launches(void);
 /* How many attention_decode_blk kernels (attention_decode for 9+ rows, a block per row and kv head)
  * were launched or recorded into graphs (tests). */
 long ct_cuda_attention_blk_launches(void);

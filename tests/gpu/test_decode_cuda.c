@@ -1133,6 +1133,39 @@ static void test_attention_cluster(void) {
   }
 }
 
+/* attention_decode_rope with its blocks alone on their multiprocessors (the default where its grid
+ * has at most half as many blocks as the device has multiprocessors: each block asks for unused
+ * shared memory, so no other block fits beside it) gives the logits of the unpadded launch (CT_DECODE_ATT_ALONE=0) bit for
+ * bit, clustered and not: GQA 1, 2 and 4, head dims 64 and 128, the cluster test's lengths */
+static void test_attention_alone(void) {
+  static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
+  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+    ct_model *m = tiny_llama_T(2, S[si][0], S[si][1], S[si][2], true, 61 + (uint64_t)si, 256);
+    if (!m) return;
+    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m)), rows = 13, n = rows * Vp;
+    for (int cl = 0; cl < 2; cl++) {
+      float *a = calloc(n, 4), *b = calloc(n, 4);
+      char what[128];
+      snprintf(what, sizeof what, "attention alone on its multiprocessors C%d H%d KV%d%s",
+               S[si][0], S[si][1], S[si][2], cl ? "" : " (no clusters)");
+      setenv("CT_DECODE_CLUSTER", cl ? "1" : "0", 1);
+      setenv("CT_DECODE_ATT_ALONE", "0", 1);
+      long before = ct_cuda_attention_alone_launches();
+      engine_logits_seq(m, ct_ops_cuda_bf16(), a, 200, 256, 70, 12);
+      CHECK_MSG(ct_cuda_attention_alone_launches() == before, "%s: CT_DECODE_ATT_ALONE=0 padded", what);
+      unsetenv("CT_DECODE_ATT_ALONE");
+      before = ct_cuda_attention_alone_launches();
+      engine_logits_seq(m, ct_ops_cuda_bf16(), b, 200, 256, 70, 12);
+      const long ran = ct_cuda_attention_alone_launches() - before;
+      unsetenv("CT_DECODE_CLUSTER");
+      same_bits(what, a, b, n, ran, "padded launches");
+      free(a);
+      free(b);
+    }
+    ct_model_destroy(m);
+  }
+}
+
 /* attention_decode_oproj (CT_DECODE_OPROJ=1: the output projection inside the cluster attention
  * kernel, each kv head's share summed apart and the shares in kv order) against the separate
  * projection (which test_engine checks against the CPU engine): logits within bf16 tolerance
@@ -1383,6 +1416,7 @@ int main(void) {
   test_attention_decode_rope();
   test_l2_hints();
   test_attention_cluster();
+  test_attention_alone();
   test_attention_oproj();
   test_attention_blk();
   /* the staged GEMV and the norm + qkv + attention kernel repeat gemv_kernel's arithmetic: their
