@@ -118,13 +118,14 @@
 # way: attention's blocks alone on their multiprocessors (unused shared memory asked for, so the
 # early GEMV blocks sit elsewhere) is +5.2% at batch 1 (Qwen3-0.6B shape) and +3.3% (Llama-1B), but
 # -2 to -4% on Llama-1B at batch 2-4 where attention takes 73% of the multiprocessors: the default
-# now where its grid is at most half of them (att_alone_pad; bench/results/call136-139_*). Next along
+# now where its grid is at most half of them (att_alone_pad; bench/results/call136-140_*). Next along
 # this line: the timeline build with it on (is attention now ~5.9 us from release to release, its
 # phases near the 0.95 / 0.95 / 1.2 / 1.5 us they take with nothing beside them?), and whether other
 # latency-bound kernels with early-launched neighbours (the argmax after the head; the output
 # projection beside gate/up's preloads) gain from the same, traded against the room the early
-# blocks lose. On the H100 the batch-1 Qwen3 step is then at ~58% of that card's bound (3,004.5
-# GB/s copy bandwidth: ~406 us); the H200 has 39% more bandwidth and needs ~2,050 tokens/s.
+# blocks lose (8-warp attention blocks, fewer multiprocessors taken: -4.3%, call 140). On the H100
+# the batch-1 Qwen3 step is then at 58% of that card's bound (bench/gpu_decode.sh, call 139: 2,997
+# GB/s copy bandwidth: 407.6 us); the H200 has ~39% more bandwidth and needs ~2,050 tokens/s.
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation

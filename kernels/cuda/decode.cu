@@ -663,7 +663,9 @@ __global__ void kv_append_kernel(T *kc, T *vc, const T *qkv, const int32_t *slot
 // Qwen3-0.6B shape, the same ids): 8 or 12 warps a block ran 1% slower at 384 cached keys
 // (clusters of 3 or 2 blocks instead of 6), and 12 ran 4% faster at 1,256 (1,218 against 1,170
 // tokens/s: a cluster of 7 where 4 warps need 20 blocks, past the cluster limit of 8, and merge
-// through L2): a block size chosen by the cache length would take both.
+// through L2): a block size chosen by the cache length would take both. With attention's blocks
+// alone on their multiprocessors (att_alone_pad; 2026-12-05, call 140, an H100, batch 1), 8 warps
+// ran 4.3% slower on the Qwen3-0.6B shape and 2.9% on Llama-3.2-1B's, GPT-2 even.
 #ifndef DEC_WARPS
 #define DEC_WARPS 4      // warps (splits) per block
 #endif
@@ -4230,7 +4232,7 @@ bool smem_raised(const void *k) {
 // for so much unused dynamic shared memory that it sits alone on one; the GEMVs' early blocks take
 // the other multiprocessors. Same arithmetic, so the same bits (test_attention_alone).
 // Measured (2026-12-05, one H100, 128 + 256 tokens, greedy, bf16, graphs; the variants against
-// each other in one call, two or three rounds; bench/results/call136-139_2026-12-05_H100_attalone):
+// each other in one call, two or three rounds; bench/results/call136-140_2026-12-05_H100_attalone):
 //   Qwen3-0.6B shape, batch 1 (48 blocks): 1,414-1,428 against 1,344-1,358 tokens/s (+5.2%)
 //   Llama-3.2-1B shape, batch 1 (48 blocks): 971-989 against 947-952 (+3.3%)
 //   GPT-2 124M, batch 1 (72 blocks): 3,622-3,685 against 3,627-3,651 (even)

@@ -1,7 +1,8 @@
 #!/bin/bash
 # device call 139: the landed rule (attention's blocks alone where its grid has at most half as
 # many blocks as there are multiprocessors): decode op tests, the rule against CT_DECODE_ATT_ALONE=0
-# (batch 1 and 2, same process order), the same ids, then bench/gpu_decode.sh (Transformers in
+# (batch 1 and 2, same process order), the same ids, two more variants with it on (the
+# counter merge instead of the cluster; attention prefetching a later kernel's weights into L2), then bench/gpu_decode.sh (Transformers in
 # the same run; torch.compile at batch 1)
 cd /work/main 2>/dev/null || cd "$(dirname "$0")/../../.."
 tar -xJf .carry/pack.tar.xz
@@ -23,6 +24,8 @@ ts "ids qwen3-0.6b (batch 1 and 8): default $(ids qwen3-0.6b) off $(ids qwen3-0.
 for r in 1 2; do
   ab def_qwen3_$r qwen3-0.6b 1,1,2
   ab off_qwen3_$r qwen3-0.6b 1,1,2 CT_DECODE_ATT_ALONE=0
+  ab nocluster_qwen3_$r qwen3-0.6b 1,1 CT_DECODE_CLUSTER=0
+  ab prefetch_att_qwen3_$r qwen3-0.6b 1,1 CT_DECODE_PREFETCH=att
 done
 ab def_llama1b llama3.2-1b 1,1,2
 ab off_llama1b llama3.2-1b 1,1,2 CT_DECODE_ATT_ALONE=0
