@@ -114,7 +114,7 @@
 # 5090, blog.alpindale.net/posts/5090_decode_optimization: ~0.97 ms a token against its 712 us
 # bound) spends ~260 us a token beyond streaming the weights, ~9 us a layer; that overhead over the
 # H200's 293 us bound would be ~53%. ctrain spends ~384 us (~13.7 us a layer); 60% allows 195 us.
-# Session 27 (calls 136-139, 2026-12-05, H100s again): the co-residency cost above, taken the other
+# Session 27 (calls 136-140, 2026-12-05, H100s again): the co-residency cost above, taken the other
 # way: attention's blocks alone on their multiprocessors (unused shared memory asked for, so the
 # early GEMV blocks sit elsewhere) is +5.2% at batch 1 (Qwen3-0.6B shape) and +3.3% (Llama-1B), but
 # -2 to -4% on Llama-1B at batch 2-4 where attention takes 73% of the multiprocessors: the default
