@@ -119,9 +119,11 @@
 # early GEMV blocks sit elsewhere) is +5.2% at batch 1 (Qwen3-0.6B shape) and +3.3% (Llama-1B), but
 # -2 to -4% on Llama-1B at batch 2-4 where attention takes 73% of the multiprocessors: the default
 # now where its grid is at most half of them (att_alone_pad; bench/results/call136-140_*). Next along
-# this line: the timeline build with it on (is attention now ~5.9 us from release to release, its
-# phases near the 0.95 / 0.95 / 1.2 / 1.5 us they take with nothing beside them?), and whether other
-# latency-bound kernels with early-launched neighbours (the argmax after the head; the output
+# this line: the timeline with it on (call 141, summary.txt there) shows attention's block 0 ~0.9
+# us faster but the kernel no shorter (its blocks wait for empty multiprocessors, so they start
+# later); the gain is qkv (-0.93 us a layer) and o_proj (-1.09) with no attention block beside
+# them, less gate/up (+0.40) and down (+0.85). Try: attention's blocks started no later than before
+# (fewer of them, or room kept for them while qkv runs), and whether other latency-bound kernels with early-launched neighbours (the argmax after the head; the output
 # projection beside gate/up's preloads) gain from the same, traded against the room the early
 # blocks lose (8-warp attention blocks, fewer multiprocessors taken: -4.3%, call 140). On the H100
 # the batch-1 Qwen3 step is then at 58% of that card's bound (bench/gpu_decode.sh, call 139: 2,997

@@ -4239,6 +4239,11 @@ bool smem_raised(const void *k) {
 //   batch 2 (96 blocks: 73% of the 132 multiprocessors): Qwen3 +3.8%, Llama-1B -3.9%; batch 4
 //   with two blocks a multiprocessor: Qwen3 +1.1%, Llama-1B -2.0%; batch 8 with three: Qwen3
 //   -10%. The bigger the share taken, the fewer early GEMV blocks find room; hence the cap.
+// Where it comes from (call 141's timeline, release to release, a layer 22.01 against 22.84 us):
+// the qkv GEMV (3.24 against 4.17 us) and the output projection (2.25 against 3.34) no longer
+// share multiprocessors with attention's blocks; attention's block 0 runs its phases ~0.9 us
+// faster but the kernel is no shorter (its blocks wait for empty multiprocessors, so start
+// later), and gate/up and down, with fewer multiprocessors to preload on, give back 0.4 and 0.85.
 // A pad that only keeps attention's blocks apart (GEMV blocks still fit beside): +1.8%. The
 // launch after attention without the early launch instead (nothing waiting beside it, nothing
 // preloaded): -6%. CT_DECODE_ATT_ALONE=P (default 50) sets the percentage; 0 turns it off. Read
