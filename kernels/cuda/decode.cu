@@ -63,7 +63,7 @@
 //    for the launch gaps). Triggering attention's dependents after its split math made the rope
 //    and split math fast and the merge slow (1,483 against 1,483 tokens/s, call 73); the output
 //    projection triggering gate/up only after its own wait ran 1% slower (call 74). What does pay
-//    (2026-12-05, calls 136-139): keeping those blocks off attention's multiprocessors rather than
+//    (2026-12-05, calls 136-141): keeping those blocks off attention's multiprocessors rather than
 //    launching them later; attention's blocks ask for unused shared memory where its grid is small
 //    (att_alone_pad): +5.2% at batch 1 on the Qwen3-0.6B shape, +3.3% on Llama-3.2-1B's (H100).
 //  - The old keys' DRAM loads are not on attention's critical path: without them (a measurement

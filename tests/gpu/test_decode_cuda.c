@@ -1133,9 +1133,10 @@ static void test_attention_cluster(void) {
   }
 }
 
-/* attention_decode_rope with its blocks alone on their multiprocessors (the default where its grid
- * has at most half as many blocks as the device has multiprocessors: each block asks for unused
- * shared memory, so no other block fits beside it) gives the logits of the unpadded launch (CT_DECODE_ATT_ALONE=0) bit for
+/* attention_decode_rope with its blocks alone on their multiprocessors (each block asks for unused
+ * shared memory, so no other block fits beside it; the default where its grid has at most half as
+ * many blocks as the device has multiprocessors, here asked for up to one block each so that a
+ * smaller GPU runs it too) gives the logits of the unpadded launch (CT_DECODE_ATT_ALONE=0) bit for
  * bit, clustered and not: GQA 1, 2 and 4, head dims 64 and 128, the cluster test's lengths */
 static void test_attention_alone(void) {
   static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
@@ -1153,10 +1154,11 @@ static void test_attention_alone(void) {
       long before = ct_cuda_attention_alone_launches();
       engine_logits_seq(m, ct_ops_cuda_bf16(), a, 200, 256, 70, 12);
       CHECK_MSG(ct_cuda_attention_alone_launches() == before, "%s: CT_DECODE_ATT_ALONE=0 padded", what);
-      unsetenv("CT_DECODE_ATT_ALONE");
+      setenv("CT_DECODE_ATT_ALONE", "100", 1);
       before = ct_cuda_attention_alone_launches();
       engine_logits_seq(m, ct_ops_cuda_bf16(), b, 200, 256, 70, 12);
       const long ran = ct_cuda_attention_alone_launches() - before;
+      unsetenv("CT_DECODE_ATT_ALONE");
       unsetenv("CT_DECODE_CLUSTER");
       same_bits(what, a, b, n, ran, "padded launches");
       free(a);
