@@ -1921,7 +1921,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
                                  const T *qnw, const T *knw, T *kc, T *vc, const int32_t *slot,
                                  const int32_t *pos, int H, int KV, int max_T, int splits,
                                  float scale, float theta, float eps, const void *pf,
-                                 size_t pfb, oproj_args<T> op) {
+                                 size_t pfb, oproj_args<T> op, int late) {
   static_assert(!OP || CL, "the output projection runs in the cluster variant only");
   constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -1932,7 +1932,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   __shared__ __align__(16) T om[OP ? G * hd : 8];                    // OP: the merged heads
   __shared__ int last;
   l2_prefetch_slice(pf, pfb);
-  pdl_trigger();
+  if (!late) pdl_trigger();
   const int p = pos[n], len = p + 1, k0 = sp * DEC_CHUNK;
   const bool active = sp < splits && k0 < len;
   const long s = slot ? slot[n] : n;
@@ -1944,6 +1944,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   __shared__ uint64_t obar;
   if constexpr (OP) oproj_stage<T, G * hd>(op, H * hd, kv, gridDim.x, blockIdx.x, (T *)att_dyn, &obar);
   pdl_wait();
+  if (late) pdl_trigger();
   __syncthreads();
   if (active) {
     T(*q)[hd] = qs[w];
@@ -2987,6 +2988,69 @@ size_t smem_optin() {
   }
   return (size_t)v[dev];
 }
+// A multiprocessor's shared memory and the part reserved for each block resident on it (bytes;
+// cached per device); false where the device does not say.
+bool sm_smem_info(int *per_sm, int *reserved) {
+  static int sm[16], res[16];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return false;
+  if (!sm[dev] &&
+      (cudaDeviceGetAttribute(&sm[dev], cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+       cudaDeviceGetAttribute(&res[dev], cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess)) {
+    cudaGetLastError();
+    sm[dev] = -1;
+  }
+  if (sm[dev] <= 0) return false;
+  *per_sm = sm[dev];
+  *reserved = res[dev];
+  return true;
+}
+// Kernel k's static shared memory (bytes), -1 where it cannot be had.
+long static_smem(const void *k) {
+  cudaFuncAttributes fa;
+  if (cudaFuncGetAttributes(&fa, k) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return (long)fa.sharedSizeBytes;
+}
+// Kernel k's dynamic shared memory limit raised to the device's opt-in limit less its static bytes
+// (once per kernel and device); false where that failed (nothing reported: the callers fall back to no padding).
+bool smem_raise_quiet(const void *k) {
+  static kernel_list raised;
+  bool in;
+  const int dev = listed(raised, k, &in);
+  if (dev < 0) return false;
+  if (in) return true;
+  const long st = static_smem(k); // the limit counts the dynamic bytes on top of the static ones
+  if (st < 0 || cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)((long)smem_optin() - st)) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  add_listed(raised, dev, k);
+  return true;
+}
+
+// The GEMV launches still to pad after an attention launch kept apart from them (att_pad), and
+// how many were padded.
+int apart_left;
+long apart_gemvs;
+// The dynamic shared memory of a GEMV launch of kernel k that needs `smem`: while apart_left
+// lasts, a quarter of a multiprocessor's shared memory with the reserved part (one launch of
+// apart_left taken).
+size_t apart_gemv_smem(const void *k, size_t smem) {
+  if (apart_left <= 0) return smem;
+  apart_left--;
+  int sm = 0, res = 0;
+  const long st = static_smem(k);
+  if (!sm_smem_info(&sm, &res) || st < 0) return smem;
+  const long want = (long)sm / 4 - res - st;
+  if (want <= (long)smem || want > (long)smem_optin() - st || !smem_raise_quiet(k)) return smem;
+  apart_gemvs++;
+  return (size_t)want;
+}
+
 // Kernel k may use `bytes` of dynamic shared memory (raised once per kernel and device to the
 // device's opt-in limit).
 bool smem_allow(const void *k, const char *op) {
@@ -3370,7 +3434,8 @@ void gemv_mma_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, con
   if (blocks > cap) blocks = cap;
   if (!raise_smem((const void *)k, GM_SMEM_MAX)) return; // reported; the step fails at its check
   const l2_hint_t h = take_hint();
-  if (launch("decode gemv", "gemv_mma_kernel", k, blocks, GV_WARPS * 32, smem, (void *)out,
+  if (launch("decode gemv", "gemv_mma_kernel", k, blocks, GV_WARPS * 32,
+             apart_gemv_smem((const void *)k, smem), (void *)out,
              (const void *)inp, (const void *)nw, (const void *)nb, (const void *)w, (const void *)bias,
              (const void *)res, nr, nx, IC, OC, eps, vn, h.p, h.bytes))
     mma_launches++;
@@ -3414,7 +3479,8 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T
   // to shared memory first (where that still fits the 48 KB)
   const int vn = !v2_on() ? 0 : NORM && (size_t)(N + gv_np(NORM, 2)) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
   launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
-         (size_t)(N + gv_np(NORM, vn)) * IC * sizeof(T), out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn,
+         apart_gemv_smem((const void *)gemv_kernel<T, N, R, U, NORM, MODE>,
+                         (size_t)(N + gv_np(NORM, vn)) * IC * sizeof(T)), out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn,
          h.p, h.bytes);
 }
 
@@ -4185,7 +4251,7 @@ bool cluster_on() {
   return cc_major() >= 9;
 }
 long cluster_launches; // of them, launched as clusters
-long alone_launches;   // of them, alone on their multiprocessors (att_alone_pad)
+long alone_launches;   // of them, alone on their multiprocessors (att_pad)
 // Tried and taken out (f528c9f, bench/results/call72_f528c9f): each split pushing its rows into
 // block 0's shared memory (block 0 merges locally, the other blocks leave after one barrier) and
 // the q / k norm weights loaded into shared memory before the wait: bit-identical and no faster
@@ -4224,69 +4290,61 @@ bool smem_raised(const void *k) {
   return true;
 }
 
-// Attention's blocks alone on their multiprocessors. attention_decode_rope is a chain of short
-// latencies (L2 loads, shuffles, a cluster barrier, the merge); the output projection's and
-// gate/up's blocks, launched early beside it with their weight loads in flight, slow each of its
-// phases (their data returning through the same L1 / shared-memory path). Where its grid has at
-// most att_alone_pct() percent as many blocks as the device has multiprocessors, each block asks
-// for so much unused dynamic shared memory that it sits alone on one; the GEMVs' early blocks take
-// the other multiprocessors. Same arithmetic, so the same bits (test_attention_alone).
-// Measured (2026-12-05, one H100, 128 + 256 tokens, greedy, bf16, graphs; the variants against
-// each other in one call, two or three rounds; bench/results/call136-140_2026-12-05_H100_attalone):
-//   Qwen3-0.6B shape, batch 1 (48 blocks): 1,414-1,428 against 1,344-1,358 tokens/s (+5.2%)
-//   Llama-3.2-1B shape, batch 1 (48 blocks): 971-989 against 947-952 (+3.3%)
-//   GPT-2 124M, batch 1 (72 blocks): 3,622-3,685 against 3,627-3,651 (even)
-//   batch 2 (96 blocks: 73% of the 132 multiprocessors): Qwen3 +3.8%, Llama-1B -3.9%; batch 4
-//   with two blocks a multiprocessor: Qwen3 +1.1%, Llama-1B -2.0%; batch 8 with three: Qwen3
-//   -10%. The bigger the share taken, the fewer early GEMV blocks find room; hence the cap.
-// Where it comes from (call 141's timeline, release to release, a layer 22.01 against 22.84 us):
-// the qkv GEMV (3.24 against 4.17 us) and the output projection (2.25 against 3.34) no longer
-// share multiprocessors with attention's blocks; attention's block 0 runs its phases ~0.9 us
-// faster but the kernel is no shorter (its blocks wait for empty multiprocessors, so start
-// later), and gate/up and down, with fewer multiprocessors to preload on, give back 0.4 and 0.85.
-// A pad that only keeps attention's blocks apart (GEMV blocks still fit beside): +1.8%. The
-// launch after attention without the early launch instead (nothing waiting beside it, nothing
-// preloaded): -6%. CT_DECODE_ATT_ALONE=P (default 50) sets the percentage; 0 turns it off. Read
-// at every call.
-int att_alone_pct() { return env_int("CT_DECODE_ATT_ALONE", 50); }
-// Dynamic shared memory a block of kernel k for `blocks` attention blocks (0: the rule does not
-// apply, or the device does not allow it). Raises k's limit once per device.
-size_t att_alone_pad(const void *k, long blocks) {
-  const int pct = att_alone_pct(), sms = num_sms();
-  if (pct <= 0 || sms <= 0 || blocks * 100 > (long)sms * pct) return 0;
-  static int sm_smem[16], reserved[16];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 0;
-  if (!sm_smem[dev] &&
-      (cudaDeviceGetAttribute(&sm_smem[dev], cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) !=
-           cudaSuccess ||
-       cudaDeviceGetAttribute(&reserved[dev], cudaDevAttrReservedSharedMemoryPerBlock, dev) !=
-           cudaSuccess)) {
-    cudaGetLastError();
-    sm_smem[dev] = -1;
-  }
-  cudaFuncAttributes fa;
-  if (sm_smem[dev] <= 0 || cudaFuncGetAttributes(&fa, k) != cudaSuccess) {
-    cudaGetLastError();
+// Attention's blocks kept apart from the GEMVs launched early beside them. attention_decode_rope
+// is a chain of short latencies (L2 loads, shuffles, a cluster barrier, the merge); the output
+// projection's and gate/up's blocks, launched early beside it with their weight loads in flight,
+// slow each of its phases. Where attention's grid has at most P percent as many blocks as the
+// device has multiprocessors, its blocks and those GEMVs' ask for unused dynamic shared memory so
+// that they cannot share a multiprocessor (same arithmetic, so the same bits: test_attention_pad):
+//  - apart (the default, CT_DECODE_ATT_APART=P, 50; 0 turns it off): each attention block asks for
+//    just over three quarters of a multiprocessor's shared memory and each block of the next two
+//    GEMV launches (the output projection, gate/up) for a quarter (apart_gemv_smem: four still fit
+//    together, as their registers allow). The qkv GEMV's small blocks still fit beside attention's,
+//    so attention's blocks start beside them as without a pad, their old keys loaded early; and
+//    attention triggers its dependents only after its wait (CT_DECODE_ATT_LATE=0 at its start), so
+//    the projection's weight loads stay out of the qkv GEMV's tail.
+//  - alone (CT_DECODE_ATT_ALONE=P, 0 by default; it wins over apart where set): each attention
+//    block asks for a whole multiprocessor's shared memory, so nothing sits beside it; its blocks
+//    then wait for empty multiprocessors.
+// Measured (one H100, 128 + 256 tokens, greedy, bf16, graphs; the variants against each other in
+// one call, interleaved rounds), decode tokens/s at batch 1:
+//   call 144 (bench/results/call143_2026-12-05_apart): Qwen3-0.6B shape apart 1,455-1,468, apart
+//   with the early trigger 1,430-1,450, alone 1,419-1,426, no pad 1,335-1,367, only the output
+//   projection padded (not gate/up) 1,347-1,357; Llama-3.2-1B shape apart 985-994, alone 972-989.
+//   Calls 136-141 (bench/results/call136-140_2026-12-05_H100_attalone), alone against no pad:
+//   Qwen3-0.6B +5.2%, Llama-3.2-1B +3.3%, GPT-2 124M (72 blocks, over half) even when forced;
+//   alone at batch 2 (96 blocks: 73% of the 132 multiprocessors): Qwen3 +3.8%, Llama-1B -3.9%;
+//   batch 4 with two blocks a multiprocessor: +1.1% / -2.0%; batch 8 with three: Qwen3 -10%. The
+//   bigger the share taken, the fewer early GEMV blocks find room; hence the cap. Call 141's
+//   timeline (alone, a layer 22.01 against 22.84 us release to release): the qkv GEMV 3.24 against
+//   4.17 us, the output projection 2.25 against 3.34, attention no shorter (its blocks started
+//   later), gate/up and down 0.4 and 0.85 longer.
+// Read at every call.
+int att_alone_pct() { return env_int("CT_DECODE_ATT_ALONE", 0); }
+int att_apart_pct() { return env_int("CT_DECODE_ATT_APART", 50); }
+long apart_launches; // attention kernels launched apart (att_pad)
+// Dynamic shared memory a block of attention kernel k for a grid of `blocks` (0: no pad: the rule
+// does not apply, or the device does not allow it); with apart, apart_left = 2 and *late set
+// (attention triggers its dependents after its wait). Raises k's limit once per device.
+size_t att_pad(const void *k, long blocks, int *late) {
+  apart_left = 0;
+  *late = 0;
+  const int alone = att_alone_pct(), apart = att_apart_pct(), sms = num_sms();
+  const int pct = alone > 0 ? alone : apart;
+  int sm = 0, res = 0;
+  const long st = static_smem(k);
+  if (pct <= 0 || sms <= 0 || blocks * 100 > (long)sms * pct || !sm_smem_info(&sm, &res) || st < 0)
     return 0;
+  // alone: the multiprocessor's shared memory less the reserved part and the static arrays;
+  // apart: 1 KB more than all but the quarter each padded GEMV block takes
+  long want = alone > 0 ? (long)sm - res - st : (long)sm - sm / 4 + 1024 - res - st;
+  if (want > (long)smem_optin() - st) want = (long)smem_optin() - st;
+  if (want <= 0 || !smem_raise_quiet(k)) return 0;
+  if (alone <= 0) {
+    apart_left = 2;
+    *late = env_int("CT_DECODE_ATT_LATE", 1) != 0;
   }
-  // the multiprocessor's shared memory, less the reserved part and the block's static arrays
-  const long most_dyn = (long)smem_optin() - (long)fa.sharedSizeBytes;
-  long share = sm_smem[dev] - reserved[dev] - (long)fa.sharedSizeBytes;
-  if (share > most_dyn) share = most_dyn;
-  if (share <= 0) return 0;
-  static kernel_list raised;
-  bool in;
-  if (listed(raised, k, &in) < 0) return 0;
-  if (!in) {
-    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most_dyn) !=
-        cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    add_listed(raised, dev, k);
-  }
-  return (size_t)share;
+  return (size_t)want;
 }
 
 // qkv_rope_append then attention_decode (ops.h) as attention_decode_rope_kernel: 16-bit tables,
@@ -4296,6 +4354,7 @@ template <typename T>
 int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw, void *kc,
                     void *vc, const int32_t *slot, const int32_t *pos, int N, int H, int KV,
                     int hd, int max_T, float theta, float eps, oproj_args<T> op) {
+  apart_left = 0;
   if (N <= 0 || !fused_att_on(N) || !gemv_on() || !v2_on() || (hd != 64 && hd != 128) || KV <= 0 ||
       H % KV)
     return 1;
@@ -4325,27 +4384,30 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   const T *r = (const T *)raw, *gq = (const T *)qnw, *gk = (const T *)knw;
   bool ok = false;
   const long nblk = (long)g.x * g.y * g.z;
-  size_t pad_used = 0; // attention's blocks alone on their multiprocessors (att_alone_pad)
+  size_t pad = 0; // attention's blocks kept apart (att_pad)
+  int late = 0;    // with apart: attention triggers its dependents after its wait
 #define ATT_ROPE(LK, G_)                                                                          \
-  ok = op.w ? smem_raised((const void *)attention_decode_rope_kernel<T, LK, G_, true, true>) &&   \
-                  launch_cl("attention_decode_oproj", "attention_decode_rope_kernel",             \
-                            attention_decode_rope_kernel<T, LK, G_, true, true>, g,               \
-                            DEC_WARPS * 32, osmem, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, \
-                            H, KV, max_T, splits, sc, theta, eps, h.p, h.bytes, op)               \
-     : cl ? launch_cl("attention_decode_rope", "attention_decode_rope_kernel",                    \
-                      attention_decode_rope_kernel<T, LK, G_, true>, g, DEC_WARPS * 32,           \
-                      (pad_used = att_alone_pad(                                                  \
-                           (const void *)attention_decode_rope_kernel<T, LK, G_, true>, nblk)),   \
-                      g.x,                                                                        \
-                      o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta,  \
-                      eps, h.p, h.bytes, op)                                                      \
-          : launch("attention_decode_rope", "attention_decode_rope_kernel",                       \
-                   attention_decode_rope_kernel<T, LK, G_>, g, DEC_WARPS * 32,                    \
-                   (pad_used =                                                                    \
-                        att_alone_pad((const void *)attention_decode_rope_kernel<T, LK, G_>, nblk)), \
-                   o, part, cnt,                                                                  \
-                   r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, eps, h.p,         \
-                   h.bytes, op)
+  do {                                                                                            \
+    if (op.w) {                                                                                   \
+      auto k = attention_decode_rope_kernel<T, LK, G_, true, true>;                               \
+      ok = smem_raised((const void *)k) &&                                                        \
+           launch_cl("attention_decode_oproj", "attention_decode_rope_kernel", k, g,              \
+                     DEC_WARPS * 32, osmem, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV, \
+                     max_T, splits, sc, theta, eps, h.p, h.bytes, op, 0);                         \
+    } else if (cl) {                                                                              \
+      auto k = attention_decode_rope_kernel<T, LK, G_, true>;                                     \
+      pad = att_pad((const void *)k, nblk, &late);                                                \
+      ok = launch_cl("attention_decode_rope", "attention_decode_rope_kernel", k, g,               \
+                     DEC_WARPS * 32, pad, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV,   \
+                     max_T, splits, sc, theta, eps, h.p, h.bytes, op, late);                      \
+    } else {                                                                                      \
+      auto k = attention_decode_rope_kernel<T, LK, G_>;                                           \
+      pad = att_pad((const void *)k, nblk, &late);                                                \
+      ok = launch("attention_decode_rope", "attention_decode_rope_kernel", k, g, DEC_WARPS * 32,  \
+                  pad, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, \
+                  eps, h.p, h.bytes, op, late);                                                   \
+    }                                                                                             \
+  } while (0)
   if (hd == 64) {
     if (G == 1) ATT_ROPE(8, 1);
     else if (G == 2) ATT_ROPE(8, 2);
@@ -4359,7 +4421,8 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   if (!ok) return -1;
   fa_launches++;
   if (cl) cluster_launches++;
-  if (pad_used) alone_launches++;
+  if (pad && apart_left) apart_launches++;
+  else if (pad) alone_launches++;
   if (op.w) oproj_launches++;
   return 0;
 }
@@ -4659,6 +4722,8 @@ extern "C" long ct_cuda_splitk_launches(void) { return splitk_launches; }
 extern "C" long ct_cuda_gemm_rows_launches(void) { return gr_launches; }
 extern "C" long ct_cuda_attention_cluster_launches(void) { return cluster_launches; }
 extern "C" long ct_cuda_attention_alone_launches(void) { return alone_launches; }
+extern "C" long ct_cuda_attention_apart_launches(void) { return apart_launches; }
+extern "C" long ct_cuda_apart_gemv_launches(void) { return apart_gemvs; }
 extern "C" long ct_cuda_attention_blk_launches(void) { return ab_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

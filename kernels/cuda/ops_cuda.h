@@ -152,8 +152,12 @@ long ct_cuda_attention_oproj_launches(void);
 long ct_cuda_attention_qkv_launches(void);
 /* How many attention_decode_rope kernels ran as thread block clusters (CT_DECODE_CLUSTER=1; tests). */
 long ct_cuda_attention_cluster_launches(void);
-/* of them, launched with attention's blocks alone on their multiprocessors (att_alone_pad) */
+/* How many attention_decode_rope kernels were launched with their blocks alone on their
+ * multiprocessors (CT_DECODE_ATT_ALONE), and apart from the next two GEMVs (CT_DECODE_ATT_APART;
+ * att_pad in decode.cu), and how many GEMV launches were padded to stay apart (tests). */
 long ct_cuda_attention_alone_launches(void);
+long ct_cuda_attention_apart_launches(void);
+long ct_cuda_apart_gemv_launches(void);
 /* How many attention_decode_blk kernels (attention_decode for 9+ rows, a block per row and kv head)
  * were launched or recorded into graphs (tests). */
 long ct_cuda_attention_blk_launches(void);

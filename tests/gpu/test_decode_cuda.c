@@ -1133,12 +1133,16 @@ static void test_attention_cluster(void) {
   }
 }
 
-/* attention_decode_rope with its blocks alone on their multiprocessors (each block asks for unused
- * shared memory, so no other block fits beside it; the default where its grid has at most half as
- * many blocks as the device has multiprocessors, here asked for up to one block each so that a
- * smaller GPU runs it too) gives the logits of the unpadded launch (CT_DECODE_ATT_ALONE=0) bit for
- * bit, clustered and not: GQA 1, 2 and 4, head dims 64 and 128, the cluster test's lengths */
-static void test_attention_alone(void) {
+/* attention_decode_rope with its blocks kept from sharing multiprocessors by unused shared memory
+ * (att_pad in decode.cu) gives the logits of the unpadded launch bit for bit, clustered and not:
+ * GQA 1, 2 and 4, head dims 64 and 128, the cluster test's lengths. Both modes, each asked for up
+ * to one block a multiprocessor so that a GPU smaller than the default's half runs them too:
+ * alone (CT_DECODE_ATT_ALONE=100: nothing beside attention's blocks) and apart
+ * (CT_DECODE_ATT_APART=100, the default at most half: the output projection's and gate/up's GEMV
+ * blocks padded so they cannot sit beside attention's, which triggers its dependents after its
+ * wait; two padded GEMV launches for each attention launch). CT_DECODE_ATT_APART=0 with
+ * CT_DECODE_ATT_ALONE=0 must pad nothing. */
+static void test_attention_pad(void) {
   static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
   for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
     ct_model *m = tiny_llama_T(2, S[si][0], S[si][1], S[si][2], true, 61 + (uint64_t)si, 256);
@@ -1146,21 +1150,38 @@ static void test_attention_alone(void) {
     const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m)), rows = 13, n = rows * Vp;
     for (int cl = 0; cl < 2; cl++) {
       float *a = calloc(n, 4), *b = calloc(n, 4);
-      char what[128];
-      snprintf(what, sizeof what, "attention alone on its multiprocessors C%d H%d KV%d%s",
-               S[si][0], S[si][1], S[si][2], cl ? "" : " (no clusters)");
+      char what[160];
       setenv("CT_DECODE_CLUSTER", cl ? "1" : "0", 1);
       setenv("CT_DECODE_ATT_ALONE", "0", 1);
-      long before = ct_cuda_attention_alone_launches();
+      setenv("CT_DECODE_ATT_APART", "0", 1);
+      const long alone0 = ct_cuda_attention_alone_launches(), apart0 = ct_cuda_attention_apart_launches(),
+                 gemv0 = ct_cuda_apart_gemv_launches();
       engine_logits_seq(m, ct_ops_cuda_bf16(), a, 200, 256, 70, 12);
-      CHECK_MSG(ct_cuda_attention_alone_launches() == before, "%s: CT_DECODE_ATT_ALONE=0 padded", what);
-      setenv("CT_DECODE_ATT_ALONE", "100", 1);
-      before = ct_cuda_attention_alone_launches();
-      engine_logits_seq(m, ct_ops_cuda_bf16(), b, 200, 256, 70, 12);
-      const long ran = ct_cuda_attention_alone_launches() - before;
+      CHECK_MSG(ct_cuda_attention_alone_launches() == alone0 &&
+                    ct_cuda_attention_apart_launches() == apart0 && ct_cuda_apart_gemv_launches() == gemv0,
+                "C%d H%d KV%d: CT_DECODE_ATT_ALONE=0 CT_DECODE_ATT_APART=0 still padded", S[si][0],
+                S[si][1], S[si][2]);
+      for (int mode = 0; mode < 2; mode++) {
+        snprintf(what, sizeof what, "attention %s C%d H%d KV%d%s", mode ? "apart from the GEMVs" : "alone",
+                 S[si][0], S[si][1], S[si][2], cl ? "" : " (no clusters)");
+        setenv(mode ? "CT_DECODE_ATT_APART" : "CT_DECODE_ATT_ALONE", "100", 1);
+        const long al = ct_cuda_attention_alone_launches(), ap = ct_cuda_attention_apart_launches(),
+                   gv = ct_cuda_apart_gemv_launches();
+        engine_logits_seq(m, ct_ops_cuda_bf16(), b, 200, 256, 70, 12);
+        const long ran_alone = ct_cuda_attention_alone_launches() - al,
+                   ran_apart = ct_cuda_attention_apart_launches() - ap,
+                   gemvs = ct_cuda_apart_gemv_launches() - gv;
+        setenv(mode ? "CT_DECODE_ATT_APART" : "CT_DECODE_ATT_ALONE", "0", 1);
+        CHECK_MSG(mode ? ran_alone == 0 : ran_apart == 0 && gemvs == 0,
+                  "%s: the other mode ran (%ld alone, %ld apart)", what, ran_alone, ran_apart);
+        if (mode)
+          CHECK_MSG(gemvs == 2 * ran_apart, "%s: %ld padded GEMV launches for %ld attention launches"
+                    " (expected two each)", what, gemvs, ran_apart);
+        same_bits(what, a, b, n, mode ? ran_apart : ran_alone, "padded launches");
+      }
       unsetenv("CT_DECODE_ATT_ALONE");
+      unsetenv("CT_DECODE_ATT_APART");
       unsetenv("CT_DECODE_CLUSTER");
-      same_bits(what, a, b, n, ran, "padded launches");
       free(a);
       free(b);
     }
@@ -1418,7 +1439,7 @@ int main(void) {
   test_attention_decode_rope();
   test_l2_hints();
   test_attention_cluster();
-  test_attention_alone();
+  test_attention_pad();
   test_attention_oproj();
   test_attention_blk();
   /* the staged GEMV and the norm + qkv + attention kernel repeat gemv_kernel's arithmetic: their
