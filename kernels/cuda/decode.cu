@@ -65,7 +65,12 @@
 //    projection triggering gate/up only after its own wait ran 1% slower (call 74). What does pay
 //    (2026-12-05, calls 136-141): keeping those blocks off attention's multiprocessors rather than
 //    launching them later; attention's blocks ask for unused shared memory where its grid is small
-//    (att_alone_pad): +5.2% at batch 1 on the Qwen3-0.6B shape, +3.3% on Llama-3.2-1B's (H100).
+//    (alone): +5.2% at batch 1 on the Qwen3-0.6B shape, +3.3% on Llama-3.2-1B's (H100). Better
+//    (calls 143-146, bench/results/call143_2026-12-05_apart): attention's blocks and the output
+//    projection's and gate/up's kept apart by pads on both sides, so attention's may still start
+//    beside the qkv GEMV's, and attention triggering its dependents only after its wait (att_pad):
+//    on an H200 1,593-1,597 tokens/s against 1,516-1,535 alone and 1,475-1,478 with no pad (47% of
+//    the bound); padding the output projection alone was no better than no pad (H100).
 //  - The old keys' DRAM loads are not on attention's critical path: without them (a measurement
 //    build) its phases are the same (call 70). Pushing the splits' rows into block 0's shared
 //    memory and loading the q/k norm weights before the wait changed nothing (call 72).
@@ -335,7 +340,9 @@ __device__ unsigned tl_am_slot;
 // Programmatic dependent launch (sm_90): let the next kernel in the stream launch now; wait
 // until the kernel before this one has finished and its writes are visible. Both are no-ops
 // for a kernel launched without the attribute.
-__device__ __forceinline__ void pdl_trigger() {
+// tl_start: the timeline's note of a kernel's start (pdl_trigger makes it; a kernel that triggers
+// its dependents later, pdl_launch_dependents, makes it itself at its start).
+__device__ __forceinline__ void tl_start() {
 #ifdef CT_DECODE_TIMELINE
   if (tl_block0()) {
     const unsigned s = atomicAdd(&tl_seq, 1u) & (TL_MAX - 1); // a ring: the latest TL_MAX
@@ -343,9 +350,15 @@ __device__ __forceinline__ void pdl_trigger() {
     tl_t[0][s] = tl_now();
   }
 #endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+  tl_start();
+  pdl_launch_dependents();
 }
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1932,7 +1945,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   __shared__ __align__(16) T om[OP ? G * hd : 8];                    // OP: the merged heads
   __shared__ int last;
   l2_prefetch_slice(pf, pfb);
-  if (!late) pdl_trigger();
+  if (late) tl_start();
+  else pdl_trigger();
   const int p = pos[n], len = p + 1, k0 = sp * DEC_CHUNK;
   const bool active = sp < splits && k0 < len;
   const long s = slot ? slot[n] : n;
@@ -1944,7 +1958,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   __shared__ uint64_t obar;
   if constexpr (OP) oproj_stage<T, G * hd>(op, H * hd, kv, gridDim.x, blockIdx.x, (T *)att_dyn, &obar);
   pdl_wait();
-  if (late) pdl_trigger();
+  if (late) pdl_launch_dependents();
   __syncthreads();
   if (active) {
     T(*q)[hd] = qs[w];
