@@ -128,6 +128,21 @@
 # blocks lose (8-warp attention blocks, fewer multiprocessors taken: -4.3%, call 140). On the H100
 # the batch-1 Qwen3 step is then at 58% of that card's bound (bench/gpu_decode.sh, call 139: 2,997
 # GB/s copy bandwidth: 407.6 us); the issue's H200 has ~39% more bandwidth and needs ~2,050 tokens/s.
+# Session 28 (calls 143-147, 2026-12-05; 145-146 on an H200): the start-no-later idea above done by
+# padding both sides: attention's blocks ask for just over three quarters of a multiprocessor's
+# shared memory and the output projection's and gate/up's blocks for a quarter each, so those
+# cannot sit beside attention while the qkv GEMV's small blocks still can; attention triggers its
+# dependents after its wait. Default (att_pad, CT_DECODE_ATT_APART=50): on the H200 1,594 tokens/s
+# at batch 1 = 47% of the bound (gpu_decode.sh, call 145), +4.5% on alone, +8% on no pad; Llama-1B
+# +2.2% on alone; padding the output projection alone is no better than no pad; the early trigger
+# -1.5%; 8-warp attention blocks -5.2%; at batch 2 (APART=80) Qwen3 +7% but Llama-1B -1.5%
+# (bench/results/call143_2026-12-05_apart/summary.txt). 60% on the H200 needs ~2,030 tokens/s
+# (492 us a token; now 628). Next: (1) run `timeline` on the default (call 147's build noted no
+# start for the late-triggering attention; tl_start fixes it) to see what each kernel's share is
+# now; (2) the same two-sided pad for other neighbours whose early blocks preload beside a
+# latency-bound kernel (the qkv GEMV's blocks beside down's tail, the head beside the last down);
+# (3) a batch-2 rule that gains on both shapes (room the early GEMV blocks keep, not a fixed 50%);
+# (4) the ~12 us from the argmax's stored id to the next step's first kernel (2% of the step).
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
