@@ -677,8 +677,10 @@ __global__ void kv_append_kernel(T *kc, T *vc, const T *qkv, const int32_t *slot
 // (clusters of 3 or 2 blocks instead of 6), and 12 ran 4% faster at 1,256 (1,218 against 1,170
 // tokens/s: a cluster of 7 where 4 warps need 20 blocks, past the cluster limit of 8, and merge
 // through L2): a block size chosen by the cache length would take both. With attention's blocks
-// alone on their multiprocessors (att_alone_pad; 2026-12-05, call 140, an H100, batch 1), 8 warps
-// ran 4.3% slower on the Qwen3-0.6B shape and 2.9% on Llama-3.2-1B's, GPT-2 even.
+// alone on their multiprocessors (att_pad's alone; 2026-12-05, call 140, an H100, batch 1), 8 warps
+// ran 4.3% slower on the Qwen3-0.6B shape and 2.9% on Llama-3.2-1B's, GPT-2 even; kept apart
+// from the GEMVs (att_pad's default; call 147, an H100), 5.2% slower at batch 1 and 2.2% at 8 on
+// the Qwen3-0.6B shape, Llama-3.2-1B's even.
 #ifndef DEC_WARPS
 #define DEC_WARPS 4      // warps (splits) per block
 #endif
@@ -3029,7 +3031,8 @@ long static_smem(const void *k) {
   return (long)fa.sharedSizeBytes;
 }
 // Kernel k's dynamic shared memory limit raised to the device's opt-in limit less its static bytes
-// (once per kernel and device); false where that failed (nothing reported: the callers fall back to no padding).
+// (once per kernel and device); false where that failed (nothing reported: the callers then launch
+// without a pad).
 bool smem_raise_quiet(const void *k) {
   static kernel_list raised;
   bool in;
@@ -3494,8 +3497,8 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T
   const int vn = !v2_on() ? 0 : NORM && (size_t)(N + gv_np(NORM, 2)) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
   launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
          apart_gemv_smem((const void *)gemv_kernel<T, N, R, U, NORM, MODE>,
-                         (size_t)(N + gv_np(NORM, vn)) * IC * sizeof(T)), out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn,
-         h.p, h.bytes);
+                         (size_t)(N + gv_np(NORM, vn)) * IC * sizeof(T)),
+         out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn, h.p, h.bytes);
 }
 
 // Rows per warp task (R) and 16-byte chunks per lane and round (U): one round covers a row of
@@ -4345,10 +4348,10 @@ size_t att_pad(const void *k, long blocks, int *late) {
   *late = 0;
   const int alone = att_alone_pct(), apart = att_apart_pct(), sms = num_sms();
   const int pct = alone > 0 ? alone : apart;
+  if (pct <= 0 || sms <= 0 || blocks * 100 > (long)sms * pct) return 0;
   int sm = 0, res = 0;
   const long st = static_smem(k);
-  if (pct <= 0 || sms <= 0 || blocks * 100 > (long)sms * pct || !sm_smem_info(&sm, &res) || st < 0)
-    return 0;
+  if (!sm_smem_info(&sm, &res) || st < 0) return 0;
   // alone: the multiprocessor's shared memory less the reserved part and the static arrays;
   // apart: 1 KB more than all but the quarter each padded GEMV block takes
   long want = alone > 0 ? (long)sm - res - st : (long)sm - sm / 4 + 1024 - res - st;
