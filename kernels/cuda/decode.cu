@@ -4342,9 +4342,9 @@ int att_apart_pct() { return env_int("CT_DECODE_ATT_APART", 50); }
 long apart_launches; // attention kernels launched apart (att_pad)
 // Dynamic shared memory a block of attention kernel k for a grid of `blocks` (0: no pad: the rule
 // does not apply, or the device does not allow it); with apart, apart_left = 2 and *late set
-// (attention triggers its dependents after its wait). Raises k's limit once per device.
+// (attention triggers its dependents after its wait). Raises k's limit once per device. Called by
+// att_rope_launch only, which has cleared apart_left.
 size_t att_pad(const void *k, long blocks, int *late) {
-  apart_left = 0;
   *late = 0;
   const int alone = att_alone_pct(), apart = att_apart_pct(), sms = num_sms();
   const int pct = alone > 0 ? alone : apart;
