@@ -143,6 +143,22 @@
 # latency-bound kernel (the qkv GEMV's blocks beside down's tail, the head beside the last down);
 # (3) a batch-2 rule that gains on both shapes (room the early GEMV blocks keep, not a fixed 50%);
 # (4) the ~12 us from the argmax's stored id to the next step's first kernel (2% of the step).
+# Session 29 (2026-12-05): no device was lent (the first call was refused). Prepared instead, for
+# the first call of the next session (part `l2down`, ~4 min): call 147's timeline (H100, alone)
+# puts a layer at qkv 3.2, attention 8.0, o_proj 2.2, gate/up 3.6, down 4.6 us from release to
+# release. o_proj's and gate/up's weights are in registers before their release (their blocks
+# start beside attention), but down's blocks cannot sit beside three gate/up blocks (registers),
+# so they start and load late, and the qkv GEMV launches behind them (its block 0 starts 4 us
+# after down's release, 0.6 us before its own): those two GEMVs' ~4.5 MB-a-layer of weights
+# (H200: ~3.5 us) come from DRAM after their release, while DRAM idles during attention. So:
+# attention's L2 hint naming the down projection's weights (CT_DECODE_PREFETCH=down) or those and
+# the next layer's qkv weights (=downqkv; the att mode named o_proj and gate/up, which now preload
+# anyway), issued at attention's start or after its wait (CT_DECODE_PF_AFTER=1), alone and with
+# the down GEMV capped at 64 registers (ctrain-v4, bench/gpu_variant.sh v4 -DCT_GV_DOWN_MINB=4:
+# call 69 lost 4% with it because down's preloads then competed with gate/up's for DRAM; from
+# L2 they would not). And the default's timeline (ctrain-tl), which call 148 could not run.
+#   l2down   the timeline (default, downqkv) and the A/B above (needs build-gpu/ctrain-tl and
+#            ctrain-v4 from bench/gpu_variant.sh)
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
@@ -248,6 +264,44 @@ for part in "$@"; do
       TL=${TL:-build-gpu/ctrain-tl}
       G="$TL generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto --batch 1"
       timeout 60 $G 2>&1 >/dev/null | grep -E "^stats|decode timeline|^  " | head -170 ;;
+    l2down)
+      G="generate --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
+      for e in X=1 CT_DECODE_PREFETCH=downqkv; do
+        f=$OUT/timeline_${e#*=}.txt
+        env $e timeout 60 build-gpu/ctrain-tl $G --model configs/qwen3-0.6b.toml --batch 1 2>&1 >/dev/null |
+          grep -E "^stats|decode timeline|^  " > "$f"
+        echo "-- timeline $e"; grep -oE "decode_tok_s=[0-9.]+" "$f"; sed -n '3,9p' "$f"; tail -4 "$f"
+      done
+      ab() { # tag binary model batches env...
+        local tag=$1 bin=$2 m=$3 b=$4; shift 4
+        env X=1 "$@" timeout 60 build-gpu/$bin $G --model configs/$m.toml --batch $b 2>"$OUT/ab.err" >/dev/null
+        echo "$tag: $(grep '^stats' "$OUT/ab.err" | grep -oE "decode_tok_s=[0-9.]+" | tr '\n' ' ')"
+        grep -iE "error|fail" "$OUT/ab.err" | head -3
+      }
+      ids() { local bin=$1 m=$2; shift 2; env X=1 "$@" timeout 60 build-gpu/$bin $G --model configs/$m.toml \
+                --batch 1,8 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum | cut -c1-12; }
+      echo "ids qwen3: default $(ids ctrain qwen3-0.6b) v4 $(ids ctrain-v4 qwen3-0.6b)" \
+           "downqkv $(ids ctrain qwen3-0.6b CT_DECODE_PREFETCH=downqkv) (0b1cea1e507a before)"
+      for r in 1 2; do
+        ab def_$r ctrain qwen3-0.6b 1,1
+        ab att_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=att
+        ab down_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=down
+        ab dq_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=downqkv
+        ab dq_after_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=downqkv CT_DECODE_PF_AFTER=1
+        ab down_after_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=down CT_DECODE_PF_AFTER=1
+        ab all_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=1
+        ab v4_$r ctrain-v4 qwen3-0.6b 1,1
+        ab v4_down_$r ctrain-v4 qwen3-0.6b 1,1 CT_DECODE_PREFETCH=down
+        ab v4_dq_$r ctrain-v4 qwen3-0.6b 1,1 CT_DECODE_PREFETCH=downqkv
+        ab v4_dq_after_$r ctrain-v4 qwen3-0.6b 1,1 CT_DECODE_PREFETCH=downqkv CT_DECODE_PF_AFTER=1
+      done
+      for r in 1 2; do
+        ab def_llama_$r ctrain llama3.2-1b 1,1
+        ab dq_llama_$r ctrain llama3.2-1b 1,1 CT_DECODE_PREFETCH=downqkv
+        ab v4_llama_$r ctrain-v4 llama3.2-1b 1,1
+        ab v4_dq_llama_$r ctrain-v4 llama3.2-1b 1,1 CT_DECODE_PREFETCH=downqkv
+      done
+      rm -f "$OUT/ab.err" ;;
     null)
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
       for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do

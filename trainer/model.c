@@ -1369,6 +1369,15 @@ static bool infer_fused(const ct_infer *e) {
          o->qkv_rope_append;
 }
 
+/* What attention's L2 hint names (a measurement, CT_DECODE_PREFETCH, read at each uncaptured
+ * step of a backend with hints, so a test can switch it): 0 the output projection's and gate/up
+ * weights, 1 the down projection's ("down"), 2 those and the next layer's qkv weights
+ * ("downqkv"). The backend decides whether a kernel takes the hint. */
+static int prefetch_target(void) {
+  const char *v = getenv("CT_DECODE_PREFETCH");
+  return v && !strcmp(v, "down") ? 1 : v && !strcmp(v, "downqkv") ? 2 : 0;
+}
+
 /* A decode step's layer through the fused ops (ops.h): norm + qkv projection, qk norm + rope +
  * cache append, attention, output projection + residual, norm + gate/up + SwiGLU, down
  * projection + residual. The same values as infer_layer's plain ops up to the order of sums. */
@@ -1399,10 +1408,17 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
     o->norm_matmul_fwd(raw, ln, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C,
                        W, eps);
   { /* for attention: the output projection's and gate/up weights, one span where the layer's
-     * parameters lie in that order (CT_DECODE_PREFETCH=att prefetches only here) */
-    const char *ow = DW(d, l, P_ATTO_W), *fw = DW(d, l, P_FC_W);
-    const size_t fb = (size_t)2 * F * C * ab;
-    if (fw > ow) HINT(ow, (size_t)(fw - ow) + fb);
+     * parameters lie in that order (CT_DECODE_PREFETCH=att prefetches only here); with
+     * CT_DECODE_PREFETCH=down / downqkv the down projection's weights instead, or those and the
+     * next layer's qkv weights where they follow them (the GEMVs whose blocks start late) */
+    const char *ow = DW(d, l, P_ATTO_W), *fw = DW(d, l, P_FC_W), *pw = DW(d, l, P_PROJ_W);
+    const size_t fb = (size_t)2 * F * C * ab, pb = (size_t)F * C * ab;
+    const int tgt = o->l2_hint ? prefetch_target() : 0;
+    if (tgt >= 1) {
+      const char *qw = tgt == 2 && l + 1 < d->l1 ? DW(d, l + 1, P_QKV_W) : NULL;
+      if (qw > pw && qw - pw < (ptrdiff_t)(pb + ((size_t)64 << 20))) HINT(pw, (size_t)(qw - pw) + (size_t)W * C * ab);
+      else HINT(pw, pb);
+    } else if (fw > ow) HINT(ow, (size_t)(fw - ow) + fb);
     else HINT(fw, fb);
   }
   /* attention with the output projection, or attention, as one kernel where the table has it

@@ -255,6 +255,13 @@ bool vec_argmax_on() { return !env_off("CT_DECODE_VEC_ARGMAX"); }
 //                           1,360 tokens/s at batch 1, 4,272-4,281 against 4,396 at 8
 //                           (bench/results/call17_5dbda21.txt). So the GEMVs that follow are not
 //                           waiting on DRAM for their first bytes; their cost is elsewhere.
+//   CT_DECODE_PREFETCH=down / downqkv   as att, but the hint names the down projection's weights,
+//                           or those and the next layer's qkv weights (trainer/model.c): the two
+//                           GEMVs whose blocks start late (down's cannot sit beside gate/up's; qkv
+//                           launches behind down's), so their weights are not in registers early.
+//                           Not yet measured (bench/gpu_next.sh, Session 29).
+//   CT_DECODE_PF_AFTER=1    the fused attention issues its hint after its wait, when the qkv GEMV
+//                           it waits on has finished streaming, rather than at its start.
 struct l2_hint_t {
   const void *p;
   size_t bytes;
@@ -271,7 +278,7 @@ int hint_dev() {
 int prefetch_mode() {
   const char *v = getenv("CT_DECODE_PREFETCH");
   if (!v) return 0;
-  return !strcmp(v, "1") ? 1 : !strcmp(v, "att") ? 2 : 0;
+  return !strcmp(v, "1") ? 1 : !strcmp(v, "att") || !strcmp(v, "down") || !strcmp(v, "downqkv") ? 2 : 0;
 }
 
 void cu_l2_hint(const void *p, size_t bytes) {
@@ -1179,8 +1186,17 @@ __device__ __forceinline__ void gv_x_rows(T *xs, const T *inp, const T *nw, cons
   }
 }
 
+// (a measurement build: -DCT_GV_DOWN_MINB=4 caps the 3072-wide residual GEMV, the down
+// projection, at 64 registers so one of its blocks fits beside three gate/up blocks)
+#ifdef CT_GV_DOWN_MINB
+// (0 for the others: no minimum, so they compile as in the default build; 1 would change them)
+template <int MODE, int U> constexpr int gv_minb() { return MODE == GV_RESID && U == 12 ? CT_GV_DOWN_MINB : 0; }
+#define GV_BOUNDS __launch_bounds__(GV_WARPS * 32, (gv_minb<MODE, U>()))
+#else
+#define GV_BOUNDS __launch_bounds__(GV_WARPS * 32)
+#endif
 template <typename T, int N, int R, int U, int NORM, int MODE>
-__global__ void __launch_bounds__(GV_WARPS * 32)
+__global__ void GV_BOUNDS
     gemv_kernel(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res,
                 int nr, int IC, int OC, float eps, int vnorm, const void *pf, size_t pfb) {
   constexpr int RR = MODE == GV_SWIGLU ? 2 * R : R;
@@ -1946,7 +1962,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   __shared__ __align__(16) float ps[CL ? DEC_WARPS : 1][G][hd + 4]; // CL: the splits' rows
   __shared__ __align__(16) T om[OP ? G * hd : 8];                    // OP: the merged heads
   __shared__ int last;
-  l2_prefetch_slice(pf, pfb);
+  const bool pf_after = late & 2; // the L2 hint after the wait (CT_DECODE_PF_AFTER), not now
+  late &= 1;
+  if (!pf_after) l2_prefetch_slice(pf, pfb);
   if (late) tl_start();
   else pdl_trigger();
   const int p = pos[n], len = p + 1, k0 = sp * DEC_CHUNK;
@@ -1961,6 +1979,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   if constexpr (OP) oproj_stage<T, G * hd>(op, H * hd, kv, gridDim.x, blockIdx.x, (T *)att_dyn, &obar);
   pdl_wait();
   if (late) pdl_launch_dependents();
+  if (pf_after) l2_prefetch_slice(pf, pfb);
   __syncthreads();
   if (active) {
     T(*q)[hd] = qs[w];
@@ -4403,6 +4422,8 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   const long nblk = (long)g.x * g.y * g.z;
   size_t pad = 0; // attention's blocks kept apart (att_pad)
   int late = 0;    // with apart: attention triggers its dependents after its wait
+  // its L2 hint after its wait rather than at its start (a measurement: CT_DECODE_PF_AFTER=1)
+  const int pf_bit = h.p && env_int("CT_DECODE_PF_AFTER", 0) > 0 ? 2 : 0;
 #define ATT_ROPE(LK, G_)                                                                          \
   do {                                                                                            \
     if (op.w) {                                                                                   \
@@ -4416,13 +4437,13 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
       pad = att_pad((const void *)k, nblk, &late);                                                \
       ok = launch_cl("attention_decode_rope", "attention_decode_rope_kernel", k, g,               \
                      DEC_WARPS * 32, pad, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV,   \
-                     max_T, splits, sc, theta, eps, h.p, h.bytes, op, late);                      \
+                     max_T, splits, sc, theta, eps, h.p, h.bytes, op, late | pf_bit);             \
     } else {                                                                                      \
       auto k = attention_decode_rope_kernel<T, LK, G_>;                                           \
       pad = att_pad((const void *)k, nblk, &late);                                                \
       ok = launch("attention_decode_rope", "attention_decode_rope_kernel", k, g, DEC_WARPS * 32,  \
                   pad, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits, sc, theta, \
-                  eps, h.p, h.bytes, op, late);                                                   \
+                  eps, h.p, h.bytes, op, late | pf_bit);                                          \
     }                                                                                             \
   } while (0)
   if (hd == 64) {

@@ -1039,28 +1039,33 @@ static void test_attention_decode_rope(void) {
 }
 
 /* L2 hints (CT_DECODE_PREFETCH=1: decode kernels prefetch later kernels' weights; =att: only the
- * attention kernels do) change no value: logits bit for bit equal without them, with the two
+ * attention kernels do; =down / =downqkv: only they, naming the down projection's weights, or
+ * those and the next layer's qkv weights; CT_DECODE_PF_AFTER=1: the fused attention prefetches
+ * after its wait) change no value: logits bit for bit equal without them, with the two
  * attention kernels and with the fused one */
 static void test_l2_hints(void) {
+  static const char *const mode[] = {"1", "att", "down", "downqkv", "downqkv"};
   ct_model *m = tiny_llama(3, 512, 8, 2, true, 21);
   if (!m) return;
   const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m));
-  for (int v = 0; v < 8; v++) {
-    const int batch = v & 1, fused = (v >> 1) & 1, att = v >> 2;
+  for (int v = 0; v < 20; v++) {
+    const int batch = v & 1, fused = (v >> 1) & 1, mi = v >> 2, after = mi == 4;
     const size_t rows = batch ? 15 : 9;
     float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
     char what[128];
-    snprintf(what, sizeof what, "l2 hints%s, %s, %s", att ? " (attention only)" : "",
+    snprintf(what, sizeof what, "l2 hints %s%s, %s, %s", mode[mi], after ? " after the wait" : "",
              batch ? "3 rows" : "1 row", fused ? "fused attention" : "two attention kernels");
     setenv("CT_DECODE_FUSED_ATT", fused ? "1" : "0", 1);
     unsetenv("CT_DECODE_PREFETCH");
     if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, a);
     else engine_logits_1row(m, ct_ops_cuda_bf16(), a);
     const long before = ct_cuda_l2_hints_used();
-    setenv("CT_DECODE_PREFETCH", att ? "att" : "1", 1);
+    setenv("CT_DECODE_PREFETCH", mode[mi], 1);
+    if (after) setenv("CT_DECODE_PF_AFTER", "1", 1);
     if (batch) engine_logits(m, ct_ops_cuda_bf16(), NULL, b);
     else engine_logits_1row(m, ct_ops_cuda_bf16(), b);
     unsetenv("CT_DECODE_PREFETCH");
+    unsetenv("CT_DECODE_PF_AFTER");
     unsetenv("CT_DECODE_FUSED_ATT");
     const long used = ct_cuda_l2_hints_used() - before;
     same_bits(what, a, b, rows * Vp, used, "hints taken");
