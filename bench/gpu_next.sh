@@ -144,7 +144,7 @@
 # (3) a batch-2 rule that gains on both shapes (room the early GEMV blocks keep, not a fixed 50%);
 # (4) the ~12 us from the argmax's stored id to the next step's first kernel (2% of the step).
 # Session 29 (2026-12-05): no device was lent (the first call was refused). Prepared instead, for
-# the first call of the next session (part `l2down`, ~4 min): call 147's timeline (H100, alone)
+# the first call of the next session (part `s29`, ~5 min): call 147's timeline (H100, alone)
 # puts a layer at qkv 3.2, attention 8.0, o_proj 2.2, gate/up 3.6, down 4.6 us from release to
 # release. o_proj's and gate/up's weights are in registers before their release (their blocks
 # start beside attention), but down's blocks cannot sit beside three gate/up blocks (registers),
@@ -157,8 +157,17 @@
 # the down GEMV capped at 64 registers (ctrain-v4, bench/gpu_variant.sh v4 -DCT_GV_DOWN_MINB=4:
 # call 69 lost 4% with it because down's preloads then competed with gate/up's for DRAM; from
 # L2 they would not). And the default's timeline (ctrain-tl), which call 148 could not run.
-#   l2down   the timeline (default, downqkv) and the A/B above (needs build-gpu/ctrain-tl and
-#            ctrain-v4 from bench/gpu_variant.sh)
+# Also prepared: attention's split rows pushed into block 0 by st.async (CT_DECODE_ATT_PUSH=1|2).
+# The SASS of the cluster variant shows why its merge may cost more than it should: cl.sync()'s
+# release is MEMBAR.ALL.GPU (it waits for every outstanding global store, the newest key's cache
+# append included) + CCTL.IVALL, twice a launch, and block 0 then loads 24 splits' rows over
+# distributed shared memory (call 147: barrier 0.61 us, merge 1.70, to o_proj's release 2.28).
+# With the push there is no barrier between the split math and the merge (block 0 waits on its
+# mbarrier's byte count), the merge reads its own shared memory and the other blocks leave as
+# soon as block 0 has their rows. test_decode_cuda's test_attention_push checks the bits first.
+#   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
+#            rest), then the timeline (default, push, downqkv) and the A/B above (needs
+#            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
@@ -264,9 +273,13 @@ for part in "$@"; do
       TL=${TL:-build-gpu/ctrain-tl}
       G="$TL generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto --batch 1"
       timeout 60 $G 2>&1 >/dev/null | grep -E "^stats|decode timeline|^  " | head -170 ;;
-    l2down)
+    s29)
+      timeout 200 build-gpu/tests/test_decode_cuda > "$OUT/test_decode.txt" 2>&1
+      rc=$?; echo "test_decode_cuda rc $rc"
+      grep -E "pushed|l2 hints|FAIL|differ" "$OUT/test_decode.txt" | head -30; tail -1 "$OUT/test_decode.txt"
+      [ $rc -eq 0 ] || exit 1
       G="generate --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
-      for e in X=1 CT_DECODE_PREFETCH=downqkv; do
+      for e in X=1 CT_DECODE_ATT_PUSH=1 CT_DECODE_PREFETCH=downqkv; do
         f=$OUT/timeline_${e#*=}.txt
         env $e timeout 60 build-gpu/ctrain-tl $G --model configs/qwen3-0.6b.toml --batch 1 2>&1 >/dev/null |
           grep -E "^stats|decode timeline|^  " > "$f"
@@ -281,9 +294,12 @@ for part in "$@"; do
       ids() { local bin=$1 m=$2; shift 2; env X=1 "$@" timeout 60 build-gpu/$bin $G --model configs/$m.toml \
                 --batch 1,8 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum | cut -c1-12; }
       echo "ids qwen3: default $(ids ctrain qwen3-0.6b) v4 $(ids ctrain-v4 qwen3-0.6b)" \
-           "downqkv $(ids ctrain qwen3-0.6b CT_DECODE_PREFETCH=downqkv) (0b1cea1e507a before)"
+           "downqkv $(ids ctrain qwen3-0.6b CT_DECODE_PREFETCH=downqkv) push $(ids ctrain qwen3-0.6b CT_DECODE_ATT_PUSH=2)" \
+           "(0b1cea1e507a before)"
       for r in 1 2; do
-        ab def_$r ctrain qwen3-0.6b 1,1
+        ab def_$r ctrain qwen3-0.6b 1,1,8
+        ab push_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_PUSH=1
+        ab push2_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_PUSH=2
         ab att_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=att
         ab down_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=down
         ab dq_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=downqkv
@@ -297,6 +313,7 @@ for part in "$@"; do
       done
       for r in 1 2; do
         ab def_llama_$r ctrain llama3.2-1b 1,1
+        ab push_llama_$r ctrain llama3.2-1b 1,1 CT_DECODE_ATT_PUSH=1
         ab dq_llama_$r ctrain llama3.2-1b 1,1 CT_DECODE_PREFETCH=downqkv
         ab v4_llama_$r ctrain-v4 llama3.2-1b 1,1
         ab v4_dq_llama_$r ctrain-v4 llama3.2-1b 1,1 CT_DECODE_PREFETCH=downqkv

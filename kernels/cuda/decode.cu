@@ -773,9 +773,51 @@ __global__ void attention_decode_merge_kernel(T *out, const float *part, const i
   stf(out + (long)n * H * hd + (long)h * hd + d, a / L);
 }
 
+// The two halves of a cluster barrier with no memory ordering of their own (the data they order
+// travels by st.async and mbarrier transactions, not by plain stores): arrive, and later wait.
+// Every thread of every block of the cluster takes each phase, warp by warp (.aligned).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+// The shared::cluster address of this block's shared variable p in block `rank` of the cluster.
+__device__ __forceinline__ uint32_t cluster_addr(const void *p, unsigned rank) {
+  uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(r)
+               : "r"((uint32_t)__cvta_generic_to_shared(p)), "r"(rank));
+#endif
+  return r;
+}
+// Stores into another block's shared memory (shared::cluster addresses from cluster_addr) whose
+// bytes count against that block's mbarrier at bar (st.async: nothing to fence, nothing to wait
+// for here; the receiver's mbarrier wait sees them).
+__device__ __forceinline__ void st_async4(uint32_t addr, float a, float b, float c, float d,
+                                          uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+               ::"r"(addr), "f"(a), "f"(b), "f"(c), "f"(d), "r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void st_async2(uint32_t addr, float a, float b, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+               ::"r"(addr), "f"(a), "f"(b), "r"(bar) : "memory");
+#endif
+}
+
 // One split of attention_decode_vec_kernel, after its keys' K and V rows are in kr / vr (lane l:
 // key k0 + j * (32 / LK) + l / LK, 16-byte chunk l % LK): scores, the split's softmax and V sums,
-// written to part as (acc[hd], max, sum), or with dst to dst's G rows of hd + 4 floats. q0: the G
+// written to part as (acc[hd], max, sum), or with dst to dst's G rows of hd + 4 floats, or with
+// push (a shared::cluster address) by st.async into another block's rows (split sp's G rows of
+// hd + 4 floats at push + (sp * G + g) * (hd + 4) floats), counted on its mbarrier pbar. q0: the G
 // query heads of kv head kv, hd apart (global memory read through L2, or with QSHARED shared
 // memory). Warp-level; shared with decode_layers_kernel.
 template <typename T, int LK, int G, bool QSHARED = false>
@@ -784,7 +826,8 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
                                                const uint4 (&vr)[DEC_CHUNK / (32 / LK)], int n,
                                                int kv, int sp, int k0, int len, int H,
                                                int splits, float scale, int lane,
-                                               float *dst = nullptr) {
+                                               float *dst = nullptr, uint32_t push = 0,
+                                               uint32_t pbar = 0) {
   constexpr int hd = 8 * LK, KPL = 32 / LK, J = DEC_CHUNK / KPL;
   constexpr int PS = hd + 4;
   const int ks = lane / LK, ch = lane % LK;
@@ -848,7 +891,15 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
 #pragma unroll
       for (int e = 0; e < 8; e++) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
     }
-  if (ks == 0) {
+  if (ks == 0 && push) { // the rows into the merging block's shared memory (split-major, as dst)
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      const uint32_t o = push + (uint32_t)((sp * G + g) * PS) * 4u + (uint32_t)ch * 32u;
+      st_async4(o, acc[g][0], acc[g][1], acc[g][2], acc[g][3], pbar);
+      st_async4(o + 16u, acc[g][4], acc[g][5], acc[g][6], acc[g][7], pbar);
+      if (ch == 0) st_async2(o + (uint32_t)hd * 4u, m[g], l[g], pbar);
+    }
+  } else if (ks == 0) {
 #pragma unroll
     for (int g = 0; g < G; g++) {
       float *o = dst ? dst + g * PS : part + (((long)n * H + kv * G + g) * splits + sp) * PS;
@@ -1930,6 +1981,19 @@ __device__ __forceinline__ void att_cluster_merge(T *out, cooperative_groups::cl
 }
 #endif
 
+// att_cluster_merge's merge with every split's rows already in this block's shared memory (rows
+// split-major: split sp's head g at ps + (sp * G + g) * (hd + 4)), as the push variant leaves
+// them: the same loads from nearer, so the same arithmetic and bits.
+template <typename T, int hd, int G>
+__device__ __forceinline__ void att_local_merge(T *out, const float *ps, int used, int w, int lane) {
+  constexpr int HP = DEC_WARPS >= 2 * G && hd % 64 == 0 ? 2 : 1;
+  for (int t = w; t < G * HP; t += DEC_WARPS) {
+    const int g = t / HP;
+    auto ld = [&](int sp_, int i) { return ps[(sp_ * G + g) * (hd + 4) + i]; };
+    att_merge_core<T, hd, decltype(ld), HP>(out + (long)g * hd, ld, used, lane, t % HP);
+  }
+}
+
 // qkv_rope_append_kernel and attention_decode_vec_kernel in one kernel (attention_decode_rope):
 // grid (ceil(splits / DEC_WARPS), KV, N) as the vec kernel. Each active split warp makes its G
 // query heads' q norm + rope from raw itself (into its shared memory, rounded to T as
@@ -1962,6 +2026,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   __shared__ __align__(16) float ps[CL ? DEC_WARPS : 1][G][hd + 4]; // CL: the splits' rows
   __shared__ __align__(16) T om[OP ? G * hd : 8];                    // OP: the merged heads
   __shared__ int last;
+  const bool push = CL && !OP && (late & 4); // the split rows pushed to block 0 (att_push_on)
   const bool pf_after = late & 2; // the L2 hint after the wait (CT_DECODE_PF_AFTER), not now
   late &= 1;
   if (!pf_after) l2_prefetch_slice(pf, pfb);
@@ -1977,29 +2042,60 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   extern __shared__ uint4 att_dyn[]; // OP: the block's rows of the projection (oproj_stage)
   __shared__ uint64_t obar;
   if constexpr (OP) oproj_stage<T, G * hd>(op, H * hd, kv, gridDim.x, blockIdx.x, (T *)att_dyn, &obar);
+  // push: block 0 (the cluster's rank 0: a cluster spans the grid's x) expects the rows of the
+  // `used` splits in att_dyn; its mbarrier is initialized before any block pushes (the cluster
+  // barrier's first phase, arrived here and waited on after the wait)
+  __shared__ uint64_t rbar;
+  const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
+  uint32_t pdst = 0, pbar = 0;
+  if (push) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      mbar_init(&rbar, 1);
+      mbar_expect(&rbar, (unsigned)(used * G * (hd + 2)) * 4u);
+    }
+    cluster_arrive_relaxed();
+    pdst = cluster_addr(att_dyn, 0);
+    pbar = cluster_addr(&rbar, 0);
+  }
   pdl_wait();
   if (late) pdl_launch_dependents();
   if (pf_after) l2_prefetch_slice(pf, pfb);
   __syncthreads();
+  if (push) cluster_wait();
   if (active) {
     T(*q)[hd] = qs[w];
     att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H, KV,
                              kv, k0, p, theta, eps, cs_, sn_, lane);
     TL_PHASE(0);
     att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
-                                   lane, CL ? &ps[CL ? w : 0][0][0] : nullptr);
+                                   lane, CL ? &ps[CL ? w : 0][0][0] : nullptr, pdst, pbar);
     TL_PHASE(1);
   }
   if constexpr (CL) {
 #ifdef _CG_HAS_CLUSTER_GROUP // sm_90 and up (the host launches CL only there: cluster_on)
+    if (push) {
+      // block 0 merges from its own shared memory once every row has arrived; the others stay
+      // until then (the barrier's second phase), so no block leaves with its stores in flight
+      if (blockIdx.x == 0) {
+        mbar_wait(&rbar, 0);
+        TL_PHASE(2);
+        cluster_arrive_relaxed();
+        att_local_merge<T, hd, G>(out + (long)n * H * hd + (long)kv * G * hd, (const float *)att_dyn,
+                                  used, w, lane);
+        TL_PHASE(3);
+      } else {
+        cluster_arrive_relaxed();
+      }
+      cluster_wait();
+      return;
+    }
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
     cl.sync(); // every split's rows written, and visible to the cluster
     TL_PHASE(2);
     if (cl.block_rank() == 0)
       att_cluster_merge<T, hd, G>(OP ? &om[0] : out + (long)n * H * hd + (long)kv * G * hd, cl,
-                                  &ps[0][0][0], min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK), w,
-                                  lane);
+                                  &ps[0][0][0], used, w, lane);
     TL_PHASE(3);
     cl.sync(); // block 0 has read every block's rows (and with OP written om)
     if constexpr (OP) oproj_tail<T, G * hd>(op, cl, &om[0], (const T *)att_dyn, &obar, n, kv, KV);
@@ -2015,7 +2111,6 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK);
   for (int g = w; g < G; g += DEC_WARPS) att_merge_head<T, hd>(out, part, n, kv * G + g, H, splits, used, lane);
   if (threadIdx.x == 0) count[(long)n * KV + kv] = 0;
 }
@@ -4358,6 +4453,20 @@ bool smem_raised(const void *k) {
 // Read at every call.
 int att_alone_pct() { return env_int("CT_DECODE_ATT_ALONE", 0); }
 int att_apart_pct() { return env_int("CT_DECODE_ATT_APART", 50); }
+// Attention's cluster variant with its split rows pushed into block 0 (opt-in, not yet measured:
+// CT_DECODE_ATT_PUSH=1 where the launch's pad already holds them, which is where att_pad applies;
+// =2 at every launch, asking for the bytes where there is no pad). Each split warp stores its rows
+// into block 0's shared memory by st.async, counted on block 0's mbarrier, and block 0 merges
+// from its own shared memory once they are all in: no cluster barrier between the split math and
+// the merge (cl.sync(), whose release is a GPU-scope memory barrier: it waits for the newest
+// key's cache stores too), no distributed-shared-memory loads in the merge, and the other blocks
+// leave as soon as block 0 has their rows. The merge's arithmetic and order are the same, so the
+// bits are too. fits: the pad holds the rows.
+long push_launches; // attention launches with the rows pushed
+bool att_push_on(bool fits) {
+  const int m = env_int("CT_DECODE_ATT_PUSH", 0);
+  return m > 1 || (m == 1 && fits);
+}
 long apart_launches; // attention kernels launched apart (att_pad)
 // Dynamic shared memory a block of attention kernel k for a grid of `blocks` (0: no pad: the rule
 // does not apply, or the device does not allow it); with apart, apart_left = 2 and *late set
@@ -4424,6 +4533,10 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   int late = 0;    // with apart: attention triggers its dependents after its wait
   // its L2 hint after its wait rather than at its start (a measurement: CT_DECODE_PF_AFTER=1)
   const int pf_bit = h.p && env_int("CT_DECODE_PF_AFTER", 0) > 0 ? 2 : 0;
+  // the split rows pushed into block 0 (att_push_on): the bytes its shared memory must hold
+  const size_t push_need = (size_t)g.x * DEC_WARPS * G * (hd + 4) * sizeof(float);
+  int push_bit = 0;
+  size_t dyn = 0; // the cluster variant's dynamic shared memory: the pad, or the push rows
 #define ATT_ROPE(LK, G_)                                                                          \
   do {                                                                                            \
     if (op.w) {                                                                                   \
@@ -4435,9 +4548,14 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
     } else if (cl) {                                                                              \
       auto k = attention_decode_rope_kernel<T, LK, G_, true>;                                     \
       pad = att_pad((const void *)k, nblk, &late);                                                \
+      dyn = pad;                                                                                  \
+      if (att_push_on(pad >= push_need)) {                                                        \
+        push_bit = 4;                                                                             \
+        if (dyn < push_need) dyn = push_need;                                                     \
+      }                                                                                           \
       ok = launch_cl("attention_decode_rope", "attention_decode_rope_kernel", k, g,               \
-                     DEC_WARPS * 32, pad, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV,   \
-                     max_T, splits, sc, theta, eps, h.p, h.bytes, op, late | pf_bit);             \
+                     DEC_WARPS * 32, dyn, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV,   \
+                     max_T, splits, sc, theta, eps, h.p, h.bytes, op, late | pf_bit | push_bit);  \
     } else {                                                                                      \
       auto k = attention_decode_rope_kernel<T, LK, G_>;                                           \
       pad = att_pad((const void *)k, nblk, &late);                                                \
@@ -4461,6 +4579,7 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   if (cl) cluster_launches++;
   if (pad && apart_left) apart_launches++;
   else if (pad) alone_launches++;
+  if (push_bit) push_launches++;
   if (op.w) oproj_launches++;
   return 0;
 }
@@ -4762,6 +4881,7 @@ extern "C" long ct_cuda_attention_cluster_launches(void) { return cluster_launch
 extern "C" long ct_cuda_attention_alone_launches(void) { return alone_launches; }
 extern "C" long ct_cuda_attention_apart_launches(void) { return apart_launches; }
 extern "C" long ct_cuda_apart_gemv_launches(void) { return apart_gemvs; }
+extern "C" long ct_cuda_attention_push_launches(void) { return push_launches; }
 extern "C" long ct_cuda_attention_blk_launches(void) { return ab_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

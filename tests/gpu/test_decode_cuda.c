@@ -1194,6 +1194,44 @@ static void test_attention_pad(void) {
   }
 }
 
+/* attention's split rows pushed into block 0 of its cluster by st.async and merged there from its
+ * own shared memory (CT_DECODE_ATT_PUSH=1 where the apart pad holds them, =2 at every launch,
+ * asking for the bytes where there is no pad) change no value: logits bit for bit equal to the
+ * merge over distributed shared memory, with CUDA graphs and without, GQA 1, 2 and 4, head dims
+ * 64 and 128, clusters of 4 blocks */
+static void test_attention_push(void) {
+  static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
+  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+    ct_model *m = tiny_llama_T(2, S[si][0], S[si][1], S[si][2], true, 71 + (uint64_t)si, 256);
+    if (!m) return;
+    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m)), rows = 13, n = rows * Vp;
+    float *a = calloc(n, 4), *b = calloc(n, 4);
+    setenv("CT_DECODE_CLUSTER", "1", 1);
+    setenv("CT_DECODE_ATT_APART", "100", 1);
+    unsetenv("CT_DECODE_ATT_PUSH");
+    engine_logits_seq(m, ct_ops_cuda_bf16(), a, 200, 256, 70, 12);
+    for (int v = 0; v < 3; v++) { /* pad, pad without graphs, no pad */
+      char what[160];
+      snprintf(what, sizeof what, "attention rows pushed to block 0 (%s) C%d H%d KV%d",
+               v == 0 ? "into the apart pad" : v == 1 ? "into the apart pad, no graphs" : "no pad",
+               S[si][0], S[si][1], S[si][2]);
+      setenv("CT_DECODE_ATT_PUSH", v < 2 ? "1" : "2", 1);
+      if (v == 2) setenv("CT_DECODE_ATT_APART", "0", 1);
+      g_graphs = v != 1;
+      const long before = ct_cuda_attention_push_launches();
+      engine_logits_seq(m, ct_ops_cuda_bf16(), b, 200, 256, 70, 12);
+      g_graphs = 1;
+      same_bits(what, a, b, n, ct_cuda_attention_push_launches() - before, "pushed launches");
+    }
+    unsetenv("CT_DECODE_ATT_PUSH");
+    unsetenv("CT_DECODE_ATT_APART");
+    unsetenv("CT_DECODE_CLUSTER");
+    free(a);
+    free(b);
+    ct_model_destroy(m);
+  }
+}
+
 /* attention_decode_oproj (CT_DECODE_OPROJ=1: the output projection inside the cluster attention
  * kernel, each kv head's share summed apart and the shares in kv order) against the separate
  * projection (which test_engine checks against the CPU engine): logits within bf16 tolerance
@@ -1445,6 +1483,7 @@ int main(void) {
   test_l2_hints();
   test_attention_cluster();
   test_attention_pad();
+  test_attention_push();
   test_attention_oproj();
   test_attention_blk();
   /* the staged GEMV and the norm + qkv + attention kernel repeat gemv_kernel's arithmetic: their
