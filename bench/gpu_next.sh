@@ -165,6 +165,10 @@
 # With the push there is no barrier between the split math and the merge (block 0 waits on its
 # mbarrier's byte count), the merge reads its own shared memory and the other blocks leave as
 # soon as block 0 has their rows. test_decode_cuda's test_attention_push checks the bits first.
+# Here: ninja -C build-gpu; bench/gpu_variant.sh tl -DCT_DECODE_TIMELINE & bench/gpu_variant.sh v4
+# -DCT_GV_DOWN_MINB=4; EXTRA="build-gpu/ctrain-tl=build-gpu/ctrain-tl build-gpu/ctrain-v4=build-gpu/ctrain-v4"
+# bench/gpu_pack.sh ctrain tests/test_decode_cuda; the call: carry [".carry"], command
+# "tar -xJf .carry/pack.tar.xz && bash bench/gpu_next.sh s29" (its output under $OUT comes back).
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
@@ -274,6 +278,8 @@ for part in "$@"; do
       G="$TL generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto --batch 1"
       timeout 60 $G 2>&1 >/dev/null | grep -E "^stats|decode timeline|^  " | head -170 ;;
     s29)
+      export CT_SOURCE_ROOT=$PWD CT_BUILD_ROOT=$PWD/build-gpu
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
       timeout 200 build-gpu/tests/test_decode_cuda > "$OUT/test_decode.txt" 2>&1
       rc=$?; echo "test_decode_cuda rc $rc"
       grep -E "pushed|l2 hints|FAIL|differ" "$OUT/test_decode.txt" | head -30; tail -1 "$OUT/test_decode.txt"
@@ -340,7 +346,7 @@ for part in "$@"; do
     perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-fwd2,flash3-bwd2o2,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
-    *) echo "unknown part $part (prof checks decode null ddp perf llama dist)"; exit 2 ;;
+    *) echo "unknown part $part (s29 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
   esac
   } 2>&1 | tee "$OUT/gpu_next_${part}_$tag.txt"
 done
