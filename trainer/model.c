@@ -1414,9 +1414,11 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
     const char *ow = DW(d, l, P_ATTO_W), *fw = DW(d, l, P_FC_W), *pw = DW(d, l, P_PROJ_W);
     const size_t fb = (size_t)2 * F * C * ab, pb = (size_t)F * C * ab;
     const int tgt = o->l2_hint ? prefetch_target() : 0;
-    if (tgt >= 1) {
+    if (tgt >= 1) { /* one span from the down weights to the end of the next qkv weights, where
+                      * they follow within 64 MB (the layers of a device lie in order) */
       const char *qw = tgt == 2 && l + 1 < d->l1 ? DW(d, l + 1, P_QKV_W) : NULL;
-      if (qw > pw && qw - pw < (ptrdiff_t)(pb + ((size_t)64 << 20))) HINT(pw, (size_t)(qw - pw) + (size_t)W * C * ab);
+      const size_t qb = (size_t)W * C * ab;
+      if (qw && qw > pw && (size_t)(qw - pw) < pb + ((size_t)64 << 20)) HINT(pw, (size_t)(qw - pw) + qb);
       else HINT(pw, pb);
     } else if (fw > ow) HINT(ow, (size_t)(fw - ow) + fb);
     else HINT(fw, fb);
