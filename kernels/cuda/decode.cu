@@ -2027,6 +2027,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   __shared__ __align__(16) T om[OP ? G * hd : 8];                    // OP: the merged heads
   __shared__ int last;
   const bool push = CL && !OP && (late & 4); // the split rows pushed to block 0 (att_push_on)
+  const bool relax = CL && !OP && (late & 8); // the pulled merge's second barrier relaxed (ditto)
   const bool pf_after = late & 2; // the L2 hint after the wait (CT_DECODE_PF_AFTER), not now
   late &= 1;
   if (!pf_after) l2_prefetch_slice(pf, pfb);
@@ -2097,7 +2098,15 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
       att_cluster_merge<T, hd, G>(OP ? &om[0] : out + (long)n * H * hd + (long)kv * G * hd, cl,
                                   &ps[0][0][0], used, w, lane);
     TL_PHASE(3);
-    cl.sync(); // block 0 has read every block's rows (and with OP written om)
+    // block 0 has read every block's rows (and with OP written om). relax: only the reads matter
+    // (block 0's merge consumed them before it arrives), so no release (cl.sync()'s is a GPU-scope
+    // memory barrier, which also waits for block 0's output stores)
+    if (relax) {
+      cluster_arrive_relaxed();
+      cluster_wait();
+    } else {
+      cl.sync();
+    }
     if constexpr (OP) oproj_tail<T, G * hd>(op, cl, &om[0], (const T *)att_dyn, &obar, n, kv, KV);
 #else
     __trap();
@@ -4467,6 +4476,11 @@ bool att_push_on(bool fits) {
   const int m = env_int("CT_DECODE_ATT_PUSH", 0);
   return m > 1 || (m == 1 && fits);
 }
+// Without the push (opt-in, not yet measured: CT_DECODE_ATT_RELAX=1): the cluster merge's second
+// barrier, which only keeps the blocks resident until block 0 has read their rows, relaxed (no
+// release, so no GPU-scope memory barrier before it). The same bits.
+long relax_launches;
+bool att_relax_on() { return env_int("CT_DECODE_ATT_RELAX", 0) > 0; }
 long apart_launches; // attention kernels launched apart (att_pad)
 // Dynamic shared memory a block of attention kernel k for a grid of `blocks` (0: no pad: the rule
 // does not apply, or the device does not allow it); with apart, apart_left = 2 and *late set
@@ -4535,8 +4549,8 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   const int pf_bit = h.p && env_int("CT_DECODE_PF_AFTER", 0) > 0 ? 2 : 0;
   // the split rows pushed into block 0 (att_push_on): the bytes its shared memory must hold
   const size_t push_need = (size_t)g.x * DEC_WARPS * G * (hd + 4) * sizeof(float);
-  int push_bit = 0;
-  size_t dyn = 0; // the cluster variant's dynamic shared memory: the pad, or the push rows
+  int push_bit = 0; // 4: the rows pushed (att_push_on); 8: the second barrier relaxed (att_relax_on)
+  size_t dyn = 0;   // the cluster variant's dynamic shared memory: the pad, or the push rows
 #define ATT_ROPE(LK, G_)                                                                          \
   do {                                                                                            \
     if (op.w) {                                                                                   \
@@ -4552,6 +4566,8 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
       if (att_push_on(pad >= push_need)) {                                                        \
         push_bit = 4;                                                                             \
         if (dyn < push_need) dyn = push_need;                                                     \
+      } else if (att_relax_on()) {                                                                \
+        push_bit = 8;                                                                             \
       }                                                                                           \
       ok = launch_cl("attention_decode_rope", "attention_decode_rope_kernel", k, g,               \
                      DEC_WARPS * 32, dyn, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV,   \
@@ -4579,7 +4595,8 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   if (cl) cluster_launches++;
   if (pad && apart_left) apart_launches++;
   else if (pad) alone_launches++;
-  if (push_bit) push_launches++;
+  if (push_bit == 4) push_launches++;
+  if (push_bit == 8) relax_launches++;
   if (op.w) oproj_launches++;
   return 0;
 }
@@ -4882,6 +4899,7 @@ extern "C" long ct_cuda_attention_alone_launches(void) { return alone_launches; 
 extern "C" long ct_cuda_attention_apart_launches(void) { return apart_launches; }
 extern "C" long ct_cuda_apart_gemv_launches(void) { return apart_gemvs; }
 extern "C" long ct_cuda_attention_push_launches(void) { return push_launches; }
+extern "C" long ct_cuda_attention_relax_launches(void) { return relax_launches; }
 extern "C" long ct_cuda_attention_blk_launches(void) { return ab_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

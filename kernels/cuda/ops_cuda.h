@@ -160,6 +160,8 @@ long ct_cuda_attention_apart_launches(void);
 long ct_cuda_apart_gemv_launches(void);
 /* attention launches whose split rows went to block 0 by st.async (CT_DECODE_ATT_PUSH) */
 long ct_cuda_attention_push_launches(void);
+/* cluster attention launches whose merge's second barrier was relaxed (CT_DECODE_ATT_RELAX) */
+long ct_cuda_attention_relax_launches(void);
 /* How many attention_decode_blk kernels (attention_decode for 9+ rows, a block per row and kv head)
  * were launched or recorded into graphs (tests). */
 long ct_cuda_attention_blk_launches(void);

@@ -1196,9 +1196,10 @@ static void test_attention_pad(void) {
 
 /* attention's split rows pushed into block 0 of its cluster by st.async and merged there from its
  * own shared memory (CT_DECODE_ATT_PUSH=1 where the apart pad holds them, =2 at every launch,
- * asking for the bytes where there is no pad) change no value: logits bit for bit equal to the
- * merge over distributed shared memory, with CUDA graphs and without, GQA 1, 2 and 4, head dims
- * 64 and 128, clusters of 4 blocks */
+ * asking for the bytes where there is no pad), and the pulled merge's second barrier relaxed
+ * (CT_DECODE_ATT_RELAX=1), change no value: logits bit for bit equal to the default merge over
+ * distributed shared memory, with CUDA graphs and without, GQA 1, 2 and 4, head dims 64 and 128,
+ * clusters of 4 blocks */
 static void test_attention_push(void) {
   static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
   for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
@@ -1210,19 +1211,26 @@ static void test_attention_push(void) {
     setenv("CT_DECODE_ATT_APART", "100", 1);
     unsetenv("CT_DECODE_ATT_PUSH");
     engine_logits_seq(m, ct_ops_cuda_bf16(), a, 200, 256, 70, 12);
-    for (int v = 0; v < 3; v++) { /* pad, pad without graphs, no pad */
+    for (int v = 0; v < 4; v++) { /* pad, pad without graphs, no pad; v 3: the relaxed barrier */
       char what[160];
-      snprintf(what, sizeof what, "attention rows pushed to block 0 (%s) C%d H%d KV%d",
+      snprintf(what, sizeof what, "attention %s (%s) C%d H%d KV%d",
+               v < 3 ? "rows pushed to block 0" : "merge's second barrier relaxed",
                v == 0 ? "into the apart pad" : v == 1 ? "into the apart pad, no graphs" : "no pad",
                S[si][0], S[si][1], S[si][2]);
-      setenv("CT_DECODE_ATT_PUSH", v < 2 ? "1" : "2", 1);
-      if (v == 2) setenv("CT_DECODE_ATT_APART", "0", 1);
+      if (v < 3) setenv("CT_DECODE_ATT_PUSH", v < 2 ? "1" : "2", 1);
+      else unsetenv("CT_DECODE_ATT_PUSH");
+      if (v == 3) setenv("CT_DECODE_ATT_RELAX", "1", 1);
+      if (v >= 2) setenv("CT_DECODE_ATT_APART", "0", 1);
       g_graphs = v != 1;
-      const long before = ct_cuda_attention_push_launches();
+      const long pb = ct_cuda_attention_push_launches(), rb = ct_cuda_attention_relax_launches();
       engine_logits_seq(m, ct_ops_cuda_bf16(), b, 200, 256, 70, 12);
       g_graphs = 1;
-      same_bits(what, a, b, n, ct_cuda_attention_push_launches() - before, "pushed launches");
+      if (v < 3)
+        same_bits(what, a, b, n, ct_cuda_attention_push_launches() - pb, "pushed launches");
+      else
+        same_bits(what, a, b, n, ct_cuda_attention_relax_launches() - rb, "relaxed launches");
     }
+    unsetenv("CT_DECODE_ATT_RELAX");
     unsetenv("CT_DECODE_ATT_PUSH");
     unsetenv("CT_DECODE_ATT_APART");
     unsetenv("CT_DECODE_CLUSTER");
