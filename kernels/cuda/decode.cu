@@ -1958,6 +1958,19 @@ __device__ __forceinline__ void att_old_keys(uint4 (&kr)[DEC_CHUNK / (32 / LK)],
   }
 }
 
+// Block 0's merge of every query head of its kv head into out + g * hd, g < G, by warps w <
+// DEC_WARPS, from split rows wherever they are: row(sp, g) points at split sp's (acc[hd], max, sum)
+// row of head g. Two warps a head where the block has them (see att_cluster_merge).
+template <typename T, int hd, int G, typename Row>
+__device__ __forceinline__ void att_heads_merge(T *out, Row row, int used, int w, int lane) {
+  constexpr int HP = DEC_WARPS >= 2 * G && hd % 64 == 0 ? 2 : 1;
+  for (int t = w; t < G * HP; t += DEC_WARPS) {
+    const int g = t / HP;
+    auto ld = [&](int sp_, int i) { return row(sp_, g)[i]; };
+    att_merge_core<T, hd, decltype(ld), HP>(out + (long)g * hd, ld, used, lane, t % HP);
+  }
+}
+
 #ifdef _CG_HAS_CLUSTER_GROUP
 // The cluster merge (block 0, after the barrier that follows the split math): warp w of block 0
 // (w < DEC_WARPS) merges query heads of the kv head from the split rows ps[DEC_WARPS][G][hd + 4]
@@ -1969,15 +1982,9 @@ __device__ __forceinline__ void att_old_keys(uint4 (&kr)[DEC_CHUNK / (32 / LK)],
 template <typename T, int hd, int G>
 __device__ __forceinline__ void att_cluster_merge(T *out, cooperative_groups::cluster_group &cl,
                                                   const float *ps, int used, int w, int lane) {
-  constexpr int HP = DEC_WARPS >= 2 * G && hd % 64 == 0 ? 2 : 1;
-  for (int t = w; t < G * HP; t += DEC_WARPS) {
-    const int g = t / HP;
-    auto ld = [&](int sp_, int i) {
-      const float *r = cl.map_shared_rank(ps, (unsigned)(sp_ / DEC_WARPS));
-      return r[((sp_ % DEC_WARPS) * G + g) * (hd + 4) + i];
-    };
-    att_merge_core<T, hd, decltype(ld), HP>(out + (long)g * hd, ld, used, lane, t % HP);
-  }
+  att_heads_merge<T, hd, G>(out, [&](int sp_, int g) {
+    return cl.map_shared_rank(ps, (unsigned)(sp_ / DEC_WARPS)) + ((sp_ % DEC_WARPS) * G + g) * (hd + 4);
+  }, used, w, lane);
 }
 #endif
 
@@ -1986,12 +1993,8 @@ __device__ __forceinline__ void att_cluster_merge(T *out, cooperative_groups::cl
 // them: the same loads from nearer, so the same arithmetic and bits.
 template <typename T, int hd, int G>
 __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int used, int w, int lane) {
-  constexpr int HP = DEC_WARPS >= 2 * G && hd % 64 == 0 ? 2 : 1;
-  for (int t = w; t < G * HP; t += DEC_WARPS) {
-    const int g = t / HP;
-    auto ld = [&](int sp_, int i) { return ps[(sp_ * G + g) * (hd + 4) + i]; };
-    att_merge_core<T, hd, decltype(ld), HP>(out + (long)g * hd, ld, used, lane, t % HP);
-  }
+  att_heads_merge<T, hd, G>(out, [&](int sp_, int g) { return ps + (sp_ * G + g) * (hd + 4); }, used,
+                            w, lane);
 }
 
 // qkv_rope_append_kernel and attention_decode_vec_kernel in one kernel (attention_decode_rope):
@@ -4549,7 +4552,7 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   const int pf_bit = h.p && env_int("CT_DECODE_PF_AFTER", 0) > 0 ? 2 : 0;
   // the split rows pushed into block 0 (att_push_on): the bytes its shared memory must hold
   const size_t push_need = (size_t)g.x * DEC_WARPS * G * (hd + 4) * sizeof(float);
-  int push_bit = 0; // 4: the rows pushed (att_push_on); 8: the second barrier relaxed (att_relax_on)
+  int merge_bit = 0; // 4: the rows pushed (att_push_on), 8: the 2nd barrier relaxed (att_relax_on)
   size_t dyn = 0;   // the cluster variant's dynamic shared memory: the pad, or the push rows
 #define ATT_ROPE(LK, G_)                                                                          \
   do {                                                                                            \
@@ -4564,14 +4567,14 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
       pad = att_pad((const void *)k, nblk, &late);                                                \
       dyn = pad;                                                                                  \
       if (att_push_on(pad >= push_need)) {                                                        \
-        push_bit = 4;                                                                             \
+        merge_bit = 4;                                                                            \
         if (dyn < push_need) dyn = push_need;                                                     \
       } else if (att_relax_on()) {                                                                \
-        push_bit = 8;                                                                             \
+        merge_bit = 8;                                                                            \
       }                                                                                           \
       ok = launch_cl("attention_decode_rope", "attention_decode_rope_kernel", k, g,               \
                      DEC_WARPS * 32, dyn, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV,   \
-                     max_T, splits, sc, theta, eps, h.p, h.bytes, op, late | pf_bit | push_bit);  \
+                     max_T, splits, sc, theta, eps, h.p, h.bytes, op, late | pf_bit | merge_bit); \
     } else {                                                                                      \
       auto k = attention_decode_rope_kernel<T, LK, G_>;                                           \
       pad = att_pad((const void *)k, nblk, &late);                                                \
@@ -4595,8 +4598,8 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   if (cl) cluster_launches++;
   if (pad && apart_left) apart_launches++;
   else if (pad) alone_launches++;
-  if (push_bit == 4) push_launches++;
-  if (push_bit == 8) relax_launches++;
+  if (merge_bit == 4) push_launches++;
+  if (merge_bit == 8) relax_launches++;
   if (op.w) oproj_launches++;
   return 0;
 }
