@@ -171,9 +171,14 @@
 # -DCT_GV_DOWN_MINB=4; EXTRA="build-gpu/ctrain-tl=build-gpu/ctrain-tl build-gpu/ctrain-v4=build-gpu/ctrain-v4"
 # bench/gpu_pack.sh ctrain tests/test_decode_cuda; the call: carry [".carry"], command
 # "tar -xJf .carry/pack.tar.xz && bash bench/gpu_next.sh s29" (its output under $OUT comes back).
+# Session 30 (2026-12-06, 00:00-01:00 UTC): again no device started (14 tries over an hour, both
+# kinds; each failed start cost ~90 s of the 30 minutes). Part s30 below is s29 cut to what fits
+# a call of ~6 minutes when little device time is left (tests, ids, two A/B rounds of the main
+# variants, Llama-1B once, the default's timeline); ROUNDS=3 for a third round.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
+#   s30      s29 in ~6 minutes (same builds)
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
@@ -329,6 +334,46 @@ for part in "$@"; do
         ab v4_dq_llama_$r ctrain-v4 llama3.2-1b 1,1 CT_DECODE_PREFETCH=downqkv
       done
       rm -f "$OUT/ab.err" ;;
+    s30)
+      export CT_SOURCE_ROOT=$PWD CT_BUILD_ROOT=$PWD/build-gpu
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+      t0=$SECONDS
+      timeout 200 build-gpu/tests/test_decode_cuda > "$OUT/test_decode.txt" 2>&1
+      rc=$?; echo "test_decode_cuda rc $rc ($((SECONDS - t0)) s)"
+      grep -E "pushed|relaxed|l2 hints|FAIL|differ" "$OUT/test_decode.txt" | head -30; tail -1 "$OUT/test_decode.txt"
+      [ $rc -eq 0 ] || exit 1
+      G="generate --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
+      ab() { # tag binary model batches env...
+        local tag=$1 bin=$2 m=$3 b=$4; shift 4
+        env X=1 "$@" timeout 60 build-gpu/$bin $G --model configs/$m.toml --batch $b 2>"$OUT/ab.err" >/dev/null
+        echo "$tag: $(grep '^stats' "$OUT/ab.err" | grep -oE "decode_tok_s=[0-9.]+" | tr '\n' ' ')"
+        grep -iE "error|fail" "$OUT/ab.err" | head -3
+      }
+      ids() { local bin=$1; shift; env X=1 "$@" timeout 60 build-gpu/$bin $G --model configs/qwen3-0.6b.toml \
+                --batch 1,8 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum | cut -c1-12; }
+      echo "ids qwen3: default $(ids ctrain) push $(ids ctrain CT_DECODE_ATT_PUSH=2)" \
+           "relax $(ids ctrain CT_DECODE_ATT_RELAX=1) downqkv $(ids ctrain CT_DECODE_PREFETCH=downqkv)" \
+           "v4 $(ids ctrain-v4) (0b1cea1e507a before; $((SECONDS - t0)) s)"
+      for r in $(seq 1 "${ROUNDS:-2}"); do
+        ab def_$r ctrain qwen3-0.6b 1,1,8
+        ab push_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_PUSH=1
+        ab push2_$r ctrain qwen3-0.6b 1,1 CT_DECODE_ATT_PUSH=2
+        ab relax_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_RELAX=1
+        ab down_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=down
+        ab dq_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=downqkv
+        ab dq_after_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=downqkv CT_DECODE_PF_AFTER=1
+        ab v4_$r ctrain-v4 qwen3-0.6b 1,1
+        ab v4_dq_$r ctrain-v4 qwen3-0.6b 1,1 CT_DECODE_PREFETCH=downqkv
+        echo "round $r ($((SECONDS - t0)) s)"
+      done
+      ab def_llama ctrain llama3.2-1b 1,1
+      ab push_llama ctrain llama3.2-1b 1,1 CT_DECODE_ATT_PUSH=1
+      ab dq_llama ctrain llama3.2-1b 1,1 CT_DECODE_PREFETCH=downqkv
+      timeout 60 build-gpu/ctrain-tl $G --model configs/qwen3-0.6b.toml --batch 1 2>&1 >/dev/null |
+        grep -E "^stats|decode timeline|^  " > "$OUT/timeline.txt"
+      echo "-- timeline"; grep -oE "decode_tok_s=[0-9.]+" "$OUT/timeline.txt"; sed -n '3,9p' "$OUT/timeline.txt"
+      tail -4 "$OUT/timeline.txt"; echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     null)
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
       for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
@@ -350,7 +395,7 @@ for part in "$@"; do
     perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-fwd2,flash3-bwd2o2,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
-    *) echo "unknown part $part (s29 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
+    *) echo "unknown part $part (s29 s30 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
   esac
   } 2>&1 | tee "$OUT/gpu_next_${part}_$tag.txt"
 done
