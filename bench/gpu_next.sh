@@ -171,8 +171,9 @@
 # -DCT_GV_DOWN_MINB=4; EXTRA="build-gpu/ctrain-tl=build-gpu/ctrain-tl build-gpu/ctrain-v4=build-gpu/ctrain-v4"
 # bench/gpu_pack.sh ctrain tests/test_decode_cuda; the call: carry [".carry"], command
 # "tar -xJf .carry/pack.tar.xz && bash bench/gpu_next.sh s29" (its output under $OUT comes back).
-# Session 30 (2026-12-06, 00:00-01:00 UTC): again no device started (14 tries over an hour, both
-# kinds; each failed start cost ~90 s of the 30 minutes). Part s30 below is s29 cut to what fits
+# Session 30 (2026-12-05 23:22 to 12-06 01:30 UTC): again no device started (15 calls from 23:27 to
+# 01:12, both one-GPU kinds; each failed start cost ~90 s, a call inside a retry wait 15 s, until
+# the 30 minutes were spent), so s29 is still unrun. Part s30 below is s29 cut to what fits
 # a call of ~6 minutes when little device time is left (tests, ids, two A/B rounds of the main
 # variants, Llama-1B once, the default's timeline); ROUNDS=3 for a third round.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
