@@ -214,6 +214,37 @@ CT=$PWD/build-gpu/ctrain
 : "${COMMIT:=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 tag=$(date +%F)_${ngpu}xH200_$COMMIT
+# The s29 / s30 parts' steps: dec_tests runs test_decode_cuda (non-zero on a failed check or a
+# hang); ab TAG BIN MODEL BATCHES [ENV...] prints a generate run's decode tokens/s; ids BIN [ENV...]
+# the md5 of Qwen3-0.6B's greedy ids at batch 1 and 8; dec_tl NAME [ENV...] the timeline build's
+# phases into $OUT/timeline_NAME.txt.
+DG="generate --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
+dec_tests() {
+  export CT_SOURCE_ROOT=$PWD CT_BUILD_ROOT=$PWD/build-gpu
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+  local t=$SECONDS rc
+  timeout 200 build-gpu/tests/test_decode_cuda > "$OUT/test_decode.txt" 2>&1
+  rc=$?; echo "test_decode_cuda rc $rc ($((SECONDS - t)) s)"
+  grep -E "pushed|relaxed|l2 hints|FAIL|differ" "$OUT/test_decode.txt" | head -30; tail -1 "$OUT/test_decode.txt"
+  return $rc
+}
+ab() {
+  local tag=$1 bin=$2 m=$3 b=$4; shift 4
+  env X=1 "$@" timeout 60 build-gpu/$bin $DG --model configs/$m.toml --batch $b 2>"$OUT/ab.err" >/dev/null
+  echo "$tag: $(grep '^stats' "$OUT/ab.err" | grep -oE "decode_tok_s=[0-9.]+" | tr '\n' ' ')"
+  grep -iE "error|fail" "$OUT/ab.err" | head -3
+}
+ids() {
+  local bin=$1; shift
+  env X=1 "$@" timeout 60 build-gpu/$bin $DG --model configs/qwen3-0.6b.toml --batch 1,8 \
+    --max_new_tokens 48 --print_ids 2>/dev/null | md5sum | cut -c1-12
+}
+dec_tl() {
+  local f=$OUT/timeline_$1.txt; shift
+  env X=1 "$@" timeout 60 build-gpu/ctrain-tl $DG --model configs/qwen3-0.6b.toml --batch 1 2>&1 >/dev/null |
+    grep -E "^stats|decode timeline|^  " > "$f"
+  echo "-- timeline $*"; grep -oE "decode_tok_s=[0-9.]+" "$f"; sed -n '3,9p' "$f"; tail -4 "$f"
+}
 for part in "$@"; do
   echo "== $part"
   {
@@ -286,31 +317,10 @@ for part in "$@"; do
       G="$TL generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto --batch 1"
       timeout 60 $G 2>&1 >/dev/null | grep -E "^stats|decode timeline|^  " | head -170 ;;
     s29)
-      export CT_SOURCE_ROOT=$PWD CT_BUILD_ROOT=$PWD/build-gpu
-      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-      timeout 200 build-gpu/tests/test_decode_cuda > "$OUT/test_decode.txt" 2>&1
-      rc=$?; echo "test_decode_cuda rc $rc"
-      grep -E "pushed|relaxed|l2 hints|FAIL|differ" "$OUT/test_decode.txt" | head -30; tail -1 "$OUT/test_decode.txt"
-      [ $rc -eq 0 ] || exit 1
-      G="generate --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
-      for e in X=1 CT_DECODE_ATT_PUSH=1 CT_DECODE_PREFETCH=downqkv; do
-        f=$OUT/timeline_${e#*=}.txt
-        env $e timeout 60 build-gpu/ctrain-tl $G --model configs/qwen3-0.6b.toml --batch 1 2>&1 >/dev/null |
-          grep -E "^stats|decode timeline|^  " > "$f"
-        echo "-- timeline $e"; grep -oE "decode_tok_s=[0-9.]+" "$f"; sed -n '3,9p' "$f"; tail -4 "$f"
-      done
-      ab() { # tag binary model batches env...
-        local tag=$1 bin=$2 m=$3 b=$4; shift 4
-        env X=1 "$@" timeout 60 build-gpu/$bin $G --model configs/$m.toml --batch $b 2>"$OUT/ab.err" >/dev/null
-        echo "$tag: $(grep '^stats' "$OUT/ab.err" | grep -oE "decode_tok_s=[0-9.]+" | tr '\n' ' ')"
-        grep -iE "error|fail" "$OUT/ab.err" | head -3
-      }
-      ids() { local bin=$1 m=$2; shift 2; env X=1 "$@" timeout 60 build-gpu/$bin $G --model configs/$m.toml \
-                --batch 1,8 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum | cut -c1-12; }
-      echo "ids qwen3: default $(ids ctrain qwen3-0.6b) v4 $(ids ctrain-v4 qwen3-0.6b)" \
-           "downqkv $(ids ctrain qwen3-0.6b CT_DECODE_PREFETCH=downqkv) push $(ids ctrain qwen3-0.6b CT_DECODE_ATT_PUSH=2)" \
-           "relax $(ids ctrain qwen3-0.6b CT_DECODE_ATT_RELAX=1)" \
-           "(0b1cea1e507a before)"
+      dec_tests || exit 1
+      for e in X=1 CT_DECODE_ATT_PUSH=1 CT_DECODE_PREFETCH=downqkv; do dec_tl "${e#*=}" "$e"; done
+      echo "ids qwen3: default $(ids ctrain) v4 $(ids ctrain-v4) downqkv $(ids ctrain CT_DECODE_PREFETCH=downqkv)" \
+           "push $(ids ctrain CT_DECODE_ATT_PUSH=2) relax $(ids ctrain CT_DECODE_ATT_RELAX=1) (0b1cea1e507a before)"
       for r in 1 2; do
         ab def_$r ctrain qwen3-0.6b 1,1,8
         ab push_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_PUSH=1
@@ -336,22 +346,8 @@ for part in "$@"; do
       done
       rm -f "$OUT/ab.err" ;;
     s30)
-      export CT_SOURCE_ROOT=$PWD CT_BUILD_ROOT=$PWD/build-gpu
-      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
       t0=$SECONDS
-      timeout 200 build-gpu/tests/test_decode_cuda > "$OUT/test_decode.txt" 2>&1
-      rc=$?; echo "test_decode_cuda rc $rc ($((SECONDS - t0)) s)"
-      grep -E "pushed|relaxed|l2 hints|FAIL|differ" "$OUT/test_decode.txt" | head -30; tail -1 "$OUT/test_decode.txt"
-      [ $rc -eq 0 ] || exit 1
-      G="generate --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
-      ab() { # tag binary model batches env...
-        local tag=$1 bin=$2 m=$3 b=$4; shift 4
-        env X=1 "$@" timeout 60 build-gpu/$bin $G --model configs/$m.toml --batch $b 2>"$OUT/ab.err" >/dev/null
-        echo "$tag: $(grep '^stats' "$OUT/ab.err" | grep -oE "decode_tok_s=[0-9.]+" | tr '\n' ' ')"
-        grep -iE "error|fail" "$OUT/ab.err" | head -3
-      }
-      ids() { local bin=$1; shift; env X=1 "$@" timeout 60 build-gpu/$bin $G --model configs/qwen3-0.6b.toml \
-                --batch 1,8 --max_new_tokens 48 --print_ids 2>/dev/null | md5sum | cut -c1-12; }
+      dec_tests || exit 1
       echo "ids qwen3: default $(ids ctrain) push $(ids ctrain CT_DECODE_ATT_PUSH=2)" \
            "relax $(ids ctrain CT_DECODE_ATT_RELAX=1) downqkv $(ids ctrain CT_DECODE_PREFETCH=downqkv)" \
            "v4 $(ids ctrain-v4) (0b1cea1e507a before; $((SECONDS - t0)) s)"
@@ -370,10 +366,7 @@ for part in "$@"; do
       ab def_llama ctrain llama3.2-1b 1,1
       ab push_llama ctrain llama3.2-1b 1,1 CT_DECODE_ATT_PUSH=1
       ab dq_llama ctrain llama3.2-1b 1,1 CT_DECODE_PREFETCH=downqkv
-      timeout 60 build-gpu/ctrain-tl $G --model configs/qwen3-0.6b.toml --batch 1 2>&1 >/dev/null |
-        grep -E "^stats|decode timeline|^  " > "$OUT/timeline.txt"
-      echo "-- timeline"; grep -oE "decode_tok_s=[0-9.]+" "$OUT/timeline.txt"; sed -n '3,9p' "$OUT/timeline.txt"
-      tail -4 "$OUT/timeline.txt"; echo "done ($((SECONDS - t0)) s)"
+      dec_tl default X=1; echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
     null)
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
