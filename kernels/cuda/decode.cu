@@ -2030,7 +2030,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   __shared__ __align__(16) T om[OP ? G * hd : 8];                    // OP: the merged heads
   __shared__ int last;
   const bool push = CL && !OP && (late & 4); // the split rows pushed to block 0 (att_push_on)
-  const bool relax = CL && !OP && (late & 8); // the pulled merge's second barrier relaxed (ditto)
+  const bool relax = CL && !OP && (late & 8); // the pull merge's 2nd barrier relaxed (att_relax_on)
   const bool pf_after = late & 2; // the L2 hint after the wait (CT_DECODE_PF_AFTER), not now
   late &= 1;
   if (!pf_after) l2_prefetch_slice(pf, pfb);
