@@ -176,6 +176,9 @@
 # the 30 minutes were spent), so s29 is still unrun. Part s30 below is s29 cut to what fits
 # a call of ~6 minutes when little device time is left (tests, ids, two A/B rounds of the main
 # variants, Llama-1B once, the default's timeline); ROUNDS=3 for a third round.
+# Session 31 (2026-12-06 01:55 to ~04:50 UTC): no device started either; calls from 01:57 to 03:17
+# (both one-GPU kinds, spaced past each stated retry wait) answered "no device machine could be
+# started" or "none was asked for", so s29 and s30 are still unrun with the same builds and pack.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
