@@ -176,9 +176,13 @@
 # the 30 minutes were spent), so s29 is still unrun. Part s30 below is s29 cut to what fits
 # a call of ~6 minutes when little device time is left (tests, ids, two A/B rounds of the main
 # variants, Llama-1B once, the default's timeline); ROUNDS=3 for a third round.
-# Session 31 (2026-12-06 01:55 to ~04:50 UTC): no device started either; calls from 01:57 to 03:17
-# (both one-GPU kinds, spaced past each stated retry wait) answered "no device machine could be
-# started" or "none was asked for", so s29 and s30 are still unrun with the same builds and pack.
+# Session 31 (2026-12-06): ten failed starts from 01:57, then call 149 at 03:35 got an H100
+# and ran s30 (bench/results/call149-151_2026-12-06_H100_push): test_decode_cuda 8182 checks, 0
+# failed, the same greedy ids everywhere; the push +5% at batch 1 (Qwen3 shape), +2% on Llama-1B;
+# relax +1% at batch 1 and 8; every L2 prefetch mode and the 64-register down GEMV slower (-2.7 to
+# -9.5%). Push and relax are the defaults now. Call 151: gpu_decode.sh with the push, 1,530
+# tokens/s at batch 1 = 5.52x Transformers compiled, 62% of the H100's bound; the H200's is still
+# to measure (the `decode` part). Still open from s29: the timelines with the push (ctrain-tl).
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
@@ -216,7 +220,9 @@ mkdir -p "$OUT"
 CT=$PWD/build-gpu/ctrain
 : "${COMMIT:=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
-tag=$(date +%F)_${ngpu}xH200_$COMMIT
+# the card's model in the name (H100 and H200 calls both happen): "NVIDIA H100 80GB HBM3" -> H100
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oE '[A-Z][0-9]{2,3}[A-Za-z]*' | head -1)
+tag=$(date +%F)_${ngpu}x${card:-GPU}_$COMMIT
 # The s29 / s30 parts' steps: dec_tests runs test_decode_cuda (non-zero on a failed check or a
 # hang); ab TAG BIN MODEL BATCHES [ENV...] prints a generate run's decode tokens/s; ids BIN [ENV...]
 # the md5 of Qwen3-0.6B's greedy ids at batch 1 and 8; dec_tl NAME [ENV...] the timeline build's
