@@ -259,9 +259,13 @@ bool vec_argmax_on() { return !env_off("CT_DECODE_VEC_ARGMAX"); }
 //                           or those and the next layer's qkv weights (trainer/model.c): the two
 //                           GEMVs whose blocks start late (down's cannot sit beside gate/up's; qkv
 //                           launches behind down's), so their weights are not in registers early.
-//                           Not yet measured (bench/gpu_next.sh, Session 29).
+//                           Slower (call 149, an H100, batch 1 on the Qwen3-0.6B shape: down
+//                           -4%, downqkv -4.5%; with down's GEMV at 64 registers -9.5%;
+//                           bench/results/call149-151_2026-12-06_H100_push): the weights the
+//                           hint pulls into L2 take DRAM time from the GEMVs streaming then.
 //   CT_DECODE_PF_AFTER=1    the fused attention issues its hint after its wait, when the qkv GEMV
-//                           it waits on has finished streaming, rather than at its start.
+//                           it waits on has finished streaming, rather than at its start
+//                           (downqkv after the wait: -7.5%, call 149).
 struct l2_hint_t {
   const void *p;
   size_t bytes;
@@ -4465,25 +4469,31 @@ bool smem_raised(const void *k) {
 // Read at every call.
 int att_alone_pct() { return env_int("CT_DECODE_ATT_ALONE", 0); }
 int att_apart_pct() { return env_int("CT_DECODE_ATT_APART", 50); }
-// Attention's cluster variant with its split rows pushed into block 0 (opt-in, not yet measured:
-// CT_DECODE_ATT_PUSH=1 where the launch's pad already holds them, which is where att_pad applies;
-// =2 at every launch, asking for the bytes where there is no pad). Each split warp stores its rows
-// into block 0's shared memory by st.async, counted on block 0's mbarrier, and block 0 merges
-// from its own shared memory once they are all in: no cluster barrier between the split math and
-// the merge (cl.sync(), whose release is a GPU-scope memory barrier: it waits for the newest
-// key's cache stores too), no distributed-shared-memory loads in the merge, and the other blocks
-// leave as soon as block 0 has their rows. The merge's arithmetic and order are the same, so the
-// bits are too. fits: the pad holds the rows.
+// Attention's cluster variant with its split rows pushed into block 0 (the default,
+// CT_DECODE_ATT_PUSH=1: where the launch's pad already holds them, which is where att_pad applies;
+// =2 at every launch, asking for the bytes where there is no pad; 0 turns it off). Each split warp
+// stores its rows into block 0's shared memory by st.async, counted on block 0's mbarrier, and
+// block 0 merges from its own shared memory once they are all in: no cluster barrier between the
+// split math and the merge (cl.sync(), whose release is a GPU-scope memory barrier: it waits for
+// the newest key's cache stores too), no distributed-shared-memory loads in the merge, and the
+// other blocks leave as soon as block 0 has their rows. The merge's arithmetic and order are the
+// same, so the bits are too. fits: the pad holds the rows.
+// Measured (call 149, one H100, bench/results/call149-151_2026-12-06_H100_push; two interleaved
+// rounds, 128 + 256 tokens, bf16, graphs, the same greedy ids): batch 1 on the Qwen3-0.6B shape
+// 1,505-1,527 tokens/s against 1,434-1,448 without (+5%), =2 the same; Llama-3.2-1B 1,017-1,020
+// against 994-1,002 (+2%). At batch 8 no pad applies, so =1 changes nothing there.
 long push_launches; // attention launches with the rows pushed
 bool att_push_on(bool fits) {
-  const int m = env_int("CT_DECODE_ATT_PUSH", 0);
+  const int m = env_int("CT_DECODE_ATT_PUSH", 1);
   return m > 1 || (m == 1 && fits);
 }
-// Without the push (opt-in, not yet measured: CT_DECODE_ATT_RELAX=1): the cluster merge's second
-// barrier, which only keeps the blocks resident until block 0 has read their rows, relaxed (no
-// release, so no GPU-scope memory barrier before it). The same bits.
+// Where the rows are not pushed (the default, CT_DECODE_ATT_RELAX=1; 0 turns it off): the cluster
+// merge's second barrier, which only keeps the blocks resident until block 0 has read their rows,
+// relaxed (no release, so no GPU-scope memory barrier before it). The same bits. Call 149: batch 8
+// on the Qwen3-0.6B shape 6,859-6,863 tokens/s against 6,792-6,800 (+1%); batch 1 with the push
+// off 1,450-1,468 against 1,434-1,448.
 long relax_launches;
-bool att_relax_on() { return env_int("CT_DECODE_ATT_RELAX", 0) > 0; }
+bool att_relax_on() { return env_int("CT_DECODE_ATT_RELAX", 1) > 0; }
 long apart_launches; // attention kernels launched apart (att_pad)
 // Dynamic shared memory a block of attention kernel k for a grid of `blocks` (0: no pad: the rule
 // does not apply, or the device does not allow it); with apart, apart_left = 2 and *late set

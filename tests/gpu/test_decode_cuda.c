@@ -1195,10 +1195,10 @@ static void test_attention_pad(void) {
 }
 
 /* attention's split rows pushed into block 0 of its cluster by st.async and merged there from its
- * own shared memory (CT_DECODE_ATT_PUSH=1 where the apart pad holds them, =2 at every launch,
- * asking for the bytes where there is no pad), and the pulled merge's second barrier relaxed
- * (CT_DECODE_ATT_RELAX=1), change no value: logits bit for bit equal to the default merge over
- * distributed shared memory, with CUDA graphs and without, GQA 1, 2 and 4, head dims 64 and 128,
+ * own shared memory (CT_DECODE_ATT_PUSH=1, the default, where the apart pad holds them, =2 at every
+ * launch, asking for the bytes where there is no pad), and the pulled merge's second barrier
+ * relaxed (CT_DECODE_ATT_RELAX=1, the default where nothing is pushed), change no value: logits bit
+ * for bit equal to the merge over distributed shared memory with both barriers (both set to 0), with CUDA graphs and without, GQA 1, 2 and 4, head dims 64 and 128,
  * clusters of 4 blocks */
 static void test_attention_push(void) {
   static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
@@ -1209,7 +1209,8 @@ static void test_attention_push(void) {
     float *a = calloc(n, 4), *b = calloc(n, 4);
     setenv("CT_DECODE_CLUSTER", "1", 1);
     setenv("CT_DECODE_ATT_APART", "100", 1);
-    unsetenv("CT_DECODE_ATT_PUSH");
+    setenv("CT_DECODE_ATT_PUSH", "0", 1);
+    setenv("CT_DECODE_ATT_RELAX", "0", 1);
     engine_logits_seq(m, ct_ops_cuda_bf16(), a, 200, 256, 70, 12);
     for (int v = 0; v < 4; v++) { /* pad, pad without graphs, no pad; v 3: the relaxed barrier */
       char what[160];
@@ -1218,7 +1219,7 @@ static void test_attention_push(void) {
                v == 0 ? "into the apart pad" : v == 1 ? "into the apart pad, no graphs" : "no pad",
                S[si][0], S[si][1], S[si][2]);
       if (v < 3) setenv("CT_DECODE_ATT_PUSH", v < 2 ? "1" : "2", 1);
-      else unsetenv("CT_DECODE_ATT_PUSH");
+      else setenv("CT_DECODE_ATT_PUSH", "0", 1);
       if (v == 3) setenv("CT_DECODE_ATT_RELAX", "1", 1);
       if (v >= 2) setenv("CT_DECODE_ATT_APART", "0", 1);
       g_graphs = v != 1;
