@@ -1198,8 +1198,8 @@ static void test_attention_pad(void) {
  * own shared memory (CT_DECODE_ATT_PUSH=1, the default, where the apart pad holds them, =2 at every
  * launch, asking for the bytes where there is no pad), and the pulled merge's second barrier
  * relaxed (CT_DECODE_ATT_RELAX=1, the default where nothing is pushed), change no value: logits bit
- * for bit equal to the merge over distributed shared memory with both barriers (both set to 0), with CUDA graphs and without, GQA 1, 2 and 4, head dims 64 and 128,
- * clusters of 4 blocks */
+ * for bit equal to the merge over distributed shared memory with both barriers (both set to 0),
+ * with CUDA graphs and without, GQA 1, 2 and 4, head dims 64 and 128, clusters of 4 blocks */
 static void test_attention_push(void) {
   static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
   for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
