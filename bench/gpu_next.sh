@@ -182,11 +182,16 @@
 # relax +1% at batch 1 and 8; every L2 prefetch mode and the 64-register down GEMV slower (-2.7 to
 # -9.5%). Push and relax are the defaults now. Call 151: gpu_decode.sh with the push, 1,530
 # tokens/s at batch 1 = 5.52x Transformers compiled, 62% of the H100's bound; the H200's is still
-# to measure (the `decode` part). Still open from s29: the timelines with the push (ctrain-tl).
+# to measure: part s31 (carry [".carry"], "tar -xJf .carry/pack.tar.xz && bash bench/gpu_next.sh
+# s31"; the pack holds ctrain, test_decode_cuda and ctrain-tl), which also takes the timeline.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
-#   s30      s29 in ~6 minutes (same builds)
+#   s30      s29 in ~6 minutes (same builds); since f2aeb26 push and relax are the default, so
+#            their lines in s29 / s30 measure the default against itself
+#   s31      the new default (push + relax) on the next card, ~5 min: test_decode_cuda, the
+#            default against both off (two rounds, batch 1 and 8), gpu_decode.sh at batch 1 and
+#            8, the default's timeline (needs build-gpu/ctrain-tl: bench/gpu_variant.sh tl)
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
@@ -377,6 +382,18 @@ for part in "$@"; do
       ab dq_llama ctrain llama3.2-1b 1,1 CT_DECODE_PREFETCH=downqkv
       dec_tl default X=1; echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    s31)
+      t0=$SECONDS
+      dec_tests || exit 1
+      echo "ids qwen3: default $(ids ctrain) off $(ids ctrain CT_DECODE_ATT_PUSH=0 CT_DECODE_ATT_RELAX=0)" \
+           "(0b1cea1e507a before)"
+      for r in 1 2; do
+        ab def_$r ctrain qwen3-0.6b 1,1,8
+        ab off_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_PUSH=0 CT_DECODE_ATT_RELAX=0
+      done
+      CTRAIN=$CT BATCHES="1 8" COMPILE_BATCHES=1 COMPILE_TIMEOUT=120 timeout 200 bash bench/gpu_decode.sh
+      dec_tl default X=1; echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     null)
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
       for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
@@ -398,7 +415,7 @@ for part in "$@"; do
     perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-fwd2,flash3-bwd2o2,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
-    *) echo "unknown part $part (s29 s30 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
+    *) echo "unknown part $part (s29 s30 s31 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
   esac
   } 2>&1 | tee "$OUT/gpu_next_${part}_$tag.txt"
 done
