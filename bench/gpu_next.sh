@@ -192,6 +192,9 @@
 #   s31      the new default (push + relax) on the next card, ~5 min: test_decode_cuda, the
 #            default against both off (two rounds, batch 1 and 8), gpu_decode.sh at batch 1 and
 #            8, the default's timeline (needs build-gpu/ctrain-tl: bench/gpu_variant.sh tl)
+#   s32      the argmax's ids into mapped host memory (no copy between steps), ~4 min: the decode
+#            tests, generate_gpu.sh on qwen3 + gpt2, ids, the default against CT_DECODE_ZEROCOPY=0
+#            (two rounds, batch 1 and 8; Llama-1B once), gpu_decode.sh when the card is an H200
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
@@ -394,6 +397,27 @@ for part in "$@"; do
       CTRAIN=$CT BATCHES="1 8" COMPILE_BATCHES=1 COMPILE_TIMEOUT=120 timeout 200 bash bench/gpu_decode.sh
       dec_tl default X=1; echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    s32)
+      # the ids written by the argmax into mapped host memory instead of a copy between steps:
+      # the decode tests, generation's checks (decoding ahead = step by step), the same ids, then
+      # the default against CT_DECODE_ZEROCOPY=0 (two rounds), gpu_decode.sh on an H200
+      t0=$SECONDS
+      dec_tests || exit 1
+      CT_SOURCE_ROOT=$PWD FIXTURES="qwen3 gpt2" timeout 240 bash tests/gpu/generate_gpu.sh "$CT" \
+        > "$OUT/generate_gpu.txt" 2>&1; echo "generate_gpu.sh rc $? ($((SECONDS - t0)) s)"
+      grep -E "^(not )?ok|FAIL|passed|failed" "$OUT/generate_gpu.txt" | grep -vE "^ok" | head; grep -c "^ok" "$OUT/generate_gpu.txt"
+      echo "ids qwen3: default $(ids ctrain) copy $(ids ctrain CT_DECODE_ZEROCOPY=0) (0b1cea1e507a before)"
+      for r in 1 2; do
+        ab def_$r ctrain qwen3-0.6b 1,1,8
+        ab copy_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ZEROCOPY=0
+      done
+      ab def_llama ctrain llama3.2-1b 1,1
+      ab copy_llama ctrain llama3.2-1b 1,1 CT_DECODE_ZEROCOPY=0
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        CTRAIN=$CT BATCHES="1 8" COMPILE_BATCHES=1 COMPILE_TIMEOUT=120 timeout 200 bash bench/gpu_decode.sh
+      fi
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     null)
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
       for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
@@ -415,7 +439,7 @@ for part in "$@"; do
     perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-fwd2,flash3-bwd2o2,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
-    *) echo "unknown part $part (s29 s30 s31 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
+    *) echo "unknown part $part (s29 s30 s31 s32 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
   esac
   } 2>&1 | tee "$OUT/gpu_next_${part}_$tag.txt"
 done

@@ -216,9 +216,12 @@ typedef struct ct_ops {
   void (*argmax_rows)(int32_t *out, const void *logits, int N, int V, int Vp);
   /* Optional (NULL on the CPU): argmax_rows, and then the next decode step's inputs from it:
    * tok[n] = out[n], pos[n] += 1 (device arrays of N), so a step can be queued before the host
-   * has read this one's tokens (trainer/model.c: decoding ahead). */
-  void (*argmax_advance)(int32_t *out, int32_t *tok, int32_t *pos, const void *logits, int N,
-                         int V, int Vp);
+   * has read this one's tokens (trainer/model.c: decoding ahead). host_ids (NULL, or the device
+   * address of a host_alloc_mapped buffer of 2N ids): the ids are also written there, row n's at
+   * host_ids[(pos[n] after the step & 1) * N + n], for the host to read once the step is done
+   * without a copy queued behind it. */
+  void (*argmax_advance)(int32_t *out, int32_t *tok, int32_t *pos, int32_t *host_ids,
+                         const void *logits, int N, int V, int Vp);
   /* out(N,OC) = inp @ w^T + bias (bias may be NULL) for the few rows of a decode step (and the
    * head's rows): matmul_fwd's values up to the order of the fp32 sums, with each output's
    * arithmetic depending only on its own row of inp (not on N or the thread count), so a batch
@@ -327,6 +330,10 @@ typedef struct ct_ops {
   void (*copy_peer)(void *dst, int dst_dev, const void *src, int src_dev, size_t bytes);
   /* Page-locked host memory (fast, asynchronous copies); NULL on failure. */
   void *(*host_alloc)(size_t bytes);
+  /* Optional (NULL on the CPU): page-locked host memory that kernels write directly (mapped
+   * into the device's address space, *dev its address there); NULL on failure; host_free frees
+   * it. The host reads what a kernel wrote once an event after that kernel is done. */
+  void *(*host_alloc_mapped)(size_t bytes, void **dev);
   void (*host_free)(void *p);
   /* dst_host = src (bytes), queued: valid after `sync`. */
   void (*to_host_async)(void *dst_host, const void *src, size_t bytes);

@@ -1045,11 +1045,18 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 
 // Row n's argmax id into out, and (argmax_advance: tok not NULL) the row's next decode inputs:
 // the id as its token and the following position.
-__device__ __forceinline__ void argmax_put(int32_t *out, int32_t *tok, int32_t *pos, int n, int id) {
+// Row n's id: out[n], and for argmax_advance tok[n] = id, pos[n] + 1, and with hid (mapped host
+// memory, 2 x N ids) hid[(new position & 1) * N + n] = id, where the host reads it once the
+// step's event is done (no copy queued behind the step: bench/graph_gap.cu measured a 4-byte
+// copy between two graph replays at ~10 us of idle GPU on an H100, against ~2 us without it).
+__device__ __forceinline__ void argmax_put(int32_t *out, int32_t *tok, int32_t *pos, int32_t *hid,
+                                           int N, int n, int id) {
   out[n] = id;
   if (tok) {
     tok[n] = id;
-    pos[n] += 1;
+    const int p = pos[n] + 1;
+    pos[n] = p;
+    if (hid) hid[(p & 1) * N + n] = id;
   }
 }
 
@@ -1070,8 +1077,8 @@ __device__ __forceinline__ void argmax_warp(float &bv, int &bi) {
 // One block per row: the largest of the first V entries, lowest index on ties.
 #define ARGMAX_THREADS 1024
 template <typename T>
-__global__ void argmax_rows_kernel(int32_t *out, int32_t *tok, int32_t *pos, const T *logits,
-                                   int V, int Vp) {
+__global__ void argmax_rows_kernel(int32_t *out, int32_t *tok, int32_t *pos, int32_t *hid,
+                                   const T *logits, int V, int Vp) {
   __shared__ float sv[32];
   __shared__ int si[32];
   pdl_trigger();
@@ -1092,7 +1099,7 @@ __global__ void argmax_rows_kernel(int32_t *out, int32_t *tok, int32_t *pos, con
     bv = lane < nw ? sv[lane] : -INFINITY;
     bi = lane < nw ? si[lane] : 0x7fffffff;
     argmax_warp(bv, bi);
-    if (lane == 0) argmax_put(out, tok, pos, blockIdx.x, bi == 0x7fffffff ? 0 : bi);
+    if (lane == 0) argmax_put(out, tok, pos, hid, gridDim.x, blockIdx.x, bi == 0x7fffffff ? 0 : bi);
   }
 }
 
@@ -2258,7 +2265,7 @@ __global__ void __launch_bounds__(QA_WARPS * 32, 1)
 // order and argmax_take breaks ties to the lowest index, so the id is the same either way.
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(AM_THREADS)
-    argmax_split_kernel(int32_t *out, int32_t *tok, int32_t *pos, float *pv, int *pi,
+    argmax_split_kernel(int32_t *out, int32_t *tok, int32_t *pos, int32_t *hid, float *pv, int *pi,
                         unsigned *count, const T *logits, int V, int Vp) {
   __shared__ float sv[AM_THREADS / 32];
   __shared__ int si[AM_THREADS / 32];
@@ -2334,7 +2341,7 @@ __global__ void __launch_bounds__(AM_THREADS)
     argmax_take(bv, bi, pvs[j], pis[j]);
   argmax_warp(bv, bi);
   if (lane) return;
-  argmax_put(out, tok, pos, n, bi == 0x7fffffff ? 0 : bi);
+  argmax_put(out, tok, pos, hid, gridDim.y, n, bi == 0x7fffffff ? 0 : bi);
   count[n] = 0;
 #ifdef CT_DECODE_TIMELINE
   if (n == 0) tl_ph[0][*(volatile unsigned *)&tl_am_slot] = tl_now();
@@ -3351,8 +3358,8 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
 }
 
 template <typename T>
-void cu_argmax_advance(int32_t *out, int32_t *tok, int32_t *pos, const void *logits, int N, int V,
-                       int Vp) {
+void cu_argmax_advance(int32_t *out, int32_t *tok, int32_t *pos, int32_t *hid, const void *logits,
+                       int N, int V, int Vp) {
   if (N <= 0) return;
   const int B = V >= AM_MAX_BLOCKS * 2048 ? AM_MAX_BLOCKS : (V + 2047) / 2048;
   if (gemv_on() && v2_on() && B > 1 && N <= ARGMAX_MAX_ROWS) {
@@ -3364,19 +3371,19 @@ void cu_argmax_advance(int32_t *out, int32_t *tok, int32_t *pos, const void *log
     if constexpr (sizeof(T) == 2) {
       if (Vp % 8 == 0 && aligned16(logits) && vec_argmax_on()) {
         launch("argmax_rows", "argmax_split_kernel", argmax_split_kernel<T, true>, dim3(B, N),
-               AM_THREADS, 0, out, tok, pos, pv, pi, cnt, (const T *)logits, V, Vp);
+               AM_THREADS, 0, out, tok, pos, hid, pv, pi, cnt, (const T *)logits, V, Vp);
         return;
       }
     }
     launch("argmax_rows", "argmax_split_kernel", argmax_split_kernel<T, false>, dim3(B, N),
-           AM_THREADS, 0, out, tok, pos, pv, pi, cnt, (const T *)logits, V, Vp);
+           AM_THREADS, 0, out, tok, pos, hid, pv, pi, cnt, (const T *)logits, V, Vp);
     return;
   }
   launch("argmax_rows", "argmax_rows_kernel", argmax_rows_kernel<T>, N, ARGMAX_THREADS, 0, out,
-         tok, pos, (const T *)logits, V, Vp);
+         tok, pos, hid, (const T *)logits, V, Vp);
 }
 template <typename T> void cu_argmax_rows(int32_t *out, const void *logits, int N, int V, int Vp) {
-  cu_argmax_advance<T>(out, NULL, NULL, logits, N, V, Vp);
+  cu_argmax_advance<T>(out, NULL, NULL, NULL, logits, N, V, Vp);
 }
 
 
@@ -4358,6 +4365,22 @@ void *cu_host_alloc(size_t bytes) {
   return p;
 }
 
+void *cu_host_alloc_mapped(size_t bytes, void **dev) {
+  void *p = NULL;
+  *dev = NULL;
+  if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocMapped) != cudaSuccess) {
+    cudaGetLastError();
+    return NULL;
+  }
+  if (cudaHostGetDevicePointer(dev, p, 0) != cudaSuccess) {
+    cudaGetLastError();
+    cudaFreeHost(p);
+    *dev = NULL;
+    return NULL;
+  }
+  return p;
+}
+
 void cu_host_free(void *p) {
   if (p) cudaFreeHost(p);
 }
@@ -4890,6 +4913,7 @@ extern "C" void ct_cuda_decode_table(ct_ops *t) {
   t->device_memory = cu_device_memory;
   t->copy_peer = cu_copy_peer;
   t->host_alloc = cu_host_alloc;
+  t->host_alloc_mapped = cu_host_alloc_mapped;
   t->host_free = cu_host_free;
   t->to_host_async = cu_to_host_async;
   t->sync = cu_sync;

@@ -138,14 +138,28 @@ static void run(const ct_ops *o, double tol) {
   o->to_device(dpos, pos, sizeof pos);
   memset(am, 0xff, sizeof am);
   o->to_device(dam, am, sizeof am);
-  o->argmax_advance(dam, dtok, dpos, dl, N, V, 1024);
+  /* with host ids: row n's id in mapped host memory at [(its new position & 1) * N + n], the
+   * other half untouched */
+  void *dmap = NULL;
+  int32_t *hmap = o->host_alloc_mapped ? o->host_alloc_mapped(sizeof(int32_t) * 2 * N, &dmap) : NULL;
+  CHECK_MSG(hmap && dmap, "%s host_alloc_mapped failed", o->name);
+  if (hmap) memset(hmap, 0xff, sizeof(int32_t) * 2 * N);
+  o->argmax_advance(dam, dtok, dpos, (int32_t *)dmap, dl, N, V, 1024);
   o->to_host(am, dam, sizeof am);
   o->to_host(adv_tok, dtok, sizeof adv_tok);
   o->to_host(adv_pos, dpos, sizeof adv_pos);
-  for (int n = 0; n < N; n++)
+  for (int n = 0; n < N; n++) {
     CHECK_MSG(am[n] == want[n] && adv_tok[n] == want[n] && adv_pos[n] == pos[n] + 1,
               "%s argmax_advance row %d: id %d token %d position %d, expected %d %d %d", o->name,
               n, am[n], adv_tok[n], adv_pos[n], want[n], want[n], pos[n] + 1);
+    const int half = (pos[n] + 1) & 1;
+    if (hmap)
+      CHECK_MSG(hmap[half * N + n] == want[n] && hmap[(1 - half) * N + n] == -1,
+                "%s argmax_advance row %d: host ids %d (half %d) and %d (other half), expected"
+                " %d and -1", o->name, n, hmap[half * N + n], half, hmap[(1 - half) * N + n],
+                want[n]);
+  }
+  if (hmap) o->host_free(hmap);
   char err[512];
   CHECK_MSG(ct_cuda_check(err, sizeof err) == 0, "%s", err);
   void *dev[] = {dq, dk, dv, dpos, dslot, dout, dtok, dwte, dwpe, de, dl, dam};
@@ -463,11 +477,22 @@ static void test_fused(const ct_ops *o, double tol) {
       o->to_device(dps, p0, sizeof p0);
       o->zero(dtk, sizeof tk);
       o->graph_begin();
-      o->argmax_advance(dam, dtk, dps, dl, AN, AV, AVp);
+      /* the ids also into mapped host memory: the two replays fill both halves */
+      void *dmap = NULL;
+      int32_t *hmap = o->host_alloc_mapped ? o->host_alloc_mapped(sizeof(int32_t) * 2 * AN, &dmap)
+                                           : NULL;
+      CHECK_MSG(hmap && dmap, "%s host_alloc_mapped failed", o->name);
+      if (hmap) memset(hmap, 0xff, sizeof(int32_t) * 2 * AN);
+      o->argmax_advance(dam, dtk, dps, (int32_t *)dmap, dl, AN, AV, AVp);
       void *g = o->graph_end();
       CHECK(g != NULL);
       if (g) o->graph_launch(g);
       if (g) o->graph_launch(g);
+      o->sync();
+      for (int n = 0; hmap && n < 2 * AN; n++)
+        CHECK_MSG(hmap[n] == want[n % AN], "%s argmax_advance V=%d (graph): host id %d of half %d"
+                  " is %d, expected %d", o->name, AV, n % AN, n / AN, hmap[n], want[n % AN]);
+      if (hmap) o->host_free(hmap);
       o->to_host(am, dam, sizeof am);
       o->to_host(tk, dtk, sizeof tk);
       o->to_host(ps, dps, sizeof ps);
