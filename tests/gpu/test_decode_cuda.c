@@ -476,13 +476,14 @@ static void test_fused(const ct_ops *o, double tol) {
       int32_t tk[AN], ps[AN], *dtk = o->alloc(sizeof tk), *dps = o->alloc(sizeof ps);
       o->to_device(dps, p0, sizeof p0);
       o->zero(dtk, sizeof tk);
-      o->graph_begin();
-      /* the ids also into mapped host memory: the two replays fill both halves */
+      /* the ids also into mapped host memory (allocated before the capture, which an allocation
+       * would end): the two replays fill both halves */
       void *dmap = NULL;
       int32_t *hmap = o->host_alloc_mapped ? o->host_alloc_mapped(sizeof(int32_t) * 2 * AN, &dmap)
                                            : NULL;
       CHECK_MSG(hmap && dmap, "%s host_alloc_mapped failed", o->name);
       if (hmap) memset(hmap, 0xff, sizeof(int32_t) * 2 * AN);
+      o->graph_begin();
       o->argmax_advance(dam, dtk, dps, (int32_t *)dmap, dl, AN, AV, AVp);
       void *g = o->graph_end();
       CHECK(g != NULL);
