@@ -11,7 +11,8 @@
 //   one-ahead    graph+copy with the host one step ahead, waiting for each step's event before
 //                queueing the one after the next (the decode loop's own pattern)
 // Each kernel spins SPIN_US microseconds (default 20) so that the host stays ahead of the GPU.
-// Build: nvcc -O2 -arch=sm_90 bench/graph_gap.cu -o graph_gap; run: ./graph_gap [SPIN_US] [N].
+// Built as bench/graph_gap in CUDA builds; run: graph_gap [SPIN_US] [N]. Call 153's numbers
+// (H100): bench/results/call153-157_2026-12-06_H100_zerocopy/call153_graph_gap.txt.
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <stdio.h>
@@ -37,19 +38,20 @@ __device__ __forceinline__ unsigned long long now() {
   return t;
 }
 
-// Every block spins spin_ns; block 0 notes its start under a launch index, every block's end
-// raises that launch's end time. With host != NULL block 0 also writes the index to mapped host
-// memory (the zero-copy id). pdl: trigger the dependents at once and wait for the kernel before.
+// Every block spins spin_ns; block 0 notes its start and end under a launch index (every block
+// spins as long, so block 0's end stands for the kernel's). With host != NULL block 0 also writes
+// the index to mapped host memory (the zero-copy id). pdl: trigger the dependents at once and
+// wait for the kernel before.
 __global__ void step_kernel(unsigned long long spin_ns, volatile int *host, int pdl) {
   __shared__ unsigned idx;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 // programmatic dependent launch: sm_90 on
   if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   if (threadIdx.x == 0) {
     if (blockIdx.x == 0) {
       idx = atomicAdd(&n_launch, 1u);
       t_start[idx & 0xffff] = now();
-      __threadfence();
-      idx |= 0x80000000u;
     }
   }
   const unsigned long long t1 = now();
@@ -57,9 +59,8 @@ __global__ void step_kernel(unsigned long long spin_ns, volatile int *host, int 
   }
   __syncthreads();
   if (threadIdx.x == 0 && blockIdx.x == 0) {
-    const unsigned i = idx & 0x7fffffffu;
-    if (host) *host = (int)i;
-    atomicMax(&t_end[i & 0xffff], now());
+    if (host) *host = (int)idx;
+    t_end[idx & 0xffff] = now();
   }
 }
 

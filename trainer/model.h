@@ -197,7 +197,8 @@ ct_status ct_infer_prefill(ct_infer *e, int nseq, const int *slots, const int32_
  * position ct_infer_len(slots[b]); outputs as ct_infer_prefill. With greedy ids only (logits
  * NULL) on one CUDA device the call queues the next step for the same rows before returning,
  * fed with these ids on the device (CT_DECODE_AHEAD=0: never); a next call with those rows and
- * tokens takes it, any other engine call waits for it and drops it. */
+ * tokens takes it, any other engine call waits for it and drops it. The step's argmax writes the
+ * ids into mapped host memory itself (CT_DECODE_ZEROCOPY=0: a copy queued after the step). */
 ct_status ct_infer_decode(ct_infer *e, int nseq, const int *slots, const int32_t *tokens,
                           float *logits, int32_t *ids);
 /* Waits for a decode step queued ahead and drops it (the engine is then idle). */

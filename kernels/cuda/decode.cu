@@ -114,7 +114,12 @@
 //    before the compares (CT_DECODE_VEC_ARGMAX=0 turns it off). Together 1,491-1,506 against
 //    1,479-1,488 tokens/s at batch 1, 4,512-4,518 against 4,442-4,455 at batch 8, the same ids
 //    (bench/results/call99_2026-12-02_H200_rope_loads). The argmax's last block stores the id
-//    2.9 us after its release; the next step's embedding starts 12 us after that.
+//    2.9 us after its release; the next step's embedding starts 12 us after that. That gap was
+//    the 4-byte copy of the ids that decoding ahead queued between two steps' graphs:
+//    bench/graph_gap.cu measured a copy + event between two graph replays at 11.8-12.3 us of
+//    idle GPU against 2.1 us for the replays alone (H100, 2026-12-06). The argmax now writes the
+//    ids into mapped host memory (argmax_put): +1.6-1.9% at batch 1, +0.8% at 8 (call 156,
+//    bench/results/call153-157_2026-12-06_H100_zerocopy; CT_DECODE_ZEROCOPY=0 keeps the copy).
 // So the per-layer chain (~21.9 us in the timeline build: qkv 4.4, attention 7.0, o_proj 3.5,
 // gate/up 3.2, down 3.8) is bounded by latencies that more overlap does not remove; the next step
 // toward 60% of the bound is fewer dependent stages a layer with less work resident beside each,
