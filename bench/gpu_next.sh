@@ -184,7 +184,7 @@
 # tokens/s at batch 1 = 5.52x Transformers compiled, 62% of the H100's bound; the H200's is still
 # to measure: part s31 (carry [".carry"], "tar -xJf .carry/pack.tar.xz && bash bench/gpu_next.sh
 # s31"; the pack holds ctrain, test_decode_cuda and ctrain-tl), which also takes the timeline.
-# Session 32 (2026-12-06, H100s only; bench/results/call152_* and call153-157_*): the s31 default
+# Session 32 (2026-12-06, H100s only; bench/results/call152_* and call153-158_*): the s31 default
 # (push + relax) ran for the first time (8182 checks, 0 failed; +5.5% at batch 1, 61% of the H100's
 # bound). bench/graph_gap.cu found the ~12 us from the argmax's id to the next step's first block:
 # the 4-byte copy of the ids queued between two graphs (11.8-12.3 us of idle GPU against 2.1 for

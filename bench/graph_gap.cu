@@ -12,7 +12,7 @@
 //                queueing the one after the next (the decode loop's own pattern)
 // Each kernel spins SPIN_US microseconds (default 20) so that the host stays ahead of the GPU.
 // Built as bench/graph_gap in CUDA builds; run: graph_gap [SPIN_US] [N]. Call 153's numbers
-// (H100): bench/results/call153-157_2026-12-06_H100_zerocopy/call153_graph_gap.txt.
+// (H100): bench/results/call153-158_2026-12-06_H100_zerocopy/call153_graph_gap.txt.
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <stdio.h>

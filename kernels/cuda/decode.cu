@@ -119,7 +119,7 @@
 //    bench/graph_gap.cu measured a copy + event between two graph replays at 11.8-12.3 us of
 //    idle GPU against 2.1 us for the replays alone (H100, 2026-12-06). The argmax now writes the
 //    ids into mapped host memory (argmax_put): +1.6-1.9% at batch 1, +0.8% at 8 (call 156,
-//    bench/results/call153-157_2026-12-06_H100_zerocopy; CT_DECODE_ZEROCOPY=0 keeps the copy).
+//    bench/results/call153-158_2026-12-06_H100_zerocopy; CT_DECODE_ZEROCOPY=0 keeps the copy).
 // So the per-layer chain (~21.9 us in the timeline build: qkv 4.4, attention 7.0, o_proj 3.5,
 // gate/up 3.2, down 3.8) is bounded by latencies that more overlap does not remove; the next step
 // toward 60% of the bound is fewer dependent stages a layer with less work resident beside each,
