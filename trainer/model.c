@@ -1061,7 +1061,7 @@ struct ct_infer {
                               sits between two steps (~10 us of idle GPU a step on an H100) and
                               the step ahead writes the other half */
   long ahead_steps;        /* steps decoded ahead and taken */
-  void *ev[2];             /* after the copies into h_ab */
+  void *ev[2];             /* after a step (and its ids' copy into h_ab where h_map is NULL) */
 };
 
 static int infer_set(ct_infer *e, const infer_dev *d) {

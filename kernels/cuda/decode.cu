@@ -1049,11 +1049,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
 }
 
 // Row n's argmax id into out, and (argmax_advance: tok not NULL) the row's next decode inputs:
-// the id as its token and the following position.
-// Row n's id: out[n], and for argmax_advance tok[n] = id, pos[n] + 1, and with hid (mapped host
-// memory, 2 x N ids) hid[(new position & 1) * N + n] = id, where the host reads it once the
-// step's event is done (no copy queued behind the step: bench/graph_gap.cu measured a 4-byte
-// copy between two graph replays at ~10 us of idle GPU on an H100, against ~2 us without it).
+// the id as its token and the following position; with hid (mapped host memory, 2 x N ids) also
+// hid[(new position & 1) * N + n] = id, which the host reads once the step's event is done (no
+// copy queued behind the step: bench/graph_gap.cu measured a 4-byte copy between two graph
+// replays at ~10 us of idle GPU on an H100, against ~2 us without it).
 __device__ __forceinline__ void argmax_put(int32_t *out, int32_t *tok, int32_t *pos, int32_t *hid,
                                            int N, int n, int id) {
   out[n] = id;
