@@ -16,6 +16,14 @@ bins=("$@")
 # there, and its meson test would refuse it
 [ -f build-gpu/build.ninja ] ||
   meson setup build-gpu -Dcuda=enabled -Dcuda-arch=90 -Dcpu_arch=x86-64-v3 -Dbuildtype=release
+# An object that ninja holds no header dependencies for (compiled by hand, e.g. by an older
+# variant script) is never rebuilt when a header changes: on 2026-12-06 such an ops_cuda.cu
+# object kept the old ct_ops layout after kernels/ops.h gained a member, and every graph capture
+# of the packed binaries called the wrong table entry. Such objects are removed, so they rebuild.
+ninja -C build-gpu -t deps 2>/dev/null | sed -n 's/^\([^ ]*\.o\): #deps 0,.*/\1/p' | while read -r o; do
+  echo "gpu_pack.sh: build-gpu/$o has no recorded dependencies: rebuilding it"
+  rm -f "build-gpu/$o"
+done
 ninja -C build-gpu
 for p in /build-gpu/ /.gpu/ /.carry/; do
   grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude
