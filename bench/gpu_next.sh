@@ -191,6 +191,13 @@
 # replays alone). The argmax now writes the ids into mapped host memory (CT_DECODE_ZEROCOPY=0:
 # the copy): +1.6-1.9% at batch 1, 63% of the H100's bound (gpu_decode.sh, call 157). Still not
 # run on an H200: part s32 (or s31's gpu_decode.sh step) on the next H200 gives the issue's number.
+# A lead for attention (6.85 us of a ~20.3 us layer on the H100): with the push, block 0's merge
+# of 24 split rows already in its own shared memory still takes 1.52 us (phases 4.17 -> 5.69,
+# call 152), about what the pull merge over distributed shared memory took (1.70, call 147),
+# although the code is ~100 dependent instructions and ptxas reports no spills (128 registers).
+# So its time is not the loads: time the merge's steps (max, the loads, the FMAs, the output
+# stores: stores queued behind the other SMs' weight streams are one suspect) with more
+# TL_PHASE marks in a timeline build before changing it.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
