@@ -68,15 +68,21 @@ struct gaps {
   double med, mean, p10, p90;
 };
 
-static gaps collect(unsigned from, unsigned to) {
+// The gaps (ns) from launch i's end to launch i + 1's start, from <= i < to - 1, i % step == phase.
+static std::vector<double> gaps_of(unsigned from, unsigned to, unsigned step, unsigned phase) {
   std::vector<unsigned long long> s(1 << 16), e(1 << 16);
   CK(cudaMemcpyFromSymbol(s.data(), t_start, sizeof(unsigned long long) << 16));
   CK(cudaMemcpyFromSymbol(e.data(), t_end, sizeof(unsigned long long) << 16));
   std::vector<double> g;
-  for (unsigned i = from; i + 1 < to; i++) g.push_back((double)(s[(i + 1) & 0xffff]) - (double)e[i & 0xffff]);
-  std::sort(g.begin(), g.end());
+  for (unsigned i = from; i + 1 < to; i++)
+    if (i % step == phase) g.push_back((double)s[(i + 1) & 0xffff] - (double)e[i & 0xffff]);
+  return g;
+}
+
+static gaps stats(std::vector<double> g) { // in us
   gaps r{};
   if (g.empty()) return r;
+  std::sort(g.begin(), g.end());
   double sum = 0;
   for (double v : g) sum += v;
   r.med = g[g.size() / 2] / 1e3;
@@ -143,50 +149,23 @@ int main(int argc, char **argv) {
     const int B = blocks[bi];
     cudaGraphExec_t g1 = capture(st, 1, spin, NULL, B), g1m = capture(st, 1, spin, d_map, B),
                     g2 = capture(st, 2, spin, NULL, B);
+    static const char *names[5] = {"graph", "graph+copy", "graph+event", "two-kernel", "one-ahead"};
     for (int v = 0; v < 5; v++) {
       reset();
-      const char *name = "";
       for (int i = 0; i < N; i++) {
-        switch (v) {
-        case 0: name = "graph"; CK(cudaGraphLaunch(g1, st)); break;
-        case 1:
-          name = "graph+copy";
-          CK(cudaGraphLaunch(g1, st));
-          CK(cudaMemcpyAsync(h_ids, d_ids, 4, cudaMemcpyDeviceToHost, st));
-          CK(cudaEventRecord(ev[i & 1], st));
-          break;
-        case 2:
-          name = "graph+event";
-          CK(cudaGraphLaunch(g1m, st));
-          CK(cudaEventRecord(ev[i & 1], st));
-          break;
-        case 3: name = "two-kernel"; CK(cudaGraphLaunch(g2, st)); break;
-        case 4:
-          name = "one-ahead";
-          CK(cudaGraphLaunch(g1, st));
-          CK(cudaMemcpyAsync(h_ids, d_ids, 4, cudaMemcpyDeviceToHost, st));
-          CK(cudaEventRecord(ev[i & 1], st));
-          if (i > 0) CK(cudaEventSynchronize(ev[(i - 1) & 1]));
-          break;
-        }
+        CK(cudaGraphLaunch(v == 2 ? g1m : v == 3 ? g2 : g1, st));
+        if (v == 1 || v == 4) CK(cudaMemcpyAsync(h_ids, d_ids, 4, cudaMemcpyDeviceToHost, st));
+        if (v == 1 || v == 2 || v == 4) CK(cudaEventRecord(ev[i & 1], st));
+        if (v == 4 && i > 0) CK(cudaEventSynchronize(ev[(i - 1) & 1])); // the host one step ahead
       }
       CK(cudaStreamSynchronize(st));
       unsigned n = 0;
       CK(cudaMemcpyFromSymbol(&n, n_launch, sizeof n));
-      const gaps g = collect(n / 10, n);
-      printf("%-12s blocks %3d  %7.2f %7.2f %7.2f %7.2f\n", name, B, g.med, g.mean, g.p10, g.p90);
-      if (v == 3) { // inside the graph (kernel 0 -> 1) and between replays (1 -> next 0) apart
-        std::vector<unsigned long long> s(1 << 16), e(1 << 16);
-        CK(cudaMemcpyFromSymbol(s.data(), t_start, sizeof(unsigned long long) << 16));
-        CK(cudaMemcpyFromSymbol(e.data(), t_end, sizeof(unsigned long long) << 16));
-        std::vector<double> in, across;
-        for (unsigned i = n / 10; i + 1 < n; i++)
-          (i % 2 == 0 ? in : across).push_back((double)s[i + 1] - (double)e[i]);
-        std::sort(in.begin(), in.end());
-        std::sort(across.begin(), across.end());
+      const gaps g = stats(gaps_of(n / 10, n, 1, 0));
+      printf("%-12s blocks %3d  %7.2f %7.2f %7.2f %7.2f\n", names[v], B, g.med, g.mean, g.p10, g.p90);
+      if (v == 3) // inside the graph (kernel 0 -> 1: even launches) and between replays (odd)
         printf("  two-kernel: inside a graph %.2f us, between replays %.2f us (medians)\n",
-               in[in.size() / 2] / 1e3, across[across.size() / 2] / 1e3);
-      }
+               stats(gaps_of(n / 10, n, 2, 0)).med, stats(gaps_of(n / 10, n, 2, 1)).med);
     }
     CK(cudaGraphExecDestroy(g1));
     CK(cudaGraphExecDestroy(g1m));
