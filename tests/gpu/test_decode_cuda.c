@@ -50,6 +50,16 @@ static void rounded(const ct_ops *o, float *x, size_t n) {
   o->free(d);
 }
 
+/* 2n ids of mapped host memory set to -1 (argmax_advance's host ids; *dev its device address),
+ * NULL with a failed check where the table cannot map host memory */
+static int32_t *mapped_ids(const ct_ops *o, int n, void **dev) {
+  *dev = NULL;
+  int32_t *h = o->host_alloc_mapped ? o->host_alloc_mapped(sizeof(int32_t) * 2 * n, dev) : NULL;
+  CHECK_MSG(h && *dev, "%s host_alloc_mapped failed", o->name);
+  if (h) memset(h, 0xff, sizeof(int32_t) * 2 * n);
+  return h;
+}
+
 static void run(const ct_ops *o, double tol) {
   const ct_ops *c = ct_ops_cpu();
   const int32_t pos[N] = {0, 17, 299, 63, 64}, slot[N] = {3, 0, 5, 1, 2};
@@ -140,10 +150,8 @@ static void run(const ct_ops *o, double tol) {
   o->to_device(dam, am, sizeof am);
   /* with host ids: row n's id in mapped host memory at [(its new position & 1) * N + n], the
    * other half untouched */
-  void *dmap = NULL;
-  int32_t *hmap = o->host_alloc_mapped ? o->host_alloc_mapped(sizeof(int32_t) * 2 * N, &dmap) : NULL;
-  CHECK_MSG(hmap && dmap, "%s host_alloc_mapped failed", o->name);
-  if (hmap) memset(hmap, 0xff, sizeof(int32_t) * 2 * N);
+  void *dmap;
+  int32_t *hmap = mapped_ids(o, N, &dmap);
   o->argmax_advance(dam, dtok, dpos, (int32_t *)dmap, dl, N, V, 1024);
   o->to_host(am, dam, sizeof am);
   o->to_host(adv_tok, dtok, sizeof adv_tok);
@@ -478,11 +486,8 @@ static void test_fused(const ct_ops *o, double tol) {
       o->zero(dtk, sizeof tk);
       /* the ids also into mapped host memory (allocated before the capture, which an allocation
        * would end): the two replays fill both halves */
-      void *dmap = NULL;
-      int32_t *hmap = o->host_alloc_mapped ? o->host_alloc_mapped(sizeof(int32_t) * 2 * AN, &dmap)
-                                           : NULL;
-      CHECK_MSG(hmap && dmap, "%s host_alloc_mapped failed", o->name);
-      if (hmap) memset(hmap, 0xff, sizeof(int32_t) * 2 * AN);
+      void *dmap;
+      int32_t *hmap = mapped_ids(o, AN, &dmap);
       o->graph_begin();
       o->argmax_advance(dam, dtk, dps, (int32_t *)dmap, dl, AN, AV, AVp);
       void *g = o->graph_end();
