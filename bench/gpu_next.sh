@@ -272,7 +272,7 @@ ids() {
 }
 dec_tl() {
   local f=$OUT/timeline_$1.txt; shift
-  env X=1 "$@" timeout 60 build-gpu/ctrain-tl $DG --model configs/qwen3-0.6b.toml --batch 1 2>&1 >/dev/null |
+  env X=1 "$@" timeout 60 build-gpu/${TLBIN:-ctrain-tl} $DG --model configs/qwen3-0.6b.toml --batch 1 2>&1 >/dev/null |
     grep -E "^stats|decode timeline|^  " > "$f"
   echo "-- timeline $*"; grep -oE "decode_tok_s=[0-9.]+" "$f"; sed -n '3,9p' "$f"; tail -4 "$f"
 }
@@ -432,6 +432,28 @@ for part in "$@"; do
       fi
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    s33)
+      # session 33's measurement builds (bench/gpu_variant.sh): ef = the weights' loads marked
+      # L2::evict_first; mb8 = attention's merge in rounds of 8 splits, rolled (less code); tl2 =
+      # the timeline with attention's split math and merge each run twice, timed apart (is their
+      # time the instruction fetch of code run once a launch?); tlef = the timeline of ef
+      t0=$SECONDS
+      echo "ids qwen3: default $(ids ctrain) ef $(ids ctrain-ef) mb8 $(ids ctrain-mb8) (0b1cea1e507a before)"
+      dec_tl default X=1
+      TLBIN=ctrain-tl2 dec_tl twice X=1
+      [ -x build-gpu/ctrain-tlef ] && TLBIN=ctrain-tlef dec_tl ef X=1
+      for r in 1 2; do
+        ab def_$r ctrain qwen3-0.6b 1,1,8
+        ab ef_$r ctrain-ef qwen3-0.6b 1,1,8
+        ab mb8_$r ctrain-mb8 qwen3-0.6b 1,1,8
+      done
+      ab def_llama ctrain llama3.2-1b 1,1
+      ab ef_llama ctrain-ef llama3.2-1b 1,1
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        CTRAIN=$CT BATCHES="1 8" COMPILE_BATCHES=1 COMPILE_TIMEOUT=120 timeout 200 bash bench/gpu_decode.sh
+      fi
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     null)
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
       for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
@@ -453,7 +475,7 @@ for part in "$@"; do
     perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-fwd2,flash3-bwd2o2,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
-    *) echo "unknown part $part (s29 s30 s31 s32 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
+    *) echo "unknown part $part (s29 s30 s31 s32 s33 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
   esac
   } 2>&1 | tee "$OUT/gpu_next_${part}_$tag.txt"
 done

@@ -337,8 +337,10 @@ __device__ __forceinline__ unsigned &tl_slot() { // this block's launch number (
   return s;
 }
 // Phases inside attention_decode_rope_kernel's block 0 (thread 0): after the q / k rope, after the
-// split math, after the first cluster barrier, after the merge.
-#define TL_PHASES 4
+// split math, after the first cluster barrier (the push: the wait for every row), after the merge;
+// with CT_DECODE_TL_TWICE also after a first split math and a first merge run just before the real
+// ones (the same work: a second run's time without the first's cold instruction fetch).
+#define TL_PHASES 6
 __device__ unsigned long long tl_ph[TL_PHASES][TL_MAX];
 #define TL_PHASE(k)                                         \
   do {                                                      \
@@ -547,11 +549,22 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // 16 bytes of weights, not kept in L1 (each is read once per step). volatile keeps the loads
 // issued before pdl_wait where the code puts them.
+// CT_LD_EVICT_FIRST (a measurement build, bench/gpu_variant.sh): the weights also marked first to
+// go from L2 (an evict_first cache policy), so the streams leave the KV cache, the activations and
+// the kernels' code there.
 __device__ __forceinline__ uint4 ld_stream(const void *p) {
   uint4 r;
+#ifdef CT_LD_EVICT_FIRST
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p), "l"(pol));
+#else
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
+#endif
   return r;
 }
 
@@ -931,7 +944,11 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
 // 32 i for i in the slice), so PARTS warps share a head; each output's arithmetic is the same.
 template <typename T, int hd, typename Load, int PARTS = 1>
 __device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int lane, int part = 0) {
+#ifdef CT_ATT_MERGE_MB // a measurement build: rounds of fewer splits, in a loop (less code)
+  constexpr int I = hd / 32 / PARTS, MB = CT_ATT_MERGE_MB;
+#else
   constexpr int I = hd / 32 / PARTS, MB = 64 / I < 32 ? 64 / I : 32; // a round: <= 32 splits
+#endif
   const int i0 = part * I;
   float m0 = -INFINITY, l0 = 0.0f; // split `lane`'s max and sum
   if (lane < used) {
@@ -951,6 +968,9 @@ __device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int la
     const float f = s < used ? expf(ms - M) : 0.0f;
     if (s < used) L += ls * f;
     const int ns = min(32, used - s0);
+#ifdef CT_ATT_MERGE_MB
+#pragma unroll 1
+#endif
     for (int j0 = 0; j0 < ns; j0 += MB) {
       float v[MB][I];
 #pragma unroll
@@ -2086,6 +2106,18 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H, KV,
                              kv, k0, p, theta, eps, cs_, sn_, lane);
     TL_PHASE(0);
+#ifdef CT_DECODE_TL_TWICE
+    if (push) { // the same split math into this warp's own rows first (unused), then the real one
+      att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
+                                     lane, &ps[CL ? w : 0][0][0]);
+      TL_PHASE(4);
+      // the second run's inputs made opaque, so the compiler cannot reuse the first's arithmetic
+#pragma unroll
+      for (int j = 0; j < JK; j++)
+        asm volatile("" : "+r"(kr[j].x), "+r"(kr[j].y), "+r"(kr[j].z), "+r"(kr[j].w), "+r"(vr[j].x),
+                     "+r"(vr[j].y), "+r"(vr[j].z), "+r"(vr[j].w)::"memory");
+    }
+#endif
     att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
                                    lane, CL ? &ps[CL ? w : 0][0][0] : nullptr, pdst, pbar);
     TL_PHASE(1);
@@ -2099,6 +2131,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         mbar_wait(&rbar, 0);
         TL_PHASE(2);
         cluster_arrive_relaxed();
+#ifdef CT_DECODE_TL_TWICE // the merge twice (the same stores twice), timed apart
+        att_local_merge<T, hd, G>(out + (long)n * H * hd + (long)kv * G * hd, (const float *)att_dyn,
+                                  used, w, lane);
+        TL_PHASE(5);
+        asm volatile("" ::: "memory"); // the rows loaded again, not reused from the first merge
+#endif
         att_local_merge<T, hd, G>(out + (long)n * H * hd + (long)kv * G * hd, (const float *)att_dyn,
                                   used, w, lane);
         TL_PHASE(3);
@@ -4897,6 +4935,7 @@ extern "C" void ct_cuda_decode_timeline(void) {
     fprintf(stderr, "  argmax_split_kernel (means of %ld): id stored %.2f us after its release, the"
             " next kernel's block 0 starts %.2f us after that\n", ac, ad / ac / 1e3, an / ac / 1e3);
   static const char *pn[TL_PHASES + 1] = {"rope", "split math", "cluster barrier", "merge",
+                                          "first split math", "first merge",
                                           "next kernel released"};
   if (cnt[TL_PHASES]) {
     fprintf(stderr, "  attention_decode_rope_kernel phases (block 0, thread 0; us after its release,"
