@@ -454,6 +454,19 @@ for part in "$@"; do
       fi
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    s34)
+      # call 160 (s33) found attention's split math and merge as slow when run a second time
+      # (2.2 and 1.9 us), so not cold instruction fetch. Here: the timeline with the merge's steps
+      # (max, FMAs, sum, stores) and every phase in the multiprocessor's cycles too (its clock), and
+      # the SM clock nvidia-smi reports while ctrain decodes
+      t0=$SECONDS
+      dec_tl default X=1; tail -2 "$OUT/timeline_default.txt"
+      nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,clocks_throttle_reasons.active --format=csv,noheader \
+        -lms 20 > "$OUT/clocks.txt" 2>&1 & cpid=$!
+      ab def_1 ctrain qwen3-0.6b 1,1,1,1
+      kill $cpid; sort "$OUT/clocks.txt" | uniq -c | sort -rn | head -8
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     null)
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
       for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
@@ -475,7 +488,7 @@ for part in "$@"; do
     perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-fwd2,flash3-bwd2o2,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
-    *) echo "unknown part $part (s29 s30 s31 s32 s33 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
+    *) echo "unknown part $part (s29 s30 s31 s32 s33 s34 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
   esac
   } 2>&1 | tee "$OUT/gpu_next_${part}_$tag.txt"
 done

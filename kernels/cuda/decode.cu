@@ -339,12 +339,27 @@ __device__ __forceinline__ unsigned &tl_slot() { // this block's launch number (
 // Phases inside attention_decode_rope_kernel's block 0 (thread 0): after the q / k rope, after the
 // split math, after the first cluster barrier (the push: the wait for every row), after the merge;
 // with CT_DECODE_TL_TWICE also after a first split math and a first merge run just before the real
-// ones (the same work: a second run's time without the first's cold instruction fetch).
-#define TL_PHASES 6
+// ones (the same work: a second run's time without the first's cold instruction fetch); and
+// inside the push merge (warp 0's first head): after the max, after the rows' FMAs, after the sum,
+// after the output stores. Each note also takes the multiprocessor's cycle counter (clock64), so
+// the printout gives every phase in cycles too and the clock it ran at.
+#define TL_PHASES 10
 __device__ unsigned long long tl_ph[TL_PHASES][TL_MAX];
+__device__ long long tl_pc[TL_PHASES][TL_MAX], tl_c1[TL_MAX];
 #define TL_PHASE(k)                                         \
   do {                                                      \
-    if (tl_block0()) tl_ph[k][tl_slot()] = tl_now();        \
+    if (tl_block0()) {                                      \
+      tl_ph[k][tl_slot()] = tl_now();                       \
+      tl_pc[k][tl_slot()] = clock64();                      \
+    }                                                       \
+  } while (0)
+// TL_PHASE after the value v is ready (a move that consumes it goes first)
+#define TL_PHASE_AFTER(k, v)                                \
+  do {                                                      \
+    float tl_v_;                                            \
+    asm volatile("mov.b32 %0, %1;" : "=f"(tl_v_) : "f"(v)); \
+    (void)tl_v_;                                            \
+    TL_PHASE(k);                                            \
   } while (0)
 // argmax_split_kernel's launch number (its block 0 leaves it for the last block, which notes in
 // tl_ph[0] when the id is stored)
@@ -352,6 +367,9 @@ __device__ unsigned tl_am_slot;
 #else
 #define TL_PHASE(k) \
   do {              \
+  } while (0)
+#define TL_PHASE_AFTER(k, v) \
+  do {                       \
   } while (0)
 #endif
 
@@ -383,7 +401,10 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 #ifdef CT_DECODE_TIMELINE
-  if (tl_block0()) tl_t[1][tl_slot()] = tl_now();
+  if (tl_block0()) {
+    tl_t[1][tl_slot()] = tl_now();
+    tl_c1[tl_slot()] = clock64();
+  }
 #endif
 }
 
@@ -942,7 +963,8 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
 // (64 registers; 128 made the persistent kernel spill); the arithmetic stays in split order.
 // PARTS > 1: this warp makes only part `part` of the PARTS equal slices of the hd outputs (lane +
 // 32 i for i in the slice), so PARTS warps share a head; each output's arithmetic is the same.
-template <typename T, int hd, typename Load, int PARTS = 1>
+// TLM: the timeline's notes inside (the push merge's; phases 6-9).
+template <typename T, int hd, typename Load, int PARTS = 1, bool TLM = false>
 __device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int lane, int part = 0) {
 #ifdef CT_ATT_MERGE_MB // a measurement build: rounds of fewer splits, in a loop (less code)
   constexpr int I = hd / 32 / PARTS, MB = CT_ATT_MERGE_MB;
@@ -958,6 +980,7 @@ __device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int la
   float M = m0;
   for (int s = lane + 32; s < used; s += 32) M = fmaxf(M, ld(s, hd));
   for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  if (TLM) TL_PHASE_AFTER(6, M);
   float L = 0.0f, a[I];
 #pragma unroll
   for (int i = 0; i < I; i++) a[i] = 0.0f;
@@ -986,9 +1009,12 @@ __device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int la
       }
     }
   }
+  if (TLM) TL_PHASE_AFTER(7, a[I - 1]);
   L = warp_sum(L);
+  if (TLM) TL_PHASE_AFTER(8, L);
 #pragma unroll
   for (int i = 0; i < I; i++) stf(out + lane + 32 * (i0 + i), a[i] / L);
+  if (TLM) TL_PHASE(9);
 }
 
 // att_merge_core over part (query head h of row n, read through L2); shared with
@@ -1996,13 +2022,13 @@ __device__ __forceinline__ void att_old_keys(uint4 (&kr)[DEC_CHUNK / (32 / LK)],
 // Block 0's merge of every query head of its kv head into out + g * hd, g < G, by warps w <
 // DEC_WARPS, from split rows wherever they are: row(sp, g) points at split sp's (acc[hd], max, sum)
 // row of head g. Two warps a head where the block has them (see att_cluster_merge).
-template <typename T, int hd, int G, typename Row>
+template <typename T, int hd, int G, typename Row, bool TLM = false>
 __device__ __forceinline__ void att_heads_merge(T *out, Row row, int used, int w, int lane) {
   constexpr int HP = DEC_WARPS >= 2 * G && hd % 64 == 0 ? 2 : 1;
   for (int t = w; t < G * HP; t += DEC_WARPS) {
     const int g = t / HP;
     auto ld = [&](int sp_, int i) { return row(sp_, g)[i]; };
-    att_merge_core<T, hd, decltype(ld), HP>(out + (long)g * hd, ld, used, lane, t % HP);
+    att_merge_core<T, hd, decltype(ld), HP, TLM>(out + (long)g * hd, ld, used, lane, t % HP);
   }
 }
 
@@ -2028,8 +2054,8 @@ __device__ __forceinline__ void att_cluster_merge(T *out, cooperative_groups::cl
 // them: the same loads from nearer, so the same arithmetic and bits.
 template <typename T, int hd, int G>
 __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int used, int w, int lane) {
-  att_heads_merge<T, hd, G>(out, [&](int sp_, int g) { return ps + (sp_ * G + g) * (hd + 4); }, used,
-                            w, lane);
+  auto row = [&](int sp_, int g) { return ps + (sp_ * G + g) * (hd + 4); };
+  att_heads_merge<T, hd, G, decltype(row), true>(out, row, used, w, lane);
 }
 
 // qkv_rope_append_kernel and attention_decode_vec_kernel in one kernel (attention_decode_rope):
@@ -4900,7 +4926,12 @@ extern "C" void ct_cuda_decode_timeline(void) {
   }
   // a phase counts where this launch noted it (a note older than the kernel's start is another
   // launch's: the cluster phases are not noted where attention merges through L2)
-  double pm[TL_PHASES + 1] = {0};
+  // and the same phases in the multiprocessor's cycles (clock64) after the release's
+  std::vector<long long> pc((size_t)TL_PHASES * TL_MAX), c1(TL_MAX);
+  const bool cyc = cudaMemcpyFromSymbol(pc.data(), tl_pc, pc.size() * sizeof(long long)) == cudaSuccess &&
+                   cudaMemcpyFromSymbol(c1.data(), tl_c1, c1.size() * sizeof(long long)) == cudaSuccess;
+  if (!cyc) cudaGetLastError();
+  double pm[TL_PHASES + 1] = {0}, pcy[TL_PHASES] = {0};
   long cnt[TL_PHASES + 1] = {0};
   for (size_t k = 0; k < K; k++) {
     if (tl_names[k] != "attention_decode_rope_kernel") continue;
@@ -4910,6 +4941,7 @@ extern "C" void ct_cuda_decode_timeline(void) {
         const unsigned long long v = ph[(size_t)f * TL_MAX + (i & w)];
         if (v < t0[i & w]) continue;
         pm[f] += (double)v - (double)t1[i & w];
+        if (cyc) pcy[f] += (double)(pc[(size_t)f * TL_MAX + (i & w)] - c1[i & w]);
         cnt[f]++;
       }
       pm[TL_PHASES] += i + 1 < n ? (double)t1[(i + 1) & w] - (double)t1[i & w] : 0.0;
@@ -4935,7 +4967,8 @@ extern "C" void ct_cuda_decode_timeline(void) {
     fprintf(stderr, "  argmax_split_kernel (means of %ld): id stored %.2f us after its release, the"
             " next kernel's block 0 starts %.2f us after that\n", ac, ad / ac / 1e3, an / ac / 1e3);
   static const char *pn[TL_PHASES + 1] = {"rope", "split math", "cluster barrier", "merge",
-                                          "first split math", "first merge",
+                                          "first split math", "first merge", "merge: max",
+                                          "merge: FMAs", "merge: sum", "merge: stores",
                                           "next kernel released"};
   if (cnt[TL_PHASES]) {
     fprintf(stderr, "  attention_decode_rope_kernel phases (block 0, thread 0; us after its release,"
@@ -4943,6 +4976,14 @@ extern "C" void ct_cuda_decode_timeline(void) {
     for (int f = 0; f <= TL_PHASES; f++)
       if (cnt[f]) fprintf(stderr, " %s %.2f%s", pn[f], pm[f] / cnt[f] / 1e3, f < TL_PHASES ? "," : "");
     fputc('\n', stderr);
+    if (cyc) {
+      fprintf(stderr, "  the same phases in block 0's cycles after its release (cycles / ns = its clock):");
+      for (int f = 0; f < TL_PHASES; f++)
+        if (cnt[f])
+          fprintf(stderr, " %s %.0f (%.2f GHz)%s", pn[f], pcy[f] / cnt[f], pcy[f] / (pm[f] > 0 ? pm[f] : 1),
+                  f + 1 < TL_PHASES ? "," : "");
+      fputc('\n', stderr);
+    }
   }
 #endif
 }
