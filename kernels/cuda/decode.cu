@@ -340,8 +340,8 @@ __device__ __forceinline__ unsigned &tl_slot() { // this block's launch number (
 // split math, after the first cluster barrier (the push: the wait for every row), after the merge;
 // with CT_DECODE_TL_TWICE also after a first split math and a first merge run just before the real
 // ones (the same work: a second run's time without the first's cold instruction fetch); and
-// inside the push merge (warp 0's first head): after the max, after the rows' FMAs, after the sum,
-// after the output stores. Each note also takes the multiprocessor's cycle counter (clock64), so
+// inside the push merge (att_local_merge): after the factors, after the rows' FMAs, after the
+// output stores (phase 8 unused). Each note also takes the multiprocessor's cycle counter (clock64), so
 // the printout gives every phase in cycles too and the clock it ran at.
 #define TL_PHASES 10
 __device__ unsigned long long tl_ph[TL_PHASES][TL_MAX];
@@ -963,8 +963,7 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
 // (64 registers; 128 made the persistent kernel spill); the arithmetic stays in split order.
 // PARTS > 1: this warp makes only part `part` of the PARTS equal slices of the hd outputs (lane +
 // 32 i for i in the slice), so PARTS warps share a head; each output's arithmetic is the same.
-// TLM: the timeline's notes inside (the push merge's; phases 6-9).
-template <typename T, int hd, typename Load, int PARTS = 1, bool TLM = false>
+template <typename T, int hd, typename Load, int PARTS = 1>
 __device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int lane, int part = 0) {
 #ifdef CT_ATT_MERGE_MB // a measurement build: rounds of fewer splits, in a loop (less code)
   constexpr int I = hd / 32 / PARTS, MB = CT_ATT_MERGE_MB;
@@ -980,7 +979,6 @@ __device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int la
   float M = m0;
   for (int s = lane + 32; s < used; s += 32) M = fmaxf(M, ld(s, hd));
   for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-  if (TLM) TL_PHASE_AFTER(6, M);
   float L = 0.0f, a[I];
 #pragma unroll
   for (int i = 0; i < I; i++) a[i] = 0.0f;
@@ -1009,12 +1007,9 @@ __device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int la
       }
     }
   }
-  if (TLM) TL_PHASE_AFTER(7, a[I - 1]);
   L = warp_sum(L);
-  if (TLM) TL_PHASE_AFTER(8, L);
 #pragma unroll
   for (int i = 0; i < I; i++) stf(out + lane + 32 * (i0 + i), a[i] / L);
-  if (TLM) TL_PHASE(9);
 }
 
 // att_merge_core over part (query head h of row n, read through L2); shared with
@@ -2022,13 +2017,13 @@ __device__ __forceinline__ void att_old_keys(uint4 (&kr)[DEC_CHUNK / (32 / LK)],
 // Block 0's merge of every query head of its kv head into out + g * hd, g < G, by warps w <
 // DEC_WARPS, from split rows wherever they are: row(sp, g) points at split sp's (acc[hd], max, sum)
 // row of head g. Two warps a head where the block has them (see att_cluster_merge).
-template <typename T, int hd, int G, typename Row, bool TLM = false>
+template <typename T, int hd, int G, typename Row>
 __device__ __forceinline__ void att_heads_merge(T *out, Row row, int used, int w, int lane) {
   constexpr int HP = DEC_WARPS >= 2 * G && hd % 64 == 0 ? 2 : 1;
   for (int t = w; t < G * HP; t += DEC_WARPS) {
     const int g = t / HP;
     auto ld = [&](int sp_, int i) { return row(sp_, g)[i]; };
-    att_merge_core<T, hd, decltype(ld), HP, TLM>(out + (long)g * hd, ld, used, lane, t % HP);
+    att_merge_core<T, hd, decltype(ld), HP>(out + (long)g * hd, ld, used, lane, t % HP);
   }
 }
 
@@ -2049,13 +2044,69 @@ __device__ __forceinline__ void att_cluster_merge(T *out, cooperative_groups::cl
 }
 #endif
 
-// att_cluster_merge's merge with every split's rows already in this block's shared memory (rows
-// split-major: split sp's head g at ps + (sp * G + g) * (hd + 4)), as the push variant leaves
-// them: the same loads from nearer, so the same arithmetic and bits.
+// The push variant's merge, by every thread of block 0, with every split's rows already in its
+// shared memory (split-major: split s's head g at ps + (s * G + g) * (hd + 4)). att_merge_core's
+// arithmetic in its order, so the same bits, spread differently: for each query head g, warp
+// g % DEC_WARPS takes the splits' maxima (a lane a split), their max M, each split's factor
+// f = exp(m - M) (into shared memory) and the butterfly sum L of l * f; then each thread makes
+// outputs of the G heads (thread t: t, t + blockDim, ...) as fmaf(f, row value, a) over the splits
+// in order, over L. Why (call 161, an H100, its cycle counter): att_merge_core's one round of 24
+// splits, unrolled for 32 with predicates, took ~2,400 of the merge's ~3,700 cycles, a chain of
+// ~460 dependent instructions on each of block 0's four warps (one a scheduler: nothing hides the
+// latency); here each thread's chain is a few dozen instructions.
 template <typename T, int hd, int G>
 __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int used, int w, int lane) {
-  auto row = [&](int sp_, int g) { return ps + (sp_ * G + g) * (hd + 4); };
-  att_heads_merge<T, hd, G, decltype(row), true>(out, row, used, w, lane);
+  constexpr int PS = hd + 4, RS = G * PS;      // a split's G rows
+  constexpr int MS = 8 * DEC_WARPS;            // splits at most: a cluster has at most 8 blocks
+  constexpr int NT = DEC_WARPS * 32;           // block 0's threads
+  constexpr int OPT = (G * hd + NT - 1) / NT;  // outputs a thread
+  __shared__ float fs[G][MS], Ls[G];
+  for (int g = w; g < G; g += DEC_WARPS) {
+    const float *row = ps + g * PS;
+    float m0 = -INFINITY, l0 = 0.0f; // split `lane`'s max and sum
+    if (lane < used) {
+      m0 = row[lane * RS + hd];
+      l0 = row[lane * RS + hd + 1];
+    }
+    float M = m0;
+    for (int sp = lane + 32; sp < used; sp += 32) M = fmaxf(M, row[sp * RS + hd]);
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.0f;
+    for (int s0 = 0; s0 < used; s0 += 32) {
+      const int sp = s0 + lane;
+      const float ms = s0 ? (sp < used ? row[sp * RS + hd] : 0.0f) : m0;
+      const float ls = s0 ? (sp < used ? row[sp * RS + hd + 1] : 0.0f) : l0;
+      const float f = sp < used ? expf(ms - M) : 0.0f;
+      if (sp < used) {
+        L += ls * f;
+        fs[g][sp] = f;
+      }
+    }
+    L = warp_sum(L);
+    if (lane == 0) Ls[g] = L;
+  }
+  __syncthreads();
+  TL_PHASE(6);
+  float a[OPT];
+  const float *v[OPT], *f[OPT];
+#pragma unroll
+  for (int k = 0; k < OPT; k++) {
+    const int o = min(G * hd - 1, (int)threadIdx.x + k * NT), g = o / hd;
+    a[k] = 0.0f;
+    v[k] = ps + g * PS + o % hd;
+    f[k] = fs[g];
+  }
+#pragma unroll 4
+  for (int sp = 0; sp < used; sp++)
+#pragma unroll
+    for (int k = 0; k < OPT; k++) a[k] = fmaf(f[k][sp], v[k][sp * RS], a[k]);
+  TL_PHASE_AFTER(7, a[OPT - 1]);
+#pragma unroll
+  for (int k = 0; k < OPT; k++) {
+    const int o = (int)threadIdx.x + k * NT;
+    if (o < G * hd) stf(out + o, a[k] / Ls[o / hd]);
+  }
+  TL_PHASE(9);
 }
 
 // qkv_rope_append_kernel and attention_decode_vec_kernel in one kernel (attention_decode_rope):
@@ -4967,8 +5018,8 @@ extern "C" void ct_cuda_decode_timeline(void) {
     fprintf(stderr, "  argmax_split_kernel (means of %ld): id stored %.2f us after its release, the"
             " next kernel's block 0 starts %.2f us after that\n", ac, ad / ac / 1e3, an / ac / 1e3);
   static const char *pn[TL_PHASES + 1] = {"rope", "split math", "cluster barrier", "merge",
-                                          "first split math", "first merge", "merge: max",
-                                          "merge: FMAs", "merge: sum", "merge: stores",
+                                          "first split math", "first merge", "merge: factors",
+                                          "merge: FMAs", "(unused)", "merge: stores",
                                           "next kernel released"};
   if (cnt[TL_PHASES]) {
     fprintf(stderr, "  attention_decode_rope_kernel phases (block 0, thread 0; us after its release,"
