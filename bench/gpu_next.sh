@@ -486,6 +486,25 @@ for part in "$@"; do
       fi
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    s36)
+      # attention's split math with its scores summed by a reduce-scatter (one score a lane, the
+      # same sums) against the binary before it (ctrain-base: call 162's, with the new merge):
+      # tests, ids, the timeline, A/B rounds on both shapes
+      t0=$SECONDS
+      dec_tests || exit 1
+      echo "ids qwen3: new $(ids ctrain) pull $(ids ctrain CT_DECODE_ATT_PUSH=0) base $(ids ctrain-base) (0b1cea1e507a before)"
+      dec_tl default X=1; tail -2 "$OUT/timeline_default.txt"
+      for r in 1 2 3; do
+        ab new_$r ctrain qwen3-0.6b 1,1,8
+        ab base_$r ctrain-base qwen3-0.6b 1,1,8
+        ab new_llama_$r ctrain llama3.2-1b 1,1
+        ab base_llama_$r ctrain-base llama3.2-1b 1,1
+      done
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        CTRAIN=$CT BATCHES="1 8" COMPILE_BATCHES=1 COMPILE_TIMEOUT=120 timeout 200 bash bench/gpu_decode.sh
+      fi
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     null)
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
       for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
@@ -507,7 +526,7 @@ for part in "$@"; do
     perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-fwd2,flash3-bwd2o2,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
-    *) echo "unknown part $part (s29 s30 s31 s32 s33 s34 s35 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
+    *) echo "unknown part $part (s29 s30 s31 s32 s33 s34 s35 s36 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
   esac
   } 2>&1 | tee "$OUT/gpu_next_${part}_$tag.txt"
 done

@@ -893,23 +893,59 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
       sc[g][j] = d;
     }
   }
+  // The scores summed over the LK lanes of a key by a reduce-scatter: at each of the butterfly's
+  // xor distances, in its order, a lane keeps half of its list (the lower half where its bit of the
+  // distance is 0) and adds its partner's values for that half, so each sum is the butterfly's sum
+  // of the same pairs in the same order (the same bits) in V - 1 shuffles instead of V log2(LK).
+  // A lane ends with R scores x = xb .. xb + R - 1 (x = g * J + j), all of one head; with fewer
+  // scores than lanes (V < LK), LK / V lanes share each one. Then the softmax's max, the mask and
+  // exp are a lane's R scores only, and the V products take each p from the lane that holds it.
+  constexpr int V = G * J, R = V >= LK ? V / LK : 1;
+  float red[V];
 #pragma unroll
-  for (int o = LK / 2; o > 0; o >>= 1)
+  for (int g = 0; g < G; g++)
 #pragma unroll
-    for (int g = 0; g < G; g++)
+    for (int j = 0; j < J; j++) red[g * J + j] = sc[g][j];
+  {
+    int c = V; // the lane's list length (constant in the unrolled code)
 #pragma unroll
-      for (int j = 0; j < J; j++) sc[g][j] += __shfl_xor_sync(0xffffffffu, sc[g][j], o);
+    for (int o = LK / 2; o > 0; o >>= 1) {
+      if (c > 1) {
+        const bool hi = (lane & o) != 0;
+#pragma unroll
+        for (int i = 0; i < V / 2; i++) {
+          if (i < c / 2) {
+            const float lo_v = red[i], hi_v = red[i + c / 2];
+            const float got = __shfl_xor_sync(0xffffffffu, hi ? lo_v : hi_v, o);
+            red[i] = (hi ? hi_v : lo_v) + got;
+          }
+        }
+        c /= 2;
+      } else {
+        red[0] += __shfl_xor_sync(0xffffffffu, red[0], o);
+      }
+    }
+  }
+  const int xb = V >= LK ? ch * R : ch / (LK / V), gl = xb / J; // the lane's scores, their head
+  constexpr int HL = V >= LK ? J / R : LK; // lanes of a key group holding one head's scores
+  float mm = -INFINITY, pr[R];
+#pragma unroll
+  for (int i = 0; i < R; i++) {
+    const int j = (xb + i) % J;
+    red[i] = k0 + j * KPL + ks < len ? red[i] * scale : -INFINITY;
+    mm = fmaxf(mm, red[i]);
+  }
+#pragma unroll
+  for (int o = 1; o < HL; o <<= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, o));
+#pragma unroll
+  for (int o = LK; o < 32; o <<= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, o));
+#pragma unroll
+  for (int i = 0; i < R; i++) pr[i] = expf(red[i] - mm);
+  (void)gl;
   float m[G], l[G], acc[G][8];
 #pragma unroll
-  for (int g = 0; g < G; g++) {
-    m[g] = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-      sc[g][j] = k0 + j * KPL + ks < len ? sc[g][j] * scale : -INFINITY;
-      m[g] = fmaxf(m[g], sc[g][j]);
-    }
-#pragma unroll
-    for (int o = LK; o < 32; o <<= 1) m[g] = fmaxf(m[g], __shfl_xor_sync(0xffffffffu, m[g], o));
+  for (int g = 0; g < G; g++) { // head g's max, from the first lane holding its scores
+    m[g] = __shfl_sync(0xffffffffu, mm, V >= LK ? g * J / R : 0);
     l[g] = 0.0f;
 #pragma unroll
     for (int e = 0; e < 8; e++) acc[g][e] = 0.0f;
@@ -920,7 +956,8 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
     cvt8<T>(vr[j], vf);
 #pragma unroll
     for (int g = 0; g < G; g++) {
-      const float p = expf(sc[g][j] - m[g]);
+      const int x = g * J + j;
+      const float p = __shfl_sync(0xffffffffu, pr[x % R], ks * LK + (V >= LK ? x / R : x * (LK / V)));
       l[g] += p;
 #pragma unroll
       for (int e = 0; e < 8; e++) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
