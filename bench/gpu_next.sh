@@ -198,6 +198,21 @@
 # So its time is not the loads: time the merge's steps (max, the loads, the FMAs, the output
 # stores: stores queued behind the other SMs' weight streams are one suspect) with more
 # TL_PHASE marks in a timeline build before changing it.
+# Session 33 (2026-12-06, H100s again; bench/results/call159_* to call163-164_*): done. Not cold
+# instruction fetch (the split math and merge run twice take as long the second time, call 160);
+# the SM ran at 1.97 GHz (clock64 against %globaltimer, call 161), and the merge's 32-way unrolled
+# round of 24 splits took ~2,400 of its ~3,700 cycles: one warp a scheduler, so each of ~460
+# dependent instructions pays its full latency. Every phase of attention is that: instruction
+# latency on four warps, not memory. Two changes with the same bits: the push merge by every
+# thread (factors once a split, a short loop a thread an output pair: +0.8% at batch 1) and the
+# split's scores summed by a reduce-scatter (V - 1 shuffles, one exp a lane: +0.8 to +1.9% at
+# batch 1, +1.1 to +1.6% at 8). gpu_decode.sh (call 164): 1,594 tokens/s at batch 1 = 4.92x
+# Transformers compiled, 64% of the H100's bound. Also tried: the weights' loads marked L2
+# evict_first (ctrain-ef: -0.3 to -0.6%) and the old merge rolled in rounds of 8 (+0.3%, noise).
+# Timeline notes: %globaltimer reads cost ~0.3 us each, so since s37 the phase notes are clock64
+# only (printed at the card's clock). Next along this line: fewer dependent instructions on the
+# four warps of every phase (rope's norms and table, the split's q.k products and V sums: e.g.
+# two warps a split, one a head, where G >= 2), and the same count for the GEMVs' post-wait tails.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
@@ -209,6 +224,8 @@
 #   s32      the argmax's ids into mapped host memory (no copy between steps), ~4 min: the decode
 #            tests, generate_gpu.sh on qwen3 + gpt2, ids, the default against CT_DECODE_ZEROCOPY=0
 #            (two rounds, batch 1 and 8; Llama-1B once), gpu_decode.sh when the card is an H200
+#   s33-s37  session 33's measurements (see each part's comment); s37 the merge's output pairs
+#            against call 163's binary, gpu_decode.sh when the card is an H200
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
@@ -505,6 +522,25 @@ for part in "$@"; do
       fi
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    s37)
+      # the push merge's FMA loop on output pairs (8-byte row loads, four factors a 16-byte load)
+      # against the binary before it (ctrain-base: call 163's), the timeline with clock64-only
+      # phase notes; gpu_decode.sh on an H200
+      t0=$SECONDS
+      dec_tests || exit 1
+      echo "ids qwen3: new $(ids ctrain) pull $(ids ctrain CT_DECODE_ATT_PUSH=0) base $(ids ctrain-base) (0b1cea1e507a before)"
+      dec_tl default X=1; tail -2 "$OUT/timeline_default.txt"
+      for r in 1 2 3; do
+        ab new_$r ctrain qwen3-0.6b 1,1,8
+        ab base_$r ctrain-base qwen3-0.6b 1,1,8
+      done
+      ab new_llama ctrain llama3.2-1b 1,1
+      ab base_llama ctrain-base llama3.2-1b 1,1
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        CTRAIN=$CT BATCHES="1 8 64" COMPILE_BATCHES=1 COMPILE_TIMEOUT=110 timeout 230 bash bench/gpu_decode.sh
+      fi
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     null)
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
       for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
@@ -526,7 +562,7 @@ for part in "$@"; do
     perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-fwd2,flash3-bwd2o2,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
-    *) echo "unknown part $part (s29 s30 s31 s32 s33 s34 s35 s36 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
+    *) echo "unknown part $part (s29 s30 s31 s32 s33 s34 s35 s36 s37 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
   esac
   } 2>&1 | tee "$OUT/gpu_next_${part}_$tag.txt"
 done

@@ -341,17 +341,16 @@ __device__ __forceinline__ unsigned &tl_slot() { // this block's launch number (
 // with CT_DECODE_TL_TWICE also after a first split math and a first merge run just before the real
 // ones (the same work: a second run's time without the first's cold instruction fetch); and
 // inside the push merge (att_local_merge): after the factors, after the rows' FMAs, after the
-// output stores (phase 8 unused). Each note also takes the multiprocessor's cycle counter (clock64), so
-// the printout gives every phase in cycles too and the clock it ran at.
+// output stores (phase 8 unused). A note is the multiprocessor's cycle counter (clock64), counted
+// from the one block 0 took when its wait returned and printed at the card's clock: a %globaltimer
+// read beside it cost ~0.3 us a note (call 163: the merge's last phase, a division and two stores,
+// read ~650 cycles), and both clocks agreed on 1.96-1.99 GHz on an H100 (call 161).
 #define TL_PHASES 10
-__device__ unsigned long long tl_ph[TL_PHASES][TL_MAX];
+__device__ unsigned long long tl_am[TL_MAX]; // the argmax's note of its stored id (%globaltimer)
 __device__ long long tl_pc[TL_PHASES][TL_MAX], tl_c1[TL_MAX];
 #define TL_PHASE(k)                                         \
   do {                                                      \
-    if (tl_block0()) {                                      \
-      tl_ph[k][tl_slot()] = tl_now();                       \
-      tl_pc[k][tl_slot()] = clock64();                      \
-    }                                                       \
+    if (tl_block0()) tl_pc[k][tl_slot()] = clock64();       \
   } while (0)
 // TL_PHASE after the value v is ready (a move that consumes it goes first)
 #define TL_PHASE_AFTER(k, v)                                \
@@ -362,7 +361,7 @@ __device__ long long tl_pc[TL_PHASES][TL_MAX], tl_c1[TL_MAX];
     TL_PHASE(k);                                            \
   } while (0)
 // argmax_split_kernel's launch number (its block 0 leaves it for the last block, which notes in
-// tl_ph[0] when the id is stored)
+// tl_am when the id is stored)
 __device__ unsigned tl_am_slot;
 #else
 #define TL_PHASE(k) \
@@ -2096,8 +2095,10 @@ __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int use
   constexpr int PS = hd + 4, RS = G * PS;      // a split's G rows
   constexpr int MS = 8 * DEC_WARPS;            // splits at most: a cluster has at most 8 blocks
   constexpr int NT = DEC_WARPS * 32;           // block 0's threads
-  constexpr int OPT = (G * hd + NT - 1) / NT;  // outputs a thread
-  __shared__ float fs[G][MS], Ls[G];
+  constexpr int OPT2 = (G * hd / 2 + NT - 1) / NT; // output pairs a thread
+  static_assert(hd % 2 == 0 && MS % 4 == 0, "pairs of outputs, factors 4 at a time");
+  __shared__ __align__(16) float fs[G][MS];
+  __shared__ float Ls[G];
   for (int g = w; g < G; g += DEC_WARPS) {
     const float *row = ps + g * PS;
     float m0 = -INFINITY, l0 = 0.0f; // split `lane`'s max and sum
@@ -2124,24 +2125,49 @@ __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int use
   }
   __syncthreads();
   TL_PHASE(6);
-  float a[OPT];
-  const float *v[OPT], *f[OPT];
+  // a thread's outputs in pairs (o, o + 1: one head, hd is even), so a split's two values are one
+  // 8-byte load, and four splits' factors one 16-byte load
+  float a[OPT2][2];
+  const float *v[OPT2], *f[OPT2];
 #pragma unroll
-  for (int k = 0; k < OPT; k++) {
-    const int o = min(G * hd - 1, (int)threadIdx.x + k * NT), g = o / hd;
-    a[k] = 0.0f;
+  for (int k = 0; k < OPT2; k++) {
+    const int o = min(G * hd - 2, 2 * ((int)threadIdx.x + k * NT)), g = o / hd;
+    a[k][0] = a[k][1] = 0.0f;
     v[k] = ps + g * PS + o % hd;
     f[k] = fs[g];
   }
-#pragma unroll 4
-  for (int sp = 0; sp < used; sp++)
+  int sp = 0;
+  for (; sp + 4 <= used; sp += 4) {
 #pragma unroll
-    for (int k = 0; k < OPT; k++) a[k] = fmaf(f[k][sp], v[k][sp * RS], a[k]);
-  TL_PHASE_AFTER(7, a[OPT - 1]);
+    for (int k = 0; k < OPT2; k++) {
+      const float4 f4 = *(const float4 *)(f[k] + sp);
+      const float ff[4] = {f4.x, f4.y, f4.z, f4.w};
+      float2 vv[4];
 #pragma unroll
-  for (int k = 0; k < OPT; k++) {
-    const int o = (int)threadIdx.x + k * NT;
-    if (o < G * hd) stf(out + o, a[k] / Ls[o / hd]);
+      for (int u = 0; u < 4; u++) vv[u] = *(const float2 *)(v[k] + (sp + u) * RS);
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        a[k][0] = fmaf(ff[u], vv[u].x, a[k][0]);
+        a[k][1] = fmaf(ff[u], vv[u].y, a[k][1]);
+      }
+    }
+  }
+  for (; sp < used; sp++)
+#pragma unroll
+    for (int k = 0; k < OPT2; k++) {
+      const float2 vv = *(const float2 *)(v[k] + sp * RS);
+      a[k][0] = fmaf(f[k][sp], vv.x, a[k][0]);
+      a[k][1] = fmaf(f[k][sp], vv.y, a[k][1]);
+    }
+  TL_PHASE_AFTER(7, a[OPT2 - 1][1]);
+#pragma unroll
+  for (int k = 0; k < OPT2; k++) {
+    const int o = 2 * ((int)threadIdx.x + k * NT);
+    if (o < G * hd) {
+      const float Lg = Ls[o / hd];
+      stf(out + o, a[k][0] / Lg);
+      stf(out + o + 1, a[k][1] / Lg);
+    }
   }
   TL_PHASE(9);
 }
@@ -2500,7 +2526,7 @@ __global__ void __launch_bounds__(AM_THREADS)
   argmax_put(out, tok, pos, hid, gridDim.y, n, bi == 0x7fffffff ? 0 : bi);
   count[n] = 0;
 #ifdef CT_DECODE_TIMELINE
-  if (n == 0) tl_ph[0][*(volatile unsigned *)&tl_am_slot] = tl_now();
+  if (n == 0) tl_am[*(volatile unsigned *)&tl_am_slot] = tl_now();
 #endif
 }
 
@@ -5007,18 +5033,24 @@ extern "C" void ct_cuda_decode_timeline(void) {
   fprintf(stderr, "  a step, release to release: %.1f us (the last replay's last kernel counts 0)\n",
           step / 1e3);
   // the attention kernels' phases (block 0 of the cluster of kv head 0), after their release
-  std::vector<unsigned long long> ph((size_t)TL_PHASES * TL_MAX);
-  if (cudaMemcpyFromSymbol(ph.data(), tl_ph, ph.size() * sizeof(unsigned long long)) != cudaSuccess) {
+  std::vector<unsigned long long> ph(TL_MAX);
+  std::vector<long long> pc((size_t)TL_PHASES * TL_MAX), c1(TL_MAX);
+  if (cudaMemcpyFromSymbol(ph.data(), tl_am, ph.size() * sizeof(unsigned long long)) != cudaSuccess ||
+      cudaMemcpyFromSymbol(pc.data(), tl_pc, pc.size() * sizeof(long long)) != cudaSuccess ||
+      cudaMemcpyFromSymbol(c1.data(), tl_c1, c1.size() * sizeof(long long)) != cudaSuccess) {
     cudaGetLastError();
     return;
   }
-  // a phase counts where this launch noted it (a note older than the kernel's start is another
-  // launch's: the cluster phases are not noted where attention merges through L2)
-  // and the same phases in the multiprocessor's cycles (clock64) after the release's
-  std::vector<long long> pc((size_t)TL_PHASES * TL_MAX), c1(TL_MAX);
-  const bool cyc = cudaMemcpyFromSymbol(pc.data(), tl_pc, pc.size() * sizeof(long long)) == cudaSuccess &&
-                   cudaMemcpyFromSymbol(c1.data(), tl_c1, c1.size() * sizeof(long long)) == cudaSuccess;
-  if (!cyc) cudaGetLastError();
+  // cycles to ns at the card's clock (cudaDevAttrClockRate, kHz)
+  int dev = 0, khz = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev) != cudaSuccess || khz <= 0) {
+    cudaGetLastError();
+    khz = 1000000;
+  }
+  // a phase counts where this launch noted it: a note from another launch in the ring's slot (or,
+  // where attention merges through L2, none) is before this launch's wait or far after it (another
+  // multiprocessor's counter), so only notes 0 .. 1e6 cycles after the wait's count
   double pm[TL_PHASES + 1] = {0}, pcy[TL_PHASES] = {0};
   long cnt[TL_PHASES + 1] = {0};
   for (size_t k = 0; k < K; k++) {
@@ -5026,10 +5058,10 @@ extern "C" void ct_cuda_decode_timeline(void) {
     for (size_t r = 0; r < M; r++) {
       const size_t i = base + r * K + k, w = TL_MAX - 1;
       for (int f = 0; f < TL_PHASES; f++) {
-        const unsigned long long v = ph[(size_t)f * TL_MAX + (i & w)];
-        if (v < t0[i & w]) continue;
-        pm[f] += (double)v - (double)t1[i & w];
-        if (cyc) pcy[f] += (double)(pc[(size_t)f * TL_MAX + (i & w)] - c1[i & w]);
+        const long long d = pc[(size_t)f * TL_MAX + (i & w)] - c1[i & w];
+        if (d < 0 || d > 1000000) continue;
+        pm[f] += (double)d * 1e6 / khz;
+        pcy[f] += (double)d;
         cnt[f]++;
       }
       pm[TL_PHASES] += i + 1 < n ? (double)t1[(i + 1) & w] - (double)t1[i & w] : 0.0;
@@ -5064,14 +5096,11 @@ extern "C" void ct_cuda_decode_timeline(void) {
     for (int f = 0; f <= TL_PHASES; f++)
       if (cnt[f]) fprintf(stderr, " %s %.2f%s", pn[f], pm[f] / cnt[f] / 1e3, f < TL_PHASES ? "," : "");
     fputc('\n', stderr);
-    if (cyc) {
-      fprintf(stderr, "  the same phases in block 0's cycles after its release (cycles / ns = its clock):");
-      for (int f = 0; f < TL_PHASES; f++)
-        if (cnt[f])
-          fprintf(stderr, " %s %.0f (%.2f GHz)%s", pn[f], pcy[f] / cnt[f], pcy[f] / (pm[f] > 0 ? pm[f] : 1),
-                  f + 1 < TL_PHASES ? "," : "");
-      fputc('\n', stderr);
-    }
+    fprintf(stderr, "  the same phases in block 0's cycles after its release (us above at %.2f GHz):",
+            khz / 1e6);
+    for (int f = 0; f < TL_PHASES; f++)
+      if (cnt[f]) fprintf(stderr, " %s %.0f%s", pn[f], pcy[f] / cnt[f], f + 1 < TL_PHASES ? "," : "");
+    fputc('\n', stderr);
   }
 #endif
 }
