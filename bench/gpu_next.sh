@@ -209,8 +209,9 @@
 # batch 1, +1.1 to +1.6% at 8). gpu_decode.sh (call 164): 1,594 tokens/s at batch 1 = 4.92x
 # Transformers compiled, 64% of the H100's bound. Also tried: the weights' loads marked L2
 # evict_first (ctrain-ef: -0.3 to -0.6%) and the old merge rolled in rounds of 8 (+0.3%, noise).
-# Timeline notes: %globaltimer reads cost ~0.3 us each, so since s37 the phase notes are clock64
-# only (printed at the card's clock). Next along this line: fewer dependent instructions on the
+# Timeline notes: a %globaltimer read moves the later phase notes ~0.1 us each, so since s37 they
+# are clock64 only (printed at the card's clock). The merge's loop on output pairs (8-byte row
+# loads, 16-byte factor loads) was 1.2-2.5% slower (call 165), taken back. Next along this line: fewer dependent instructions on the
 # four warps of every phase (rope's norms and table, the split's q.k products and V sums: e.g.
 # two warps a split, one a head, where G >= 2), and the same count for the GEMVs' post-wait tails.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
@@ -226,6 +227,8 @@
 #            (two rounds, batch 1 and 8; Llama-1B once), gpu_decode.sh when the card is an H200
 #   s33-s37  session 33's measurements (see each part's comment); s37 the merge's output pairs
 #            against call 163's binary, gpu_decode.sh when the card is an H200
+#   h200     the issue's benchmark (tests, ids, gpu_decode.sh at 1, 8, 64) only when the card is
+#            an H200; otherwise it prints the card and stops
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
 #   decode   PROF=decode on a few kernels, to see what the carveout changed
 #   checks   golden + every CUDA op + the GPU smoke suite + the decode op tests + generation
@@ -541,6 +544,15 @@ for part in "$@"; do
       fi
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    h200)
+      # the issue's benchmark when the lent card is an H200 (the tests and ids first); on any other
+      # card only its name, so a call that gets an H100 costs little device time
+      if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        echo "not an H200: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"; exit 0
+      fi
+      dec_tests || exit 1
+      echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
+      CTRAIN=$CT BATCHES="1 8 64" COMPILE_BATCHES=1 COMPILE_TIMEOUT=110 timeout 230 bash bench/gpu_decode.sh ;;
     null)
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
       for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
@@ -562,7 +574,7 @@ for part in "$@"; do
     perf) TORCH=compile bench/gpt2_124m.sh build-gpu; ATTN=flash2,flash3,flash3-fwd2,flash3-bwd2o2,cudnn,auto bench/attention.sh build-gpu ;;
     llama) bench/qwen3_0p6b.sh build-gpu ;;
     dist) bench/gpu_dist.sh equiv ckpt fault ;;
-    *) echo "unknown part $part (s29 s30 s31 s32 s33 s34 s35 s36 s37 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
+    *) echo "unknown part $part (s29 s30 s31 s32 s33 s34 s35 s36 s37 h200 timeline prof checks decode null ddp perf llama dist)"; exit 2 ;;
   esac
   } 2>&1 | tee "$OUT/gpu_next_${part}_$tag.txt"
 done

@@ -343,8 +343,8 @@ __device__ __forceinline__ unsigned &tl_slot() { // this block's launch number (
 // inside the push merge (att_local_merge): after the factors, after the rows' FMAs, after the
 // output stores (phase 8 unused). A note is the multiprocessor's cycle counter (clock64), counted
 // from the one block 0 took when its wait returned and printed at the card's clock: a %globaltimer
-// read beside it cost ~0.3 us a note (call 163: the merge's last phase, a division and two stores,
-// read ~650 cycles), and both clocks agreed on 1.96-1.99 GHz on an H100 (call 161).
+// read beside each moved the later notes ~0.1 us a note (call 165 against 163: rope, split math and
+// the rows' arrival 0.17-0.30 us earlier), and both clocks agreed on 1.96-1.99 GHz (call 161).
 #define TL_PHASES 10
 __device__ unsigned long long tl_am[TL_MAX]; // the argmax's note of its stored id (%globaltimer)
 __device__ long long tl_pc[TL_PHASES][TL_MAX], tl_c1[TL_MAX];
@@ -2095,10 +2095,8 @@ __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int use
   constexpr int PS = hd + 4, RS = G * PS;      // a split's G rows
   constexpr int MS = 8 * DEC_WARPS;            // splits at most: a cluster has at most 8 blocks
   constexpr int NT = DEC_WARPS * 32;           // block 0's threads
-  constexpr int OPT2 = (G * hd / 2 + NT - 1) / NT; // output pairs a thread
-  static_assert(hd % 2 == 0 && MS % 4 == 0, "pairs of outputs, factors 4 at a time");
-  __shared__ __align__(16) float fs[G][MS];
-  __shared__ float Ls[G];
+  constexpr int OPT = (G * hd + NT - 1) / NT;  // outputs a thread
+  __shared__ float fs[G][MS], Ls[G];
   for (int g = w; g < G; g += DEC_WARPS) {
     const float *row = ps + g * PS;
     float m0 = -INFINITY, l0 = 0.0f; // split `lane`'s max and sum
@@ -2125,49 +2123,26 @@ __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int use
   }
   __syncthreads();
   TL_PHASE(6);
-  // a thread's outputs in pairs (o, o + 1: one head, hd is even), so a split's two values are one
-  // 8-byte load, and four splits' factors one 16-byte load
-  float a[OPT2][2];
-  const float *v[OPT2], *f[OPT2];
+  float a[OPT];
+  const float *v[OPT], *f[OPT];
 #pragma unroll
-  for (int k = 0; k < OPT2; k++) {
-    const int o = min(G * hd - 2, 2 * ((int)threadIdx.x + k * NT)), g = o / hd;
-    a[k][0] = a[k][1] = 0.0f;
+  for (int k = 0; k < OPT; k++) {
+    const int o = min(G * hd - 1, (int)threadIdx.x + k * NT), g = o / hd;
+    a[k] = 0.0f;
     v[k] = ps + g * PS + o % hd;
     f[k] = fs[g];
   }
-  int sp = 0;
-  for (; sp + 4 <= used; sp += 4) {
+  // (a thread's outputs in pairs, a split's two values one 8-byte load and four factors one
+  // 16-byte load: 1.2-2.5% slower at batch 1, call 165)
+#pragma unroll 4
+  for (int sp = 0; sp < used; sp++)
 #pragma unroll
-    for (int k = 0; k < OPT2; k++) {
-      const float4 f4 = *(const float4 *)(f[k] + sp);
-      const float ff[4] = {f4.x, f4.y, f4.z, f4.w};
-      float2 vv[4];
+    for (int k = 0; k < OPT; k++) a[k] = fmaf(f[k][sp], v[k][sp * RS], a[k]);
+  TL_PHASE_AFTER(7, a[OPT - 1]);
 #pragma unroll
-      for (int u = 0; u < 4; u++) vv[u] = *(const float2 *)(v[k] + (sp + u) * RS);
-#pragma unroll
-      for (int u = 0; u < 4; u++) {
-        a[k][0] = fmaf(ff[u], vv[u].x, a[k][0]);
-        a[k][1] = fmaf(ff[u], vv[u].y, a[k][1]);
-      }
-    }
-  }
-  for (; sp < used; sp++)
-#pragma unroll
-    for (int k = 0; k < OPT2; k++) {
-      const float2 vv = *(const float2 *)(v[k] + sp * RS);
-      a[k][0] = fmaf(f[k][sp], vv.x, a[k][0]);
-      a[k][1] = fmaf(f[k][sp], vv.y, a[k][1]);
-    }
-  TL_PHASE_AFTER(7, a[OPT2 - 1][1]);
-#pragma unroll
-  for (int k = 0; k < OPT2; k++) {
-    const int o = 2 * ((int)threadIdx.x + k * NT);
-    if (o < G * hd) {
-      const float Lg = Ls[o / hd];
-      stf(out + o, a[k][0] / Lg);
-      stf(out + o + 1, a[k][1] / Lg);
-    }
+  for (int k = 0; k < OPT; k++) {
+    const int o = (int)threadIdx.x + k * NT;
+    if (o < G * hd) stf(out + o, a[k] / Ls[o / hd]);
   }
   TL_PHASE(9);
 }
