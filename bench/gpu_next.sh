@@ -454,7 +454,8 @@ for part in "$@"; do
       rm -f "$OUT/ab.err" ;;
     s33)
       # session 33's measurement builds (bench/gpu_variant.sh): ef = the weights' loads marked
-      # L2::evict_first; mb8 = attention's merge in rounds of 8 splits, rolled (less code); tl2 =
+      # L2::evict_first; mb8 = attention's merge in rounds of 8 splits, rolled (less code; its
+      # -DCT_ATT_MERGE_MB was taken out after this call: +0.3%, within noise); tl2 =
       # the timeline with attention's split math and merge each run twice, timed apart (is their
       # time the instruction fetch of code run once a launch?); tlef = the timeline of ef
       t0=$SECONDS

@@ -339,7 +339,8 @@ __device__ __forceinline__ unsigned &tl_slot() { // this block's launch number (
 // Phases inside attention_decode_rope_kernel's block 0 (thread 0): after the q / k rope, after the
 // split math, after the first cluster barrier (the push: the wait for every row), after the merge;
 // with CT_DECODE_TL_TWICE also after a first split math and a first merge run just before the real
-// ones (the same work: a second run's time without the first's cold instruction fetch); and
+// ones (the same work: a second run's time without the first's cold instruction fetch; call 160:
+// as long as the first, 2.2 and 1.9 us, so instruction fetch is not their cost); and
 // inside the push merge (att_local_merge): after the factors, after the rows' FMAs, after the
 // output stores (phase 8 unused). A note is the multiprocessor's cycle counter (clock64), counted
 // from the one block 0 took when its wait returned and printed at the card's clock: a %globaltimer
@@ -571,7 +572,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 // issued before pdl_wait where the code puts them.
 // CT_LD_EVICT_FIRST (a measurement build, bench/gpu_variant.sh): the weights also marked first to
 // go from L2 (an evict_first cache policy), so the streams leave the KV cache, the activations and
-// the kernels' code there.
+// the kernels' code there. Measured slower (call 160, an H100: -0.3 to -0.6% on the Qwen3-0.6B
+// shape, +0.5% on Llama-3.2-1B's).
 __device__ __forceinline__ uint4 ld_stream(const void *p) {
   uint4 r;
 #ifdef CT_LD_EVICT_FIRST
@@ -925,7 +927,7 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
       }
     }
   }
-  const int xb = V >= LK ? ch * R : ch / (LK / V), gl = xb / J; // the lane's scores, their head
+  const int xb = V >= LK ? ch * R : ch / (LK / V); // the lane's first score
   constexpr int HL = V >= LK ? J / R : LK; // lanes of a key group holding one head's scores
   float mm = -INFINITY, pr[R];
 #pragma unroll
@@ -940,7 +942,6 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
   for (int o = LK; o < 32; o <<= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, o));
 #pragma unroll
   for (int i = 0; i < R; i++) pr[i] = expf(red[i] - mm);
-  (void)gl;
   float m[G], l[G], acc[G][8];
 #pragma unroll
   for (int g = 0; g < G; g++) { // head g's max, from the first lane holding its scores
@@ -1001,11 +1002,7 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
 // 32 i for i in the slice), so PARTS warps share a head; each output's arithmetic is the same.
 template <typename T, int hd, typename Load, int PARTS = 1>
 __device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int lane, int part = 0) {
-#ifdef CT_ATT_MERGE_MB // a measurement build: rounds of fewer splits, in a loop (less code)
-  constexpr int I = hd / 32 / PARTS, MB = CT_ATT_MERGE_MB;
-#else
   constexpr int I = hd / 32 / PARTS, MB = 64 / I < 32 ? 64 / I : 32; // a round: <= 32 splits
-#endif
   const int i0 = part * I;
   float m0 = -INFINITY, l0 = 0.0f; // split `lane`'s max and sum
   if (lane < used) {
@@ -1025,9 +1022,6 @@ __device__ __forceinline__ void att_merge_core(T *out, Load ld, int used, int la
     const float f = s < used ? expf(ms - M) : 0.0f;
     if (s < used) L += ls * f;
     const int ns = min(32, used - s0);
-#ifdef CT_ATT_MERGE_MB
-#pragma unroll 1
-#endif
     for (int j0 = 0; j0 < ns; j0 += MB) {
       float v[MB][I];
 #pragma unroll
