@@ -296,6 +296,33 @@ dec_tl() {
     grep -E "^stats|decode timeline|^  " > "$f"
   echo "-- timeline $*"; grep -oE "decode_tok_s=[0-9.]+" "$f"; sed -n '3,9p' "$f"; tail -4 "$f"
 }
+# bench/gpu_decode.sh when the card is the issue's H200: batches, Transformers' compile timeout,
+# the whole run's timeout
+decode_if_h200() {
+  nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || return 0
+  CTRAIN=$CT BATCHES="$1" COMPILE_BATCHES=1 COMPILE_TIMEOUT=$2 timeout "$3" bash bench/gpu_decode.sh
+}
+# build-gpu/ctrain against build-gpu/ctrain-base (the binary before a change): the decode tests,
+# the ids of both and of the pull merge, the timeline (ctrain-tl), three interleaved A/B rounds on
+# the Qwen3 shape (batch 1, 1, 8) and the Llama-1B shape at batch 1 (after the rounds, or in each
+# with LLAMA_EACH=1)
+new_vs_base() {
+  dec_tests || return 1
+  echo "ids qwen3: new $(ids ctrain) pull $(ids ctrain CT_DECODE_ATT_PUSH=0) base $(ids ctrain-base) (0b1cea1e507a before)"
+  dec_tl default X=1; tail -2 "$OUT/timeline_default.txt"
+  for r in 1 2 3; do
+    ab new_$r ctrain qwen3-0.6b 1,1,8
+    ab base_$r ctrain-base qwen3-0.6b 1,1,8
+    if [ "${LLAMA_EACH:-0}" = 1 ]; then
+      ab new_llama_$r ctrain llama3.2-1b 1,1
+      ab base_llama_$r ctrain-base llama3.2-1b 1,1
+    fi
+  done
+  if [ "${LLAMA_EACH:-0}" != 1 ]; then
+    ab new_llama ctrain llama3.2-1b 1,1
+    ab base_llama ctrain-base llama3.2-1b 1,1
+  fi
+}
 for part in "$@"; do
   echo "== $part"
   {
@@ -447,9 +474,7 @@ for part in "$@"; do
       done
       ab def_llama ctrain llama3.2-1b 1,1
       ab copy_llama ctrain llama3.2-1b 1,1 CT_DECODE_ZEROCOPY=0
-      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        CTRAIN=$CT BATCHES="1 8" COMPILE_BATCHES=1 COMPILE_TIMEOUT=120 timeout 200 bash bench/gpu_decode.sh
-      fi
+      decode_if_h200 "1 8" 120 200
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
     s33)
@@ -470,9 +495,7 @@ for part in "$@"; do
       done
       ab def_llama ctrain llama3.2-1b 1,1
       ab ef_llama ctrain-ef llama3.2-1b 1,1
-      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        CTRAIN=$CT BATCHES="1 8" COMPILE_BATCHES=1 COMPILE_TIMEOUT=120 timeout 200 bash bench/gpu_decode.sh
-      fi
+      decode_if_h200 "1 8" 120 200
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
     s34)
@@ -493,18 +516,8 @@ for part in "$@"; do
       # factors once a split) against the binary before it (ctrain-base, call 161's): tests (push
       # = pull bit for bit), ids, its phases in the timeline, then A/B rounds
       t0=$SECONDS
-      dec_tests || exit 1
-      echo "ids qwen3: new $(ids ctrain) pull $(ids ctrain CT_DECODE_ATT_PUSH=0) base $(ids ctrain-base) (0b1cea1e507a before)"
-      dec_tl default X=1; tail -2 "$OUT/timeline_default.txt"
-      for r in 1 2 3; do
-        ab new_$r ctrain qwen3-0.6b 1,1,8
-        ab base_$r ctrain-base qwen3-0.6b 1,1,8
-      done
-      ab new_llama ctrain llama3.2-1b 1,1
-      ab base_llama ctrain-base llama3.2-1b 1,1
-      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        CTRAIN=$CT BATCHES="1 8" COMPILE_BATCHES=1 COMPILE_TIMEOUT=120 timeout 200 bash bench/gpu_decode.sh
-      fi
+      new_vs_base || exit 1
+      decode_if_h200 "1 8" 120 200
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
     s36)
@@ -512,18 +525,8 @@ for part in "$@"; do
       # same sums) against the binary before it (ctrain-base: call 162's, with the new merge):
       # tests, ids, the timeline, A/B rounds on both shapes
       t0=$SECONDS
-      dec_tests || exit 1
-      echo "ids qwen3: new $(ids ctrain) pull $(ids ctrain CT_DECODE_ATT_PUSH=0) base $(ids ctrain-base) (0b1cea1e507a before)"
-      dec_tl default X=1; tail -2 "$OUT/timeline_default.txt"
-      for r in 1 2 3; do
-        ab new_$r ctrain qwen3-0.6b 1,1,8
-        ab base_$r ctrain-base qwen3-0.6b 1,1,8
-        ab new_llama_$r ctrain llama3.2-1b 1,1
-        ab base_llama_$r ctrain-base llama3.2-1b 1,1
-      done
-      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        CTRAIN=$CT BATCHES="1 8" COMPILE_BATCHES=1 COMPILE_TIMEOUT=120 timeout 200 bash bench/gpu_decode.sh
-      fi
+      LLAMA_EACH=1 new_vs_base || exit 1
+      decode_if_h200 "1 8" 120 200
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
     s37)
@@ -531,18 +534,8 @@ for part in "$@"; do
       # against the binary before it (ctrain-base: call 163's), the timeline with clock64-only
       # phase notes; gpu_decode.sh on an H200
       t0=$SECONDS
-      dec_tests || exit 1
-      echo "ids qwen3: new $(ids ctrain) pull $(ids ctrain CT_DECODE_ATT_PUSH=0) base $(ids ctrain-base) (0b1cea1e507a before)"
-      dec_tl default X=1; tail -2 "$OUT/timeline_default.txt"
-      for r in 1 2 3; do
-        ab new_$r ctrain qwen3-0.6b 1,1,8
-        ab base_$r ctrain-base qwen3-0.6b 1,1,8
-      done
-      ab new_llama ctrain llama3.2-1b 1,1
-      ab base_llama ctrain-base llama3.2-1b 1,1
-      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        CTRAIN=$CT BATCHES="1 8 64" COMPILE_BATCHES=1 COMPILE_TIMEOUT=110 timeout 230 bash bench/gpu_decode.sh
-      fi
+      new_vs_base || exit 1
+      decode_if_h200 "1 8 64" 110 230
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
     h200)
@@ -553,7 +546,7 @@ for part in "$@"; do
       fi
       dec_tests || exit 1
       echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
-      CTRAIN=$CT BATCHES="1 8 64" COMPILE_BATCHES=1 COMPILE_TIMEOUT=110 timeout 230 bash bench/gpu_decode.sh ;;
+      decode_if_h200 "1 8 64" 110 230 ;;
     null)
       G="$CT generate --model configs/qwen3-0.6b.toml --prompt_ids 128 --max_new_tokens 256 --ignore_eos --greedy --precision bf16 --cuda_graphs auto"
       for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
