@@ -538,6 +538,21 @@ for part in "$@"; do
       decode_if_h200 "1 8 64" 110 230
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    s38)
+      # session 34: attention's rope, split math and merge each run twice from one copy of their
+      # code (ctrain-tl2: CT_DECODE_TIMELINE + CT_DECODE_TL_TWICE): is the first run's time the
+      # fetching of the code? Then the benchmark when the card is an H200
+      t0=$SECONDS
+      nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+      TLBIN=ctrain-tl2 dec_tl twice X=1
+      TLBIN=ctrain-tl2 dec_tl twice2 X=1
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        dec_tests || exit 1
+        echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
+        decode_if_h200 "1 8 64" 110 230
+      fi
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     h200)
       # the benchmark when the lent card is an H200 (the tests and ids first); on any other
       # card only its name, so a call that gets an H100 costs little device time

@@ -338,11 +338,11 @@ __device__ __forceinline__ unsigned &tl_slot() { // this block's launch number (
 }
 // Phases inside attention_decode_rope_kernel's block 0 (thread 0): after the q / k rope, after the
 // split math, after the first cluster barrier (the push: the wait for every row), after the merge;
-// with CT_DECODE_TL_TWICE also after a first split math and a first merge run just before the real
-// ones (the same work: a second run's time without the first's cold instruction fetch; call 160:
-// as long as the first, 2.2 and 1.9 us, so instruction fetch is not their cost); and
-// inside the push merge (att_local_merge): after the factors, after the rows' FMAs, after the
-// output stores (phase 8 unused). A note is the multiprocessor's cycle counter (clock64), counted
+// with CT_DECODE_TL_TWICE also after a first rope, split math and merge run just before the real
+// ones from the same copy of their code (a loop not unrolled: the second run's code is fetched
+// already; call 160's build inlined the two runs as two copies of the code, so both were cold and
+// its "as long the second time" said nothing about instruction fetch); and inside the push merge
+// (att_local_merge): after the factors, after the rows' FMAs, after the output stores. A note is the multiprocessor's cycle counter (clock64), counted
 // from the one block 0 took when its wait returned and printed at the card's clock: a %globaltimer
 // read beside each moved the later notes ~0.1 us a note (call 165 against 163: rope, split math and
 // the rows' arrival 0.17-0.30 us earlier), and both clocks agreed on 1.96-1.99 GHz (call 161).
@@ -2212,23 +2212,40 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   if (push) cluster_wait();
   if (active) {
     T(*q)[hd] = qs[w];
+#ifdef CT_DECODE_TL_TWICE // rope twice from one copy of its code (the same values twice)
+#pragma unroll 1
+    for (int rep = 0; rep < 2; rep++) {
+      asm volatile("" ::: "memory");
+      att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H,
+                               KV, kv, k0, p, theta, eps, cs_, sn_, lane);
+      if (rep == 0) TL_PHASE(8);
+    }
+#else
     att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H, KV,
                              kv, k0, p, theta, eps, cs_, sn_, lane);
+#endif
     TL_PHASE(0);
 #ifdef CT_DECODE_TL_TWICE
-    if (push) { // the same split math into this warp's own rows first (unused), then the real one
-      att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
-                                     lane, &ps[CL ? w : 0][0][0]);
-      TL_PHASE(4);
-      // the second run's inputs made opaque, so the compiler cannot reuse the first's arithmetic
+    // the split math twice from one copy of its code (a loop that is not unrolled): the first run
+    // into this warp's own rows (unused by the push merge), the second the real one; the first
+    // run's time includes fetching the code, the second's not
+#pragma unroll 1
+    for (int rep = 0; rep < 2; rep++) {
 #pragma unroll
-      for (int j = 0; j < JK; j++)
+      for (int j = 0; j < JK; j++) // each run's inputs opaque: no arithmetic shared between runs
         asm volatile("" : "+r"(kr[j].x), "+r"(kr[j].y), "+r"(kr[j].z), "+r"(kr[j].w), "+r"(vr[j].x),
                      "+r"(vr[j].y), "+r"(vr[j].z), "+r"(vr[j].w)::"memory");
+      const bool real = rep == 1 || !push;
+      att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
+                                     lane, CL ? &ps[CL ? w : 0][0][0] : nullptr, real ? pdst : 0u,
+                                     pbar);
+      if (real) break;
+      TL_PHASE(4);
     }
-#endif
+#else
     att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
                                    lane, CL ? &ps[CL ? w : 0][0][0] : nullptr, pdst, pbar);
+#endif
     TL_PHASE(1);
   }
   if constexpr (CL) {
@@ -2240,14 +2257,18 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         mbar_wait(&rbar, 0);
         TL_PHASE(2);
         cluster_arrive_relaxed();
-#ifdef CT_DECODE_TL_TWICE // the merge twice (the same stores twice), timed apart
+#ifdef CT_DECODE_TL_TWICE // the merge twice from one copy of its code (the same stores twice)
+#pragma unroll 1
+        for (int rep = 0; rep < 2; rep++) {
+          asm volatile("" ::: "memory"); // the rows loaded again, not reused from the first merge
+          att_local_merge<T, hd, G>(out + (long)n * H * hd + (long)kv * G * hd,
+                                    (const float *)att_dyn, used, w, lane);
+          if (rep == 0) TL_PHASE(5);
+        }
+#else
         att_local_merge<T, hd, G>(out + (long)n * H * hd + (long)kv * G * hd, (const float *)att_dyn,
                                   used, w, lane);
-        TL_PHASE(5);
-        asm volatile("" ::: "memory"); // the rows loaded again, not reused from the first merge
 #endif
-        att_local_merge<T, hd, G>(out + (long)n * H * hd + (long)kv * G * hd, (const float *)att_dyn,
-                                  used, w, lane);
         TL_PHASE(3);
       } else {
         cluster_arrive_relaxed();
@@ -5057,7 +5078,7 @@ extern "C" void ct_cuda_decode_timeline(void) {
             " next kernel's block 0 starts %.2f us after that\n", ac, ad / ac / 1e3, an / ac / 1e3);
   static const char *pn[TL_PHASES + 1] = {"rope", "split math", "cluster barrier", "merge",
                                           "first split math", "first merge", "merge: factors",
-                                          "merge: FMAs", "(unused)", "merge: stores",
+                                          "merge: FMAs", "first rope", "merge: stores",
                                           "next kernel released"};
   if (cnt[TL_PHASES]) {
     fprintf(stderr, "  attention_decode_rope_kernel phases (block 0, thread 0; us after its release,"
