@@ -553,6 +553,26 @@ for part in "$@"; do
       fi
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    s39)
+      # session 34: CT_DECODE_WARM (the decode kernels' post-wait code run dry before their wait,
+      # so its instructions are fetched while the kernel before finishes; bits: 1 attention, 2 qkv,
+      # 4 gate/up, 8 o_proj, 16 down, 32 the head): the tests (test_warm: the same bits), the ids,
+      # two interleaved rounds of each bit alone and all, Llama-1B, the timeline with and without;
+      # gpu_decode.sh when the card is an H200
+      t0=$SECONDS
+      dec_tests || exit 1
+      echo "ids qwen3: default $(ids ctrain) warm 63 $(ids ctrain CT_DECODE_WARM=63) (0b1cea1e507a before)"
+      for r in 1 2; do
+        for wm in 0 1 2 4 8 16 32 63; do ab warm${wm}_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_WARM=$wm; done
+        ab base_$r ctrain-base qwen3-0.6b 1,1,8
+      done
+      ab llama_warm0 ctrain llama3.2-1b 1,1 CT_DECODE_WARM=0
+      ab llama_warm63 ctrain llama3.2-1b 1,1 CT_DECODE_WARM=63
+      dec_tl warm0 X=1
+      dec_tl warm63 CT_DECODE_WARM=63
+      decode_if_h200 "1 8 64" 110 230
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     h200)
       # the issue's benchmark when the lent card is an H200 (the tests and ids first); on any other
       # card only its name, so a call that gets an H100 costs little device time
