@@ -214,6 +214,11 @@
 # loads, 16-byte factor loads) was 1.2-2.5% slower (call 165), taken back. Next along this line: fewer dependent instructions on the
 # four warps of every phase (rope's norms and table, the split's q.k products and V sums: e.g.
 # two warps a split, one a head, where G >= 2), and the same count for the GEMVs' post-wait tails.
+# Session 34 (2026-12-06, H100s again, calls 169-170, bench/results/call169-170_*): instruction fetch.
+# CT_DECODE_TL_TWICE now runs attention's phases twice from one copy of their code (call 160's build
+# had two inlined copies, both cold): the split math 1.77 us the first time, 0.69 the second. Warming
+# the code by a dry run before each kernel's wait (CT_DECODE_WARM, s39) was slower for every kernel
+# (-1 to -8% each, -16% all): taken out, the patch in the results. Part s39 needs that patch.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)

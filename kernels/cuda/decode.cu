@@ -120,6 +120,14 @@
 //    idle GPU against 2.1 us for the replays alone (H100, 2026-12-06). The argmax now writes the
 //    ids into mapped host memory (argmax_put): +1.6-1.9% at batch 1, +0.8% at 8 (call 156,
 //    bench/results/call153-158_2026-12-06_H100_zerocopy; CT_DECODE_ZEROCOPY=0 keeps the copy).
+//  - Instruction fetch (2026-12-06, calls 169-170, H100, bench/results/call169-170_*): attention's
+//    split math run twice from one copy of its code takes 1.77 us the first time and 0.69 the
+//    second, so its instructions cost up to ~1 us a layer. Running each kernel's post-wait code
+//    once before its wait, storing nothing (CT_DECODE_WARM, the patch in those results), made every
+//    kernel slower (attention -6%, qkv -8%, gate/up -7.5%, down -5%, all -16%): the dry runs take
+//    issue slots beside the kernel they wait on and stall on their own loads past the release; the
+//    loop form alone raised attention's registers 127 -> 159 (-10% at batch 8). A smaller hot path
+//    is what could remove that fetch, not an earlier one.
 // So the per-layer chain (~21.9 us in the timeline build: qkv 4.4, attention 7.0, o_proj 3.5,
 // gate/up 3.2, down 3.8) is bounded by latencies that more overlap does not remove; the next step
 // toward 60% of the bound is fewer dependent stages a layer with less work resident beside each,
@@ -1191,7 +1199,6 @@ __global__ void argmax_rows_kernel(int32_t *out, int32_t *tok, int32_t *pos, int
 #define GV_WARPS 8
 #define GV_MAXN 8
 enum { GV_PLAIN = 0, GV_RESID = 1, GV_SWIGLU = 2, GV_GELU = 3 };
-enum { GV_WARM = 4 }; // a bit of gemv_kernel's vnorm: its code run dry before the wait (gv_warm_on)
 enum { GV_NONORM = 0, GV_RMS = 1, GV_LAYER = 2 }; // NORM: the input rows as they are, rmsnorm'd, layernorm'd
 
 // gelu_fwd's formula (ops_cuda.cu), so GV_GELU's outputs equal matmul_fwd + gelu_fwd's up to the
@@ -1341,8 +1348,6 @@ __global__ void GV_BOUNDS
   extern __shared__ uint4 gv_smem[];
   T *xs = (T *)gv_smem;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool warm = vnorm & GV_WARM; // see below
-  vnorm &= ~GV_WARM;
   const int F = OC; // GV_SWIGLU: OC is F (outputs per row); w has 2F rows
   const int nchunk = IC / 8;
   const int tasks = (OC + R - 1) / R, stride = gridDim.x * GV_WARPS;
@@ -1373,76 +1378,61 @@ __global__ void GV_BOUNDS
   if (nws) gv_norm_weight(nws, nw, IC, NORM == GV_LAYER ? nb : NULL);
   l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
   pdl_trigger();
-  // warm (vnorm & GV_WARM): the code after the wait runs once before it on what is there (the
-  // input rows before the kernel before has written them, this warp's first weights), storing
-  // nothing, so that its instructions are fetched while the kernel before finishes rather than
-  // after (gv_warm_on)
-#pragma unroll 1
-  for (int rep = warm ? 0 : 1; rep < 2; rep++) {
-    const bool real = rep == 1;
-    if (real) pdl_wait();
-    gv_x_rows<T, N, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
-    __syncthreads();
-    for (int tt = t; tt < tasks; tt += stride) {
-      float acc[RR][N];
+  pdl_wait();
+  gv_x_rows<T, N, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
+  __syncthreads();
+  for (; t < tasks; t += stride) {
+    float acc[RR][N];
 #pragma unroll
-      for (int rr = 0; rr < RR; rr++)
+    for (int rr = 0; rr < RR; rr++)
 #pragma unroll
-        for (int n = 0; n < N; n++) acc[rr][n] = 0.0f;
-      for (int c0 = 0; c0 < nchunk; c0 += U * 32) {
-        if (c0 > 0) {
-          if (!real) break; // the dry run keeps the first round's weights
-          load_round(tt, c0);
-        }
+      for (int n = 0; n < N; n++) acc[rr][n] = 0.0f;
+    for (int c0 = 0; c0 < nchunk; c0 += U * 32) {
+      if (c0 > 0) load_round(t, c0);
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-          const int c = c0 + u * 32 + lane;
-          if (c < nchunk) {
-            float wf[RR][8];
+      for (int u = 0; u < U; u++) {
+        const int c = c0 + u * 32 + lane;
+        if (c < nchunk) {
+          float wf[RR][8];
 #pragma unroll
-            for (int rr = 0; rr < RR; rr++) cvt8<T>(wv[rr][u], wf[rr]);
+          for (int rr = 0; rr < RR; rr++) cvt8<T>(wv[rr][u], wf[rr]);
 #pragma unroll
-            for (int n = 0; n < N; n++) {
-              float xf[8];
-              cvt8<T>(*(const uint4 *)(xs + (long)n * IC + (long)c * 8), xf);
+          for (int n = 0; n < N; n++) {
+            float xf[8];
+            cvt8<T>(*(const uint4 *)(xs + (long)n * IC + (long)c * 8), xf);
 #pragma unroll
-              for (int rr = 0; rr < RR; rr++)
+            for (int rr = 0; rr < RR; rr++)
 #pragma unroll
-                for (int e = 0; e < 8; e++) acc[rr][n] = fmaf(wf[rr][e], xf[e], acc[rr][n]);
-            }
+              for (int e = 0; e < 8; e++) acc[rr][n] = fmaf(wf[rr][e], xf[e], acc[rr][n]);
           }
         }
       }
-      // prefetch the next task's first round before the reductions
-      const int tn = tt + stride;
-      if (real && tn < tasks) load_round(tn, 0);
-#pragma unroll
-      for (int rr = 0; rr < RR; rr++)
-#pragma unroll
-        for (int n = 0; n < N; n++) acc[rr][n] = warp_sum(acc[rr][n]);
-#pragma unroll
-      for (int n = 0; n < N; n++) {
-        if (lane != n || n >= nr) continue;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-          const int o = tt * R + r;
-          if (o >= OC) continue;
-          float v;
-          if constexpr (MODE == GV_SWIGLU) {
-            const float gt = rounded<T>(acc[r][n]), up = rounded<T>(acc[R + r][n]);
-            v = gt / (1.0f + expf(-gt)) * up;
-          } else {
-            v = acc[r][n] + (bias ? ldf(bias + o) : 0.0f);
-            if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
-            if (MODE == GV_GELU) v = gv_gelu(rounded<T>(v));
-          }
-          if (real) stf(out + (long)n * OC + o, v);
-          else asm volatile("" ::"f"(v)); // the dry run's value, kept so its code is not removed
-        }
-      }
-      if (!real) break; // the dry run: the first task only
     }
-    if (!real) __syncthreads(); // every warp's dry reads of xs done before the real rows go in
+    // prefetch the next task's first round before the reductions
+    const int tn = t + stride;
+    if (tn < tasks) load_round(tn, 0);
+#pragma unroll
+    for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+      for (int n = 0; n < N; n++) acc[rr][n] = warp_sum(acc[rr][n]);
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+      if (lane != n || n >= nr) continue;
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const int o = t * R + r;
+        if (o >= OC) continue;
+        if constexpr (MODE == GV_SWIGLU) {
+          const float gt = rounded<T>(acc[r][n]), up = rounded<T>(acc[R + r][n]);
+          stf(out + (long)n * F + o, gt / (1.0f + expf(-gt)) * up);
+        } else {
+          float v = acc[r][n] + (bias ? ldf(bias + o) : 0.0f);
+          if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
+          if (MODE == GV_GELU) v = gv_gelu(rounded<T>(v));
+          stf(out + (long)n * OC + o, v);
+        }
+      }
+    }
   }
 }
 
@@ -1876,7 +1866,7 @@ __device__ __forceinline__ void att_rope_split(T (*q)[8 * LK], uint4 (&kr)[DEC_C
                                                const T *qn, const T *kn, T *Kc, T *Vc, int H,
                                                int KV, int kv, int k0, int p, float theta,
                                                float eps, const float *cs_, const float *sn_,
-                                               int lane, bool store = true) {
+                                               int lane) {
   constexpr int hd = 8 * LK, J = hd / 32, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
   const int ks = lane / LK, ch = lane % LK;
   const bool newest = k0 <= p && p < k0 + DEC_CHUNK; // the newest key is this split's
@@ -1911,9 +1901,9 @@ __device__ __forceinline__ void att_rope_split(T (*q)[8 * LK], uint4 (&kr)[DEC_C
 #pragma unroll
     for (int j = 0; j < J; j++) {
       stf(&q[G][lane + 32 * j], o[j]);
-      if (store) stf(kd + lane + 32 * j, o[j]);
+      stf(kd + lane + 32 * j, o[j]);
       stf(&q[G + 1][lane + 32 * j], vv[j]);
-      if (store) stf(vd + lane + 32 * j, vv[j]);
+      stf(vd + lane + 32 * j, vv[j]);
     }
     __syncwarp();
 #pragma unroll
@@ -2194,7 +2184,6 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   const bool push = CL && !OP && (late & 4); // the split rows pushed to block 0 (att_push_on)
   const bool relax = CL && !OP && (late & 8); // the pull merge's 2nd barrier relaxed (att_relax_on)
   const bool pf_after = late & 2; // the L2 hint after the wait (CT_DECODE_PF_AFTER), not now
-  const bool warm = push && (late & 16); // the code run dry before the wait (att_warm_on)
   late &= 1;
   if (!pf_after) l2_prefetch_slice(pf, pfb);
   if (late) tl_start();
@@ -2224,30 +2213,48 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     pdst = cluster_addr(att_dyn, 0);
     pbar = cluster_addr(&rbar, 0);
   }
-  // warm (with push): the rope and split math run once before the wait on what is there (raw
-  // before the qkv GEMV has written it, the old keys), storing nothing but this block's own shared
-  // memory, so that their instructions are fetched while the kernel before finishes; then the
-  // real run (att_warm_on)
+  pdl_wait();
+  if (late) pdl_launch_dependents();
+  if (pf_after) l2_prefetch_slice(pf, pfb);
+  __syncthreads();
+  if (push) cluster_wait();
+  if (active) {
+    T(*q)[hd] = qs[w];
+#ifdef CT_DECODE_TL_TWICE // rope twice from one copy of its code (the same values twice)
 #pragma unroll 1
-  for (int rep = warm ? 0 : 1; rep < 2; rep++) {
-    const bool real = rep == 1;
-    if (real) {
-      pdl_wait();
-      if (late) pdl_launch_dependents();
-      if (pf_after) l2_prefetch_slice(pf, pfb);
-    }
-    __syncthreads();
-    if (real && push) cluster_wait();
-    if (active) {
-      T(*q)[hd] = qs[w];
+    for (int rep = 0; rep < 2; rep++) {
+      asm volatile("" ::: "memory");
       att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H,
-                               KV, kv, k0, p, theta, eps, cs_, sn_, lane, real);
-      TL_PHASE(real ? 0 : 8);
-      att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
-                                     lane, CL ? &ps[CL ? w : 0][0][0] : nullptr,
-                                     real ? pdst : 0u, pbar);
-      TL_PHASE(real ? 1 : 4);
+                               KV, kv, k0, p, theta, eps, cs_, sn_, lane);
+      if (rep == 0) TL_PHASE(8);
     }
+#else
+    att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H, KV,
+                             kv, k0, p, theta, eps, cs_, sn_, lane);
+#endif
+    TL_PHASE(0);
+#ifdef CT_DECODE_TL_TWICE
+    // the split math twice from one copy of its code (a loop that is not unrolled): the first run
+    // into this warp's own rows (unused by the push merge), the second the real one; the first
+    // run's time includes fetching the code, the second's not
+#pragma unroll 1
+    for (int rep = 0; rep < 2; rep++) {
+#pragma unroll
+      for (int j = 0; j < JK; j++) // each run's inputs opaque: no arithmetic shared between runs
+        asm volatile("" : "+r"(kr[j].x), "+r"(kr[j].y), "+r"(kr[j].z), "+r"(kr[j].w), "+r"(vr[j].x),
+                     "+r"(vr[j].y), "+r"(vr[j].z), "+r"(vr[j].w)::"memory");
+      const bool real = rep == 1 || !push;
+      att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
+                                     lane, CL ? &ps[CL ? w : 0][0][0] : nullptr, real ? pdst : 0u,
+                                     pbar);
+      if (real) break;
+      TL_PHASE(4);
+    }
+#else
+    att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
+                                   lane, CL ? &ps[CL ? w : 0][0][0] : nullptr, pdst, pbar);
+#endif
+    TL_PHASE(1);
   }
   if constexpr (CL) {
 #ifdef _CG_HAS_CLUSTER_GROUP // sm_90 and up (the host launches CL only there: cluster_on)
@@ -3792,14 +3799,6 @@ bool gemv_mma(T *out, const T *inp, const T *nw, const T *nb, const T *w, const 
   return true;
 }
 
-// CT_DECODE_WARM: the kernels that run their post-wait code dry before the wait, so that its
-// instructions are fetched while the kernel before finishes (gemv_kernel's and
-// attention_decode_rope_kernel's `warm`); bits: 1 attention (with the push), 2 the plain normed
-// GEMVs (qkv), 4 gate/up, 8 the residual GEMVs up to 2048 wide (the output projection), 16 the
-// wider ones (down), 32 the plain GEMVs of 16384 outputs or more (the head)
-static bool gv_warm_on(int bit) { return (env_int("CT_DECODE_WARM", 0) & bit) != 0; }
-long warm_launches; // GEMV and attention launches with the dry run before the wait
-
 template <typename T, int N, int NORM, int MODE, int R, int U>
 void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res, int nr,
              int IC, int OC, float eps) {
@@ -3813,13 +3812,10 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T
   // vnorm: 0 the first round's norm, 1 the second's, 2 the second's with the norm weight copied
   // to shared memory first (where that still fits the 48 KB)
   const int vn = !v2_on() ? 0 : NORM && (size_t)(N + gv_np(NORM, 2)) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
-  const int warm = gv_warm_on(MODE == GV_SWIGLU ? 4 : MODE == GV_RESID ? (IC <= 2048 ? 8 : 16)
-                                                   : OC >= 16384 ? 32 : 2) ? GV_WARM : 0;
   launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
          apart_gemv_smem((const void *)gemv_kernel<T, N, R, U, NORM, MODE>,
                          (size_t)(N + gv_np(NORM, vn)) * IC * sizeof(T)),
-         out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn | warm, h.p, h.bytes);
-  if (warm) warm_launches++;
+         out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn, h.p, h.bytes);
 }
 
 // Rows per warp task (R) and 16-byte chunks per lane and round (U): one round covers a row of
@@ -4784,7 +4780,7 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
       pad = att_pad((const void *)k, nblk, &late);                                                \
       dyn = pad;                                                                                  \
       if (att_push_on(pad >= push_need)) {                                                        \
-        merge_bit = 4 | (gv_warm_on(1) ? 16 : 0);                                                 \
+        merge_bit = 4;                                                                            \
         if (dyn < push_need) dyn = push_need;                                                     \
       } else if (att_relax_on()) {                                                                \
         merge_bit = 8;                                                                            \
@@ -4815,8 +4811,7 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
   if (cl) cluster_launches++;
   if (pad && apart_left) apart_launches++;
   else if (pad) alone_launches++;
-  if (merge_bit & 4) push_launches++;
-  if (merge_bit & 16) warm_launches++;
+  if (merge_bit == 4) push_launches++;
   if (merge_bit == 8) relax_launches++;
   if (op.w) oproj_launches++;
   return 0;
@@ -5141,7 +5136,6 @@ extern "C" long ct_cuda_attention_apart_launches(void) { return apart_launches; 
 extern "C" long ct_cuda_apart_gemv_launches(void) { return apart_gemvs; }
 extern "C" long ct_cuda_attention_push_launches(void) { return push_launches; }
 extern "C" long ct_cuda_attention_relax_launches(void) { return relax_launches; }
-extern "C" long ct_cuda_decode_warm_launches(void) { return warm_launches; }
 extern "C" long ct_cuda_attention_blk_launches(void) { return ab_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

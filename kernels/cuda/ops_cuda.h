@@ -162,8 +162,6 @@ long ct_cuda_apart_gemv_launches(void);
 long ct_cuda_attention_push_launches(void);
 /* cluster attention launches whose merge's second barrier was relaxed (CT_DECODE_ATT_RELAX) */
 long ct_cuda_attention_relax_launches(void);
-/* GEMV and attention launches that ran their post-wait code dry before the wait (CT_DECODE_WARM) */
-long ct_cuda_decode_warm_launches(void);
 /* How many attention_decode_blk kernels (attention_decode for 9+ rows, a block per row and kv head)
  * were launched or recorded into graphs (tests). */
 long ct_cuda_attention_blk_launches(void);

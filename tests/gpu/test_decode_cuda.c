@@ -1272,49 +1272,6 @@ static void test_attention_push(void) {
   }
 }
 
-/* the decode kernels' post-wait code run dry before the wait (CT_DECODE_WARM=63: every GEMV and the
- * pushed attention, storing nothing but their own shared memory) changes no value: logits bit for
- * bit equal without it, a decode sequence with and without CUDA graphs (GQA 1, 2 and 4, head dims
- * 64 and 128, the push's clusters) and engine_logits_1row's short sequence */
-static void test_warm(void) {
-  static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
-  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
-    ct_model *m = tiny_llama_T(2, S[si][0], S[si][1], S[si][2], true, 91 + (uint64_t)si, 256);
-    if (!m) return;
-    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m)), rows = 13, n = rows * Vp;
-    float *a = calloc(n, 4), *b = calloc(n, 4);
-    setenv("CT_DECODE_CLUSTER", "1", 1);
-    setenv("CT_DECODE_ATT_APART", "100", 1);
-    setenv("CT_DECODE_ATT_PUSH", "1", 1);
-    unsetenv("CT_DECODE_WARM");
-    engine_logits_seq(m, ct_ops_cuda_bf16(), a, 200, 256, 70, 12);
-    for (int v = 0; v < 3; v++) { /* graphs, no graphs, the short sequence */
-      char what[160];
-      snprintf(what, sizeof what, "post-wait code run dry first (%s) C%d H%d KV%d",
-               v == 0 ? "decode sequence" : v == 1 ? "decode sequence, no graphs" : "short sequence",
-               S[si][0], S[si][1], S[si][2]);
-      if (v == 2) {
-        unsetenv("CT_DECODE_WARM");
-        engine_logits_1row(m, ct_ops_cuda_bf16(), a);
-      }
-      setenv("CT_DECODE_WARM", "63", 1);
-      g_graphs = v != 1;
-      const long wb = ct_cuda_decode_warm_launches();
-      if (v < 2) engine_logits_seq(m, ct_ops_cuda_bf16(), b, 200, 256, 70, 12);
-      else engine_logits_1row(m, ct_ops_cuda_bf16(), b);
-      g_graphs = 1;
-      unsetenv("CT_DECODE_WARM");
-      same_bits(what, a, b, v < 2 ? n : 9 * Vp, ct_cuda_decode_warm_launches() - wb, "warm launches");
-    }
-    unsetenv("CT_DECODE_ATT_PUSH");
-    unsetenv("CT_DECODE_ATT_APART");
-    unsetenv("CT_DECODE_CLUSTER");
-    free(a);
-    free(b);
-    ct_model_destroy(m);
-  }
-}
-
 /* attention_decode_oproj (CT_DECODE_OPROJ=1: the output projection inside the cluster attention
  * kernel, each kv head's share summed apart and the shares in kv order) against the separate
  * projection (which test_engine checks against the CPU engine): logits within bf16 tolerance
@@ -1567,7 +1524,6 @@ int main(void) {
   test_attention_cluster();
   test_attention_pad();
   test_attention_push();
-  test_warm();
   test_attention_oproj();
   test_attention_blk();
   /* the staged GEMV and the norm + qkv + attention kernel repeat gemv_kernel's arithmetic: their
