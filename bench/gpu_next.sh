@@ -578,6 +578,15 @@ for part in "$@"; do
       decode_if_h200 "1 8 64" 110 230
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    s40)
+      # session 34: the push merge by every warp (DEC_WARPS / G warps a head, each finding the
+      # factors itself: no shared-memory factors, no block barrier) against the binary before it
+      # (ctrain-base: f79f798's, the same SASS as 901b29b); gpu_decode.sh on an H200
+      t0=$SECONDS
+      new_vs_base || exit 1
+      decode_if_h200 "1 8 64" 110 230
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     h200)
       # the issue's benchmark when the lent card is an H200 (the tests and ids first); on any other
       # card only its name, so a call that gets an H100 costs little device time

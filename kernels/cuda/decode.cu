@@ -2082,69 +2082,66 @@ __device__ __forceinline__ void att_cluster_merge(T *out, cooperative_groups::cl
 }
 #endif
 
-// The push variant's merge, by every thread of block 0, with every split's rows already in its
+// The push variant's merge, by every warp of block 0, with every split's rows already in its
 // shared memory (split-major: split s's head g at ps + (s * G + g) * (hd + 4)). att_merge_core's
-// arithmetic in its order, so the same bits, spread differently: for each query head g, warp
-// g % DEC_WARPS takes the splits' maxima (a lane a split), their max M, each split's factor
-// f = exp(m - M) (into shared memory) and the butterfly sum L of l * f; then each thread makes
-// outputs of the G heads (thread t: t, t + blockDim, ...) as fmaf(f, row value, a) over the splits
-// in order, over L. Why (call 161, an H100, its cycle counter): att_merge_core's one round of 24
-// splits, unrolled for 32 with predicates, took ~2,400 of the merge's ~3,700 cycles, a chain of
-// ~460 dependent instructions on each of block 0's four warps (one a scheduler: nothing hides the
-// latency); here each thread's chain is a few dozen instructions.
+// arithmetic in its order, so the same bits: DEC_WARPS / G warps a query head, each making an equal
+// slice of its outputs (OPL adjacent ones a lane); each warp finds the head's factors itself (lane
+// s: split s's max and sum; their max M by the butterfly; f = exp(m - M); L the butterfly sum of
+// l * f), then a lane's outputs are fmaf(f, row value, a) over the splits in order (f by a shuffle
+// from lane s), over L. No shared-memory factors and no block barrier: each warp's chain is a few
+// dozen instructions, and its code a short loop. (Before, call 163: one warp a head made the
+// factors into shared memory and, after a block barrier, every thread two outputs of different
+// heads: 1.5 us from the rows' arrival to the last store, call 170's timeline.)
 template <typename T, int hd, int G>
 __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int used, int w, int lane) {
-  constexpr int PS = hd + 4, RS = G * PS;      // a split's G rows
-  constexpr int MS = 8 * DEC_WARPS;            // splits at most: a cluster has at most 8 blocks
-  constexpr int NT = DEC_WARPS * 32;           // block 0's threads
-  constexpr int OPT = (G * hd + NT - 1) / NT;  // outputs a thread
-  __shared__ float fs[G][MS], Ls[G];
-  for (int g = w; g < G; g += DEC_WARPS) {
-    const float *row = ps + g * PS;
-    float m0 = -INFINITY, l0 = 0.0f; // split `lane`'s max and sum
-    if (lane < used) {
-      m0 = row[lane * RS + hd];
-      l0 = row[lane * RS + hd + 1];
-    }
-    float M = m0;
-    for (int sp = lane + 32; sp < used; sp += 32) M = fmaxf(M, row[sp * RS + hd]);
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    float L = 0.0f;
-    for (int s0 = 0; s0 < used; s0 += 32) {
-      const int sp = s0 + lane;
-      const float ms = s0 ? (sp < used ? row[sp * RS + hd] : 0.0f) : m0;
-      const float ls = s0 ? (sp < used ? row[sp * RS + hd + 1] : 0.0f) : l0;
-      const float f = sp < used ? expf(ms - M) : 0.0f;
-      if (sp < used) {
-        L += ls * f;
-        fs[g][sp] = f;
-      }
-    }
-    L = warp_sum(L);
-    if (lane == 0) Ls[g] = L;
+  static_assert(DEC_WARPS % G == 0, "a whole number of warps a query head");
+  constexpr int PS = hd + 4, RS = G * PS;       // a split's G rows
+  constexpr int WPH = DEC_WARPS / G, OW = hd / WPH; // warps a head, outputs a warp
+  constexpr int OPL = OW >= 32 ? OW / 32 : 1;   // adjacent outputs a lane
+  static_assert(OPL == 1 || OPL == 2 || OPL == 4, "one, two or four outputs a lane");
+  const int g = w / WPH, o0 = (w % WPH) * OW + lane * OPL; // the lane's first output of head g
+  const bool has = lane * OPL < OW;
+  const float *row = ps + g * PS;
+  // used <= 8 * DEC_WARPS <= 32 (a cluster has at most 8 blocks): a lane a split
+  float m0 = -INFINITY, l0 = 0.0f;
+  if (lane < used) {
+    m0 = row[lane * RS + hd];
+    l0 = row[lane * RS + hd + 1];
   }
-  __syncthreads();
+  float M = m0;
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+  const float f = lane < used ? expf(m0 - M) : 0.0f;
+  const float L = warp_sum(lane < used ? l0 * f : 0.0f);
   TL_PHASE(6);
-  float a[OPT];
-  const float *v[OPT], *f[OPT];
+  float a[OPL];
 #pragma unroll
-  for (int k = 0; k < OPT; k++) {
-    const int o = min(G * hd - 1, (int)threadIdx.x + k * NT), g = o / hd;
-    a[k] = 0.0f;
-    v[k] = ps + g * PS + o % hd;
-    f[k] = fs[g];
-  }
-  // (a thread's outputs in pairs, a split's two values one 8-byte load and four factors one
-  // 16-byte load: 1.2-2.5% slower at batch 1, call 165)
+  for (int k = 0; k < OPL; k++) a[k] = 0.0f;
+  const float *v = row + o0;
 #pragma unroll 4
-  for (int sp = 0; sp < used; sp++)
+  for (int sp = 0; sp < used; sp++) {
+    const float fs = __shfl_sync(0xffffffffu, f, sp);
+    float x[OPL];
+    if constexpr (OPL == 4) {
+      const float4 t = *(const float4 *)(v + sp * RS);
+      x[0] = t.x, x[1] = t.y, x[2] = t.z, x[3] = t.w;
+    } else if constexpr (OPL == 2) {
+      const float2 t = *(const float2 *)(v + sp * RS);
+      x[0] = t.x, x[1] = t.y;
+    } else {
+      x[0] = has ? v[sp * RS] : 0.0f;
+    }
 #pragma unroll
-    for (int k = 0; k < OPT; k++) a[k] = fmaf(f[k][sp], v[k][sp * RS], a[k]);
-  TL_PHASE_AFTER(7, a[OPT - 1]);
+    for (int k = 0; k < OPL; k++) a[k] = fmaf(fs, x[k], a[k]);
+  }
+  TL_PHASE_AFTER(7, a[OPL - 1]);
+  if (has) {
+    T *dst = out + (long)g * hd + o0;
+    if constexpr (OPL == 1) {
+      stf(dst, a[0] / L);
+    } else {
 #pragma unroll
-  for (int k = 0; k < OPT; k++) {
-    const int o = (int)threadIdx.x + k * NT;
-    if (o < G * hd) stf(out + o, a[k] / Ls[o / hd]);
+      for (int k = 0; k < OPL; k += 2) *(uint32_t *)(dst + k) = pack2<T>(a[k] / L, a[k + 1] / L);
+    }
   }
   TL_PHASE(9);
 }
