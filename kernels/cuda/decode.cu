@@ -2089,9 +2089,10 @@ __device__ __forceinline__ void att_cluster_merge(T *out, cooperative_groups::cl
 // s: split s's max and sum; their max M by the butterfly; f = exp(m - M); L the butterfly sum of
 // l * f), then a lane's outputs are fmaf(f, row value, a) over the splits in order (f by a shuffle
 // from lane s), over L. No shared-memory factors and no block barrier: each warp's chain is a few
-// dozen instructions, and its code a short loop. (Before, call 163: one warp a head made the
-// factors into shared memory and, after a block barrier, every thread two outputs of different
-// heads: 1.5 us from the rows' arrival to the last store, call 170's timeline.)
+// dozen instructions, and its code a short loop. Call 171 (H100, bench/results/call171_*): +1.0 to
+// +1.7% at batch 1 on the Qwen3-0.6B shape, batch 8 even, Llama-1B +0.1 to +0.5%; the merge 0.86 us
+// from the rows' arrival to its end against 1.5 when one warp a head made the factors into shared
+// memory and, after a block barrier, every thread made two outputs of different heads.
 template <typename T, int hd, int G>
 __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int used, int w, int lane) {
   static_assert(DEC_WARPS % G == 0, "a whole number of warps a query head");
