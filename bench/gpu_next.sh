@@ -587,6 +587,26 @@ for part in "$@"; do
       decode_if_h200 "1 8 64" 110 230
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    s41)
+      # session 34: attention's heads split (CT_DECODE_ATT_HS=1: two warps a split, each with half
+      # the query heads) against the same binary without it and the binary before (ctrain-base:
+      # 75fa9b4's); the tests (push = pull = heads split bit for bit), the ids, both timelines,
+      # three interleaved rounds, Llama-1B (G = 4) each round; gpu_decode.sh on an H200
+      t0=$SECONDS
+      dec_tests || exit 1
+      echo "ids qwen3: new $(ids ctrain) hs $(ids ctrain CT_DECODE_ATT_HS=1) base $(ids ctrain-base) (0b1cea1e507a before)"
+      dec_tl hs0 X=1
+      dec_tl hs1 CT_DECODE_ATT_HS=1
+      for r in 1 2 3; do
+        ab hs0_$r ctrain qwen3-0.6b 1,1,8
+        ab hs1_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_HS=1
+        ab base_$r ctrain-base qwen3-0.6b 1,1,8
+        ab llama_hs0_$r ctrain llama3.2-1b 1,1
+        ab llama_hs1_$r ctrain llama3.2-1b 1,1 CT_DECODE_ATT_HS=1
+      done
+      decode_if_h200 "1 8 64" 110 230
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     h200)
       # the issue's benchmark when the lent card is an H200 (the tests and ids first); on any other
       # card only its name, so a call that gets an H100 costs little device time

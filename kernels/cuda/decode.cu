@@ -346,12 +346,10 @@ __device__ __forceinline__ unsigned &tl_slot() { // this block's launch number (
 }
 // Phases inside attention_decode_rope_kernel's block 0 (thread 0): after the q / k rope, after the
 // split math, after the first cluster barrier (the push: the wait for every row), after the merge;
-// with CT_DECODE_TL_TWICE also after a first rope, split math and merge run just before the real
-// ones from the same copy of their code (a loop not unrolled: the second run's code is fetched
-// already; call 160's build inlined the two runs as two copies of the code, so both were cold and
-// its "as long the second time" said nothing about instruction fetch); and inside the push merge
-// (att_local_merge): after the factors, after the rows' FMAs, after the output stores. A note is the multiprocessor's cycle counter (clock64), counted
-// from the one block 0 took when its wait returned and printed at the card's clock: a %globaltimer
+// and inside the push merge (att_local_merge): after the factors, after the rows' FMAs, after the
+// output stores (phases 4, 5 and 8 unused: call 169's CT_DECODE_TL_TWICE build, 20b7357, ran
+// attention's phases twice from one copy of their code). A note is the multiprocessor's cycle
+// counter (clock64), counted from the one block 0 took when its wait returned and printed at the card's clock: a %globaltimer
 // read beside each moved the later notes ~0.1 us a note (call 165 against 163: rope, split math and
 // the rows' arrival 0.17-0.30 us earlier), and both clocks agreed on 1.96-1.99 GHz (call 161).
 #define TL_PHASES 10
@@ -871,7 +869,8 @@ __device__ __forceinline__ void st_async2(uint32_t addr, float a, float b, uint3
 // push (a shared::cluster address) by st.async into another block's rows (split sp's G rows of
 // hd + 4 floats at push + (sp * G + g) * (hd + 4) floats), counted on its mbarrier pbar. q0: the G
 // query heads of kv head kv, hd apart (global memory read through L2, or with QSHARED shared
-// memory). Warp-level; shared with decode_layers_kernel.
+// memory). gt / h0 (the heads-split attention): the kv head has gt query heads and these G are
+// its heads h0 .. h0 + G - 1 (their rows' places). Warp-level; shared with decode_layers_kernel.
 template <typename T, int LK, int G, bool QSHARED = false>
 __device__ __forceinline__ void att_split_math(float *part, const T *q0,
                                                const uint4 (&kr)[DEC_CHUNK / (32 / LK)],
@@ -879,7 +878,7 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
                                                int kv, int sp, int k0, int len, int H,
                                                int splits, float scale, int lane,
                                                float *dst = nullptr, uint32_t push = 0,
-                                               uint32_t pbar = 0) {
+                                               uint32_t pbar = 0, int gt = G, int h0 = 0) {
   constexpr int hd = 8 * LK, KPL = 32 / LK, J = DEC_CHUNK / KPL;
   constexpr int PS = hd + 4;
   const int ks = lane / LK, ch = lane % LK;
@@ -982,7 +981,7 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
   if (ks == 0 && push) { // the rows into the merging block's shared memory (split-major, as dst)
 #pragma unroll
     for (int g = 0; g < G; g++) {
-      const uint32_t o = push + (uint32_t)((sp * G + g) * PS) * 4u + (uint32_t)ch * 32u;
+      const uint32_t o = push + (uint32_t)((sp * gt + h0 + g) * PS) * 4u + (uint32_t)ch * 32u;
       st_async4(o, acc[g][0], acc[g][1], acc[g][2], acc[g][3], pbar);
       st_async4(o + 16u, acc[g][4], acc[g][5], acc[g][6], acc[g][7], pbar);
       if (ch == 0) st_async2(o + (uint32_t)hd * 4u, m[g], l[g], pbar);
@@ -990,7 +989,7 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
   } else if (ks == 0) {
 #pragma unroll
     for (int g = 0; g < G; g++) {
-      float *o = dst ? dst + g * PS : part + (((long)n * H + kv * G + g) * splits + sp) * PS;
+      float *o = dst ? dst + g * PS : part + (((long)n * H + kv * gt + h0 + g) * splits + sp) * PS;
       *(float4 *)(o + ch * 8) = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
       *(float4 *)(o + ch * 8 + 4) = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
       if (ch == 0) {
@@ -1854,19 +1853,20 @@ __global__ void qkv_rope_append_kernel(T *qkv, const T *raw, const T *qnw, const
 }
 
 // A split warp's part of qkv_rope_append for kv head kv of one row (rr: its raw qkv row, p its
-// position): its G query heads rms-normalized (qn) and rotated into q[0 .. G-1] (shared memory,
-// rounded to T as qkv_rope_append stores them); the warp whose keys k0 .. k0 + DEC_CHUNK - 1
-// include the newest (p) also makes that key's k (kn) and v, appends them to the cache rows Kc,
+// position): its G query heads (heads h0 .. h0 + G - 1 of the kv head's GT: the heads-split
+// attention) rms-normalized (qn) and rotated into q[0 .. G-1] (shared memory, rounded to T as
+// qkv_rope_append stores them); the warp whose keys k0 .. k0 + DEC_CHUNK - 1 include the newest
+// (p) also makes that key's k (kn) and v, appends them (with h0 = 0) to the cache rows Kc,
 // Vc (the kv head's, position 0) and puts them into its key registers kr / vr from q[G], q[G + 1].
 // cs_ / sn_: the row's cos / sin table. Warp-level; attention_decode_rope_kernel and
 // decode_layers_kernel's attention phase.
-template <typename T, int LK, int G>
+template <typename T, int LK, int G, int GT = G>
 __device__ __forceinline__ void att_rope_split(T (*q)[8 * LK], uint4 (&kr)[DEC_CHUNK / (32 / LK)],
                                                uint4 (&vr)[DEC_CHUNK / (32 / LK)], const T *rr,
                                                const T *qn, const T *kn, T *Kc, T *Vc, int H,
                                                int KV, int kv, int k0, int p, float theta,
                                                float eps, const float *cs_, const float *sn_,
-                                               int lane) {
+                                               int lane, int h0 = 0) {
   constexpr int hd = 8 * LK, J = hd / 32, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
   const int ks = lane / LK, ch = lane % LK;
   const bool newest = k0 <= p && p < k0 + DEC_CHUNK; // the newest key is this split's
@@ -1876,7 +1876,7 @@ __device__ __forceinline__ void att_rope_split(T (*q)[8 * LK], uint4 (&kr)[DEC_C
   // generic pointer may alias them): three latencies in a row.
   float v[G + 1][J], gq[J], gk[J], vv[J];
 #pragma unroll
-  for (int g = 0; g < G; g++) rope_load<T, J>(v[g], gq, rr + (long)(kv * G + g) * hd, qn, lane);
+  for (int g = 0; g < G; g++) rope_load<T, J>(v[g], gq, rr + (long)(kv * GT + h0 + g) * hd, qn, lane);
   if (newest) {
     rope_load<T, J>(v[G], gk, rr + (long)(H + kv) * hd, kn, lane);
     const T *vsrc = rr + (long)(H + KV + kv) * hd;
@@ -1901,9 +1901,9 @@ __device__ __forceinline__ void att_rope_split(T (*q)[8 * LK], uint4 (&kr)[DEC_C
 #pragma unroll
     for (int j = 0; j < J; j++) {
       stf(&q[G][lane + 32 * j], o[j]);
-      stf(kd + lane + 32 * j, o[j]);
+      if (h0 == 0) stf(kd + lane + 32 * j, o[j]); // (the heads-split: one warp of the split appends)
       stf(&q[G + 1][lane + 32 * j], vv[j]);
-      stf(vd + lane + 32 * j, vv[j]);
+      if (h0 == 0) stf(vd + lane + 32 * j, vv[j]);
     }
     __syncwarp();
 #pragma unroll
@@ -2082,9 +2082,9 @@ __device__ __forceinline__ void att_cluster_merge(T *out, cooperative_groups::cl
 }
 #endif
 
-// The push variant's merge, by every warp of block 0, with every split's rows already in its
-// shared memory (split-major: split s's head g at ps + (s * G + g) * (hd + 4)). att_merge_core's
-// arithmetic in its order, so the same bits: DEC_WARPS / G warps a query head, each making an equal
+// The push variant's merge, by every warp of block 0 (NW of them), with every split's rows already
+// in its shared memory (split-major: split s's head g at ps + (s * G + g) * (hd + 4)).
+// att_merge_core's arithmetic in its order, so the same bits: NW / G warps a query head, each making an equal
 // slice of its outputs (OPL adjacent ones a lane); each warp finds the head's factors itself (lane
 // s: split s's max and sum; their max M by the butterfly; f = exp(m - M); L the butterfly sum of
 // l * f), then a lane's outputs are fmaf(f, row value, a) over the splits in order (f by a shuffle
@@ -2093,11 +2093,11 @@ __device__ __forceinline__ void att_cluster_merge(T *out, cooperative_groups::cl
 // +1.7% at batch 1 on the Qwen3-0.6B shape, batch 8 even, Llama-1B +0.1 to +0.5%; the merge 0.86 us
 // from the rows' arrival to its end against 1.5 when one warp a head made the factors into shared
 // memory and, after a block barrier, every thread made two outputs of different heads.
-template <typename T, int hd, int G>
+template <typename T, int hd, int G, int NW = DEC_WARPS>
 __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int used, int w, int lane) {
-  static_assert(DEC_WARPS % G == 0, "a whole number of warps a query head");
+  static_assert(NW % G == 0, "a whole number of warps a query head");
   constexpr int PS = hd + 4, RS = G * PS;       // a split's G rows
-  constexpr int WPH = DEC_WARPS / G, OW = hd / WPH; // warps a head, outputs a warp
+  constexpr int WPH = NW / G, OW = hd / WPH;    // warps a head, outputs a warp
   constexpr int OPL = OW >= 32 ? OW / 32 : 1;   // adjacent outputs a lane
   static_assert(OPL == 1 || OPL == 2 || OPL == 4, "one, two or four outputs a lane");
   const int g = w / WPH, o0 = (w % WPH) * OW + lane * OPL; // the lane's first output of head g
@@ -2163,19 +2163,26 @@ __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int use
 // barrier keeps the blocks resident until it has. Same arithmetic, so the same bits.
 // OP (with CL; attention_decode_oproj): the merged heads stay in block 0's shared memory and the
 // cluster goes on with the output projection (oproj_tail); out is not written.
-template <typename T, int LK, int G, bool CL = false, bool OP = false>
-__global__ void __launch_bounds__(DEC_WARPS * 32)
+// HS (with CL, launched only with the push; att_hs_on): the heads split, two warps a split where
+// G >= 2, each with half the query heads (GW = G / 2 of them: the rope, scores, softmax and V sums
+// of fewer heads a warp, so a shorter chain of dependent instructions), both loading the split's
+// keys; blocks of 2 * DEC_WARPS warps, all of which make block 0's merge. A head's arithmetic is
+// the same whichever warp makes it, so the same bits.
+template <typename T, int LK, int G, bool CL = false, bool OP = false, bool HS = false>
+__global__ void __launch_bounds__(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1))
     attention_decode_rope_kernel(T *out, float *part, unsigned *count, const T *raw,
                                  const T *qnw, const T *knw, T *kc, T *vc, const int32_t *slot,
                                  const int32_t *pos, int H, int KV, int max_T, int splits,
                                  float scale, float theta, float eps, const void *pf,
                                  size_t pfb, oproj_args<T> op, int late) {
   static_assert(!OP || CL, "the output projection runs in the cluster variant only");
+  static_assert(!HS || (CL && !OP), "the heads split runs in the cluster variant's push only");
   constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
-  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  const int sp = blockIdx.x * DEC_WARPS + w, kv = blockIdx.y, n = blockIdx.z;
+  constexpr int WPS = HS && G > 1 ? 2 : 1, GW = G / WPS, NW = DEC_WARPS * WPS; // warps a split, heads a warp, warps
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, ws = w / WPS, hg = w % WPS;
+  const int sp = blockIdx.x * DEC_WARPS + ws, kv = blockIdx.y, n = blockIdx.z;
   __shared__ float cs_[hd / 2], sn_[hd / 2];
-  __shared__ __align__(16) T qs[DEC_WARPS][G + 2][hd]; // a warp's q heads, the newest k, v
+  __shared__ __align__(16) T qs[NW][GW + 2][hd]; // a warp's q heads, the newest k, v
   __shared__ __align__(16) float ps[CL ? DEC_WARPS : 1][G][hd + 4]; // CL: the splits' rows
   __shared__ __align__(16) T om[OP ? G * hd : 8];                    // OP: the merged heads
   __shared__ int last;
@@ -2218,40 +2225,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
   if (push) cluster_wait();
   if (active) {
     T(*q)[hd] = qs[w];
-#ifdef CT_DECODE_TL_TWICE // rope twice from one copy of its code (the same values twice)
-#pragma unroll 1
-    for (int rep = 0; rep < 2; rep++) {
-      asm volatile("" ::: "memory");
-      att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H,
-                               KV, kv, k0, p, theta, eps, cs_, sn_, lane);
-      if (rep == 0) TL_PHASE(8);
-    }
-#else
-    att_rope_split<T, LK, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H, KV,
-                             kv, k0, p, theta, eps, cs_, sn_, lane);
-#endif
+    att_rope_split<T, LK, GW, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H,
+                                 KV, kv, k0, p, theta, eps, cs_, sn_, lane, hg * GW);
     TL_PHASE(0);
-#ifdef CT_DECODE_TL_TWICE
-    // the split math twice from one copy of its code (a loop that is not unrolled): the first run
-    // into this warp's own rows (unused by the push merge), the second the real one; the first
-    // run's time includes fetching the code, the second's not
-#pragma unroll 1
-    for (int rep = 0; rep < 2; rep++) {
-#pragma unroll
-      for (int j = 0; j < JK; j++) // each run's inputs opaque: no arithmetic shared between runs
-        asm volatile("" : "+r"(kr[j].x), "+r"(kr[j].y), "+r"(kr[j].z), "+r"(kr[j].w), "+r"(vr[j].x),
-                     "+r"(vr[j].y), "+r"(vr[j].z), "+r"(vr[j].w)::"memory");
-      const bool real = rep == 1 || !push;
-      att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
-                                     lane, CL ? &ps[CL ? w : 0][0][0] : nullptr, real ? pdst : 0u,
-                                     pbar);
-      if (real) break;
-      TL_PHASE(4);
-    }
-#else
-    att_split_math<T, LK, G, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
-                                   lane, CL ? &ps[CL ? w : 0][0][0] : nullptr, pdst, pbar);
-#endif
+    att_split_math<T, LK, GW, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
+                                    lane, CL ? &ps[CL ? ws : 0][hg * GW][0] : nullptr, pdst, pbar,
+                                    G, hg * GW);
     TL_PHASE(1);
   }
   if constexpr (CL) {
@@ -2263,18 +2242,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         mbar_wait(&rbar, 0);
         TL_PHASE(2);
         cluster_arrive_relaxed();
-#ifdef CT_DECODE_TL_TWICE // the merge twice from one copy of its code (the same stores twice)
-#pragma unroll 1
-        for (int rep = 0; rep < 2; rep++) {
-          asm volatile("" ::: "memory"); // the rows loaded again, not reused from the first merge
-          att_local_merge<T, hd, G>(out + (long)n * H * hd + (long)kv * G * hd,
-                                    (const float *)att_dyn, used, w, lane);
-          if (rep == 0) TL_PHASE(5);
-        }
-#else
-        att_local_merge<T, hd, G>(out + (long)n * H * hd + (long)kv * G * hd, (const float *)att_dyn,
-                                  used, w, lane);
-#endif
+        att_local_merge<T, hd, G, NW>(out + (long)n * H * hd + (long)kv * G * hd,
+                                      (const float *)att_dyn, used, w, lane);
         TL_PHASE(3);
       } else {
         cluster_arrive_relaxed();
@@ -4695,6 +4664,11 @@ bool att_push_on(bool fits) {
 // off 1,450-1,468 against 1,434-1,448.
 long relax_launches;
 bool att_relax_on() { return env_int("CT_DECODE_ATT_RELAX", 1) > 0; }
+// The heads split (attention_decode_rope_kernel's HS: two warps a split, each with half the query
+// heads) with the push, where G >= 2: CT_DECODE_ATT_HS=1 (a measurement until it is timed), read
+// at every call.
+bool att_hs_on() { return env_int("CT_DECODE_ATT_HS", 0) > 0; }
+long hs_launches; // attention launches with the heads split
 long apart_launches; // attention kernels launched apart (att_pad)
 // Dynamic shared memory a block of attention kernel k for a grid of `blocks` (0: no pad: the rule
 // does not apply, or the device does not allow it); with apart, apart_left = 2 and *late set
@@ -4783,9 +4757,21 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
       } else if (att_relax_on()) {                                                                \
         merge_bit = 8;                                                                            \
       }                                                                                           \
-      ok = launch_cl("attention_decode_rope", "attention_decode_rope_kernel", k, g,               \
-                     DEC_WARPS * 32, dyn, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV,   \
-                     max_T, splits, sc, theta, eps, h.p, h.bytes, op, late | pf_bit | merge_bit); \
+      int threads = DEC_WARPS * 32;                                                               \
+      if (merge_bit == 4 && G_ > 1 && att_hs_on()) { /* the heads split (its own pad) */          \
+        auto kh = attention_decode_rope_kernel<T, LK, G_, true, false, true>;                     \
+        const size_t hpad = att_pad((const void *)kh, nblk, &late);                               \
+        if (hpad >= push_need || (!pad && smem_raised((const void *)kh))) {                       \
+          k = kh;                                                                                 \
+          pad = hpad;                                                                             \
+          dyn = pad > push_need ? pad : push_need;                                                \
+          threads *= 2;                                                                           \
+          hs_launches++;                                                                          \
+        }                                                                                         \
+      }                                                                                           \
+      ok = launch_cl("attention_decode_rope", "attention_decode_rope_kernel", k, g, threads,      \
+                     dyn, g.x, o, part, cnt, r, gq, gk, K, V, slot, pos, H, KV, max_T, splits,    \
+                     sc, theta, eps, h.p, h.bytes, op, late | pf_bit | merge_bit);                \
     } else {                                                                                      \
       auto k = attention_decode_rope_kernel<T, LK, G_>;                                           \
       pad = att_pad((const void *)k, nblk, &late);                                                \
@@ -5083,8 +5069,8 @@ extern "C" void ct_cuda_decode_timeline(void) {
     fprintf(stderr, "  argmax_split_kernel (means of %ld): id stored %.2f us after its release, the"
             " next kernel's block 0 starts %.2f us after that\n", ac, ad / ac / 1e3, an / ac / 1e3);
   static const char *pn[TL_PHASES + 1] = {"rope", "split math", "cluster barrier", "merge",
-                                          "first split math", "first merge", "merge: factors",
-                                          "merge: FMAs", "first rope", "merge: stores",
+                                          "(unused)", "(unused)", "merge: factors",
+                                          "merge: FMAs", "(unused)", "merge: stores",
                                           "next kernel released"};
   if (cnt[TL_PHASES]) {
     fprintf(stderr, "  attention_decode_rope_kernel phases (block 0, thread 0; us after its release,"
@@ -5134,6 +5120,7 @@ extern "C" long ct_cuda_attention_apart_launches(void) { return apart_launches; 
 extern "C" long ct_cuda_apart_gemv_launches(void) { return apart_gemvs; }
 extern "C" long ct_cuda_attention_push_launches(void) { return push_launches; }
 extern "C" long ct_cuda_attention_relax_launches(void) { return relax_launches; }
+extern "C" long ct_cuda_attention_hs_launches(void) { return hs_launches; }
 extern "C" long ct_cuda_attention_blk_launches(void) { return ab_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

@@ -162,6 +162,8 @@ long ct_cuda_apart_gemv_launches(void);
 long ct_cuda_attention_push_launches(void);
 /* cluster attention launches whose merge's second barrier was relaxed (CT_DECODE_ATT_RELAX) */
 long ct_cuda_attention_relax_launches(void);
+/* cluster attention launches with the heads split (two warps a split: CT_DECODE_ATT_HS) */
+long ct_cuda_attention_hs_launches(void);
 /* How many attention_decode_blk kernels (attention_decode for 9+ rows, a block per row and kv head)
  * were launched or recorded into graphs (tests). */
 long ct_cuda_attention_blk_launches(void);

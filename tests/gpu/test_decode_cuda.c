@@ -1230,7 +1230,8 @@ static void test_attention_pad(void) {
  * launch, asking for the bytes where there is no pad), and the pulled merge's second barrier
  * relaxed (CT_DECODE_ATT_RELAX=1, the default where nothing is pushed), change no value: logits bit
  * for bit equal to the merge over distributed shared memory with both barriers (both set to 0),
- * with CUDA graphs and without, GQA 1, 2 and 4, head dims 64 and 128, clusters of 4 blocks */
+ * with CUDA graphs and without, GQA 1, 2 and 4, head dims 64 and 128, clusters of 4 blocks; so does
+ * the heads split (CT_DECODE_ATT_HS=1: two warps a split, each with half the query heads) */
 static void test_attention_push(void) {
   static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
   for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
@@ -1243,24 +1244,34 @@ static void test_attention_push(void) {
     setenv("CT_DECODE_ATT_PUSH", "0", 1);
     setenv("CT_DECODE_ATT_RELAX", "0", 1);
     engine_logits_seq(m, ct_ops_cuda_bf16(), a, 200, 256, 70, 12);
-    for (int v = 0; v < 4; v++) { /* pad, pad without graphs, no pad; v 3: the relaxed barrier */
+    /* v 0-2: pad, pad without graphs, no pad; v 3: the relaxed barrier; v 4-5: the heads split
+     * (two warps a split where G >= 2) with the push into the pad, with graphs and without */
+    for (int v = 0; v < 6; v++) {
+      if (v >= 4 && S[si][1] == S[si][2]) continue; /* G 1: nothing to split */
       char what[160];
       snprintf(what, sizeof what, "attention %s (%s) C%d H%d KV%d",
-               v < 3 ? "rows pushed to block 0" : "merge's second barrier relaxed",
-               v == 0 ? "into the apart pad" : v == 1 ? "into the apart pad, no graphs" : "no pad",
+               v < 3 ? "rows pushed to block 0" : v == 3 ? "merge's second barrier relaxed"
+                                                         : "heads split, rows pushed to block 0",
+               v == 0 || v == 4 ? "into the apart pad"
+               : v == 1 || v == 5 ? "into the apart pad, no graphs" : "no pad",
                S[si][0], S[si][1], S[si][2]);
-      if (v < 3) setenv("CT_DECODE_ATT_PUSH", v < 2 ? "1" : "2", 1);
+      if (v < 3 || v >= 4) setenv("CT_DECODE_ATT_PUSH", v < 2 || v >= 4 ? "1" : "2", 1);
       else setenv("CT_DECODE_ATT_PUSH", "0", 1);
       if (v == 3) setenv("CT_DECODE_ATT_RELAX", "1", 1);
-      if (v >= 2) setenv("CT_DECODE_ATT_APART", "0", 1);
-      g_graphs = v != 1;
+      setenv("CT_DECODE_ATT_APART", v == 2 || v == 3 ? "0" : "100", 1);
+      if (v >= 4) setenv("CT_DECODE_ATT_HS", "1", 1);
+      g_graphs = v != 1 && v != 5;
       const long pb = ct_cuda_attention_push_launches(), rb = ct_cuda_attention_relax_launches();
+      const long hb = ct_cuda_attention_hs_launches();
       engine_logits_seq(m, ct_ops_cuda_bf16(), b, 200, 256, 70, 12);
       g_graphs = 1;
+      unsetenv("CT_DECODE_ATT_HS");
       if (v < 3)
         same_bits(what, a, b, n, ct_cuda_attention_push_launches() - pb, "pushed launches");
-      else
+      else if (v == 3)
         same_bits(what, a, b, n, ct_cuda_attention_relax_launches() - rb, "relaxed launches");
+      else
+        same_bits(what, a, b, n, ct_cuda_attention_hs_launches() - hb, "heads-split launches");
     }
     unsetenv("CT_DECODE_ATT_RELAX");
     unsetenv("CT_DECODE_ATT_PUSH");
