@@ -607,6 +607,24 @@ for part in "$@"; do
       decode_if_h200 "1 8 64" 110 230
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    s42)
+      # session 34: the heads split capped at 128 registers (two blocks' worth a multiprocessor, so
+      # it fits beside the qkv GEMV's blocks as the 4-warp block did; call 172's took 177 and
+      # started 1.3 us later), three interleaved rounds against it off and ctrain-base (75fa9b4's),
+      # Llama-1B each round; then gpu_decode.sh at 1, 8 and 64 on the default, on any card
+      t0=$SECONDS
+      dec_tests || exit 1
+      echo "ids qwen3: new $(ids ctrain) hs $(ids ctrain CT_DECODE_ATT_HS=1) base $(ids ctrain-base) (0b1cea1e507a before)"
+      for r in 1 2 3; do
+        ab hs0_$r ctrain qwen3-0.6b 1,1,8
+        ab hs1_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_HS=1
+        ab base_$r ctrain-base qwen3-0.6b 1,1,8
+        ab llama_hs0_$r ctrain llama3.2-1b 1,1
+        ab llama_hs1_$r ctrain llama3.2-1b 1,1 CT_DECODE_ATT_HS=1
+      done
+      CTRAIN=$CT BATCHES="1 8 64" COMPILE_BATCHES=1 COMPILE_TIMEOUT=110 timeout 230 bash bench/gpu_decode.sh
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     h200)
       # the issue's benchmark when the lent card is an H200 (the tests and ids first); on any other
       # card only its name, so a call that gets an H100 costs little device time

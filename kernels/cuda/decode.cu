@@ -2169,7 +2169,7 @@ __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int use
 // keys; blocks of 2 * DEC_WARPS warps, all of which make block 0's merge. A head's arithmetic is
 // the same whichever warp makes it, so the same bits.
 template <typename T, int LK, int G, bool CL = false, bool OP = false, bool HS = false>
-__global__ void __launch_bounds__(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1))
+__global__ void __launch_bounds__(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && G > 1 ? 2 : 0)
     attention_decode_rope_kernel(T *out, float *part, unsigned *count, const T *raw,
                                  const T *qnw, const T *knw, T *kc, T *vc, const int32_t *slot,
                                  const int32_t *pos, int H, int KV, int max_T, int splits,
