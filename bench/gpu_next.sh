@@ -219,6 +219,14 @@
 # had two inlined copies, both cold): the split math 1.77 us the first time, 0.69 the second. Warming
 # the code by a dry run before each kernel's wait (CT_DECODE_WARM, s39) was slower for every kernel
 # (-1 to -8% each, -16% all): taken out, the patch in the results. Part s39 needs that patch.
+# Then two changes with the same bits (calls 171-173, bench/results/call171_*, call172_*, call173_*):
+# the push merge by every warp, each finding its head's factors itself (no shared-memory factors, no
+# block barrier; the merge 0.86 us against 1.5, +1.0 to +1.7% at batch 1), and the heads split (two
+# warps a split, each with half the query heads, capped at 128 registers: +1.5 to +1.8% at batch 1
+# on the Qwen3 shape; default at one row where G = 2, since Llama-1B's G = 4 lost 1%). With the
+# merge faster the output projection's weights, loaded while attention runs, arrive later on the
+# H100 (o_proj 2.6 us release to release against 2.0): the layer now waits on DRAM there, which an
+# H200 has ~39% more of. Still not run on an H200: part h200.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
@@ -622,6 +630,21 @@ for part in "$@"; do
         ab llama_hs0_$r ctrain llama3.2-1b 1,1
         ab llama_hs1_$r ctrain llama3.2-1b 1,1 CT_DECODE_ATT_HS=1
       done
+      CTRAIN=$CT BATCHES="1 8 64" COMPILE_BATCHES=1 COMPILE_TIMEOUT=110 timeout 230 bash bench/gpu_decode.sh
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
+    s43)
+      # session 34: the heads split on by default at one row where G = 2: the tests, the ids, two
+      # interleaved rounds against CT_DECODE_ATT_HS=0 (Llama-1B: off by the rule, so once), then
+      # gpu_decode.sh at 1, 8 and 64 on any card
+      t0=$SECONDS
+      dec_tests || exit 1
+      echo "ids qwen3: default $(ids ctrain) hs off $(ids ctrain CT_DECODE_ATT_HS=0) (0b1cea1e507a before)"
+      for r in 1 2; do
+        ab default_$r ctrain qwen3-0.6b 1,1,8
+        ab hs_off_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_HS=0
+      done
+      ab llama_default ctrain llama3.2-1b 1,1
       CTRAIN=$CT BATCHES="1 8 64" COMPILE_BATCHES=1 COMPILE_TIMEOUT=110 timeout 230 bash bench/gpu_decode.sh
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;

@@ -4665,9 +4665,16 @@ bool att_push_on(bool fits) {
 long relax_launches;
 bool att_relax_on() { return env_int("CT_DECODE_ATT_RELAX", 1) > 0; }
 // The heads split (attention_decode_rope_kernel's HS: two warps a split, each with half the query
-// heads) with the push, where G >= 2: CT_DECODE_ATT_HS=1 (a measurement until it is timed), read
-// at every call.
-bool att_hs_on() { return env_int("CT_DECODE_ATT_HS", 0) > 0; }
+// heads) with the push: by default at one row where G = 2; CT_DECODE_ATT_HS=1 wherever G >= 2, =0
+// never. Read at every call. Calls 172-173 (H100, bench/results/call172_*, call173_*, the same bits
+// and ids): at 177 registers its blocks started 1.3 us later than the 4-warp blocks (no room beside
+// the qkv GEMV's) and the step was even; capped at 128, +1.5 to +1.8% at batch 1 on the Qwen3-0.6B
+// shape (G 2, head dim 128), but -0.2% at its batch 8 and -0.8 to -1.3% on Llama-3.2-1B's (G 4,
+// head dim 64: two heads a warp still, and each split's keys loaded twice).
+bool att_hs_on(int N, int G) {
+  const int m = env_int("CT_DECODE_ATT_HS", -1);
+  return G >= 2 && (m > 0 || (m < 0 && N == 1 && G == 2));
+}
 long hs_launches; // attention launches with the heads split
 long apart_launches; // attention kernels launched apart (att_pad)
 // Dynamic shared memory a block of attention kernel k for a grid of `blocks` (0: no pad: the rule
@@ -4758,7 +4765,7 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
         merge_bit = 8;                                                                            \
       }                                                                                           \
       int threads = DEC_WARPS * 32;                                                               \
-      if (merge_bit == 4 && G_ > 1 && att_hs_on()) { /* the heads split (its own pad) */          \
+      if (merge_bit == 4 && att_hs_on(N, G_)) { /* the heads split (its own pad) */               \
         auto kh = attention_decode_rope_kernel<T, LK, G_, true, false, true>;                     \
         const size_t hpad = att_pad((const void *)kh, nblk, &late);                               \
         if (hpad >= push_need || (!pad && smem_raised((const void *)kh))) {                       \

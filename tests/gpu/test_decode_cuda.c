@@ -1231,7 +1231,8 @@ static void test_attention_pad(void) {
  * relaxed (CT_DECODE_ATT_RELAX=1, the default where nothing is pushed), change no value: logits bit
  * for bit equal to the merge over distributed shared memory with both barriers (both set to 0),
  * with CUDA graphs and without, GQA 1, 2 and 4, head dims 64 and 128, clusters of 4 blocks; so does
- * the heads split (CT_DECODE_ATT_HS=1: two warps a split, each with half the query heads) */
+ * the heads split (CT_DECODE_ATT_HS=1: two warps a split, each with half the query heads; on by
+ * default at one row where G = 2, so v 0-3 turn it off) */
 static void test_attention_push(void) {
   static const int S[][3] = {{256, 2, 1}, {256, 4, 4}, {512, 8, 2}};
   for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
@@ -1259,7 +1260,7 @@ static void test_attention_push(void) {
       else setenv("CT_DECODE_ATT_PUSH", "0", 1);
       if (v == 3) setenv("CT_DECODE_ATT_RELAX", "1", 1);
       setenv("CT_DECODE_ATT_APART", v == 2 || v == 3 ? "0" : "100", 1);
-      if (v >= 4) setenv("CT_DECODE_ATT_HS", "1", 1);
+      setenv("CT_DECODE_ATT_HS", v >= 4 ? "1" : "0", 1); /* (its default: on at 1 row, G 2) */
       g_graphs = v != 1 && v != 5;
       const long pb = ct_cuda_attention_push_launches(), rb = ct_cuda_attention_relax_launches();
       const long hb = ct_cuda_attention_hs_launches();
