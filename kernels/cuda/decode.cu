@@ -349,9 +349,10 @@ __device__ __forceinline__ unsigned &tl_slot() { // this block's launch number (
 // and inside the push merge (att_local_merge): after the factors, after the rows' FMAs, after the
 // output stores (phases 4, 5 and 8 unused: call 169's CT_DECODE_TL_TWICE build, 20b7357, ran
 // attention's phases twice from one copy of their code). A note is the multiprocessor's cycle
-// counter (clock64), counted from the one block 0 took when its wait returned and printed at the card's clock: a %globaltimer
-// read beside each moved the later notes ~0.1 us a note (call 165 against 163: rope, split math and
-// the rows' arrival 0.17-0.30 us earlier), and both clocks agreed on 1.96-1.99 GHz (call 161).
+// counter (clock64), counted from the one block 0 took when its wait returned and printed at the
+// card's clock: a %globaltimer read beside each moved the later notes ~0.1 us a note (call 165
+// against 163: rope, split math and the rows' arrival 0.17-0.30 us earlier), and both clocks
+// agreed on 1.96-1.99 GHz (call 161).
 #define TL_PHASES 10
 __device__ unsigned long long tl_am[TL_MAX]; // the argmax's note of its stored id (%globaltimer)
 __device__ long long tl_pc[TL_PHASES][TL_MAX], tl_c1[TL_MAX];
@@ -1876,7 +1877,8 @@ __device__ __forceinline__ void att_rope_split(T (*q)[8 * LK], uint4 (&kr)[DEC_C
   // generic pointer may alias them): three latencies in a row.
   float v[G + 1][J], gq[J], gk[J], vv[J];
 #pragma unroll
-  for (int g = 0; g < G; g++) rope_load<T, J>(v[g], gq, rr + (long)(kv * GT + h0 + g) * hd, qn, lane);
+  for (int g = 0; g < G; g++)
+    rope_load<T, J>(v[g], gq, rr + (long)(kv * GT + h0 + g) * hd, qn, lane);
   if (newest) {
     rope_load<T, J>(v[G], gk, rr + (long)(H + kv) * hd, kn, lane);
     const T *vsrc = rr + (long)(H + KV + kv) * hd;
@@ -1901,7 +1903,7 @@ __device__ __forceinline__ void att_rope_split(T (*q)[8 * LK], uint4 (&kr)[DEC_C
 #pragma unroll
     for (int j = 0; j < J; j++) {
       stf(&q[G][lane + 32 * j], o[j]);
-      if (h0 == 0) stf(kd + lane + 32 * j, o[j]); // (the heads-split: one warp of the split appends)
+      if (h0 == 0) stf(kd + lane + 32 * j, o[j]); // (the heads split: one warp of a split appends)
       stf(&q[G + 1][lane + 32 * j], vv[j]);
       if (h0 == 0) stf(vd + lane + 32 * j, vv[j]);
     }
@@ -2084,15 +2086,16 @@ __device__ __forceinline__ void att_cluster_merge(T *out, cooperative_groups::cl
 
 // The push variant's merge, by every warp of block 0 (NW of them), with every split's rows already
 // in its shared memory (split-major: split s's head g at ps + (s * G + g) * (hd + 4)).
-// att_merge_core's arithmetic in its order, so the same bits: NW / G warps a query head, each making an equal
-// slice of its outputs (OPL adjacent ones a lane); each warp finds the head's factors itself (lane
-// s: split s's max and sum; their max M by the butterfly; f = exp(m - M); L the butterfly sum of
-// l * f), then a lane's outputs are fmaf(f, row value, a) over the splits in order (f by a shuffle
-// from lane s), over L. No shared-memory factors and no block barrier: each warp's chain is a few
-// dozen instructions, and its code a short loop. Call 171 (H100, bench/results/call171_*): +1.0 to
-// +1.7% at batch 1 on the Qwen3-0.6B shape, batch 8 even, Llama-1B +0.1 to +0.5%; the merge 0.86 us
-// from the rows' arrival to its end against 1.5 when one warp a head made the factors into shared
-// memory and, after a block barrier, every thread made two outputs of different heads.
+// att_merge_core's arithmetic in its order, so the same bits: NW / G warps a query head, each
+// making an equal slice of its outputs (OPL adjacent ones a lane); each warp finds the head's
+// factors itself (lane s: split s's max and sum; their max M by the butterfly; f = exp(m - M); L
+// the butterfly sum of l * f), then a lane's outputs are fmaf(f, row value, a) over the splits in
+// order (f by a shuffle from lane s), over L. No shared-memory factors and no block barrier: each
+// warp's chain is a few dozen instructions, and its code a short loop. Call 171 (H100,
+// bench/results/call171_*): +1.0 to +1.7% at batch 1 on the Qwen3-0.6B shape, batch 8 even,
+// Llama-1B +0.1 to +0.5%; the merge 0.86 us from the rows' arrival to its end against 1.5 when one
+// warp a head made the factors into shared memory and, after a block barrier, every thread made two
+// outputs of different heads.
 template <typename T, int hd, int G, int NW = DEC_WARPS>
 __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int used, int w, int lane) {
   static_assert(NW % G == 0, "a whole number of warps a query head");
@@ -2178,7 +2181,8 @@ __global__ void __launch_bounds__(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && 
   static_assert(!OP || CL, "the output projection runs in the cluster variant only");
   static_assert(!HS || (CL && !OP), "the heads split runs in the cluster variant's push only");
   constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL;
-  constexpr int WPS = HS && G > 1 ? 2 : 1, GW = G / WPS, NW = DEC_WARPS * WPS; // warps a split, heads a warp, warps
+  // warps a split, query heads a warp, warps a block
+  constexpr int WPS = HS && G > 1 ? 2 : 1, GW = G / WPS, NW = DEC_WARPS * WPS;
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, ws = w / WPS, hg = w % WPS;
   const int sp = blockIdx.x * DEC_WARPS + ws, kv = blockIdx.y, n = blockIdx.z;
   __shared__ float cs_[hd / 2], sn_[hd / 2];
