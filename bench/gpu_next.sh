@@ -226,7 +226,11 @@
 # on the Qwen3 shape; default at one row where G = 2, since Llama-1B's G = 4 lost 1%). With the
 # merge faster the output projection's weights, loaded while attention runs, arrive later on the
 # H100 (o_proj 2.6 us release to release against 2.0): the layer now waits on DRAM there, which an
-# H200 has ~39% more of. Still not run on an H200: part h200.
+# H200 has ~39% more of. Still not run on an H200: part h200. gpu_decode.sh (call 174, H100): 1,635
+# tokens/s at batch 1 = 5.38x Transformers compiled, 67% of the H100's bound. Next along this line:
+# the heads split lost on Llama-1B (G = 4, head dim 64) where each split's keys load twice; two
+# warps a split each taking half its keys (8 a warp) would not duplicate loads but needs the push
+# merge for more than 32 splits; the rope's and split math's code is ~18 KB fetched each launch.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
