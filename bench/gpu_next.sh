@@ -315,9 +315,30 @@ dec_tl() {
 }
 # bench/gpu_decode.sh when the card is the issue's H200: batches, Transformers' compile timeout,
 # the whole run's timeout
+decode_all() {
+  CTRAIN=$CT BATCHES="$1" COMPILE_BATCHES=1 COMPILE_TIMEOUT=$2 timeout "$3" bash bench/gpu_decode.sh
+}
 decode_if_h200() {
   nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || return 0
-  CTRAIN=$CT BATCHES="$1" COMPILE_BATCHES=1 COMPILE_TIMEOUT=$2 timeout "$3" bash bench/gpu_decode.sh
+  decode_all "$@"
+}
+# CT_DECODE_ATT_HS=1 (the heads split) against the same binary without it and ctrain-base: the
+# decode tests, the ids of all three, with HS_TL=1 both timelines, three interleaved rounds on the
+# Qwen3 shape (batch 1, 1, 8) and the Llama-1B shape (batch 1, 1) each round (parts s41, s42)
+hs_vs_off() {
+  dec_tests || return 1
+  echo "ids qwen3: new $(ids ctrain) hs $(ids ctrain CT_DECODE_ATT_HS=1) base $(ids ctrain-base) (0b1cea1e507a before)"
+  if [ "${HS_TL:-0}" = 1 ]; then
+    dec_tl hs0 X=1
+    dec_tl hs1 CT_DECODE_ATT_HS=1
+  fi
+  for r in 1 2 3; do
+    ab hs0_$r ctrain qwen3-0.6b 1,1,8
+    ab hs1_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_HS=1
+    ab base_$r ctrain-base qwen3-0.6b 1,1,8
+    ab llama_hs0_$r ctrain llama3.2-1b 1,1
+    ab llama_hs1_$r ctrain llama3.2-1b 1,1 CT_DECODE_ATT_HS=1
+  done
 }
 # build-gpu/ctrain against build-gpu/ctrain-base (the binary before a change): the decode tests,
 # the ids of both and of the pull merge, the timeline (ctrain-tl), three interleaved A/B rounds on
@@ -605,17 +626,7 @@ for part in "$@"; do
       # 75fa9b4's); the tests (push = pull = heads split bit for bit), the ids, both timelines,
       # three interleaved rounds, Llama-1B (G = 4) each round; gpu_decode.sh on an H200
       t0=$SECONDS
-      dec_tests || exit 1
-      echo "ids qwen3: new $(ids ctrain) hs $(ids ctrain CT_DECODE_ATT_HS=1) base $(ids ctrain-base) (0b1cea1e507a before)"
-      dec_tl hs0 X=1
-      dec_tl hs1 CT_DECODE_ATT_HS=1
-      for r in 1 2 3; do
-        ab hs0_$r ctrain qwen3-0.6b 1,1,8
-        ab hs1_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_HS=1
-        ab base_$r ctrain-base qwen3-0.6b 1,1,8
-        ab llama_hs0_$r ctrain llama3.2-1b 1,1
-        ab llama_hs1_$r ctrain llama3.2-1b 1,1 CT_DECODE_ATT_HS=1
-      done
+      HS_TL=1 hs_vs_off || exit 1
       decode_if_h200 "1 8 64" 110 230
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
@@ -625,16 +636,8 @@ for part in "$@"; do
       # started 1.3 us later), three interleaved rounds against it off and ctrain-base (75fa9b4's),
       # Llama-1B each round; then gpu_decode.sh at 1, 8 and 64 on the default, on any card
       t0=$SECONDS
-      dec_tests || exit 1
-      echo "ids qwen3: new $(ids ctrain) hs $(ids ctrain CT_DECODE_ATT_HS=1) base $(ids ctrain-base) (0b1cea1e507a before)"
-      for r in 1 2 3; do
-        ab hs0_$r ctrain qwen3-0.6b 1,1,8
-        ab hs1_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_HS=1
-        ab base_$r ctrain-base qwen3-0.6b 1,1,8
-        ab llama_hs0_$r ctrain llama3.2-1b 1,1
-        ab llama_hs1_$r ctrain llama3.2-1b 1,1 CT_DECODE_ATT_HS=1
-      done
-      CTRAIN=$CT BATCHES="1 8 64" COMPILE_BATCHES=1 COMPILE_TIMEOUT=110 timeout 230 bash bench/gpu_decode.sh
+      hs_vs_off || exit 1
+      decode_all "1 8 64" 110 230
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
     s43)
@@ -649,7 +652,7 @@ for part in "$@"; do
         ab hs_off_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_HS=0
       done
       ab llama_default ctrain llama3.2-1b 1,1
-      CTRAIN=$CT BATCHES="1 8 64" COMPILE_BATCHES=1 COMPILE_TIMEOUT=110 timeout 230 bash bench/gpu_decode.sh
+      decode_all "1 8 64" 110 230
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
     h200)
