@@ -244,6 +244,7 @@
 #            (two rounds, batch 1 and 8; Llama-1B once), gpu_decode.sh when the card is an H200
 #   s33-s37  session 33's measurements (see each part's comment); s37 the merge's output pairs
 #            against call 163's binary, gpu_decode.sh when the card is an H200
+#   s44      session 35: the normed GEMVs' row in registers against CT_DECODE_XR=0 and ctrain-base
 #   h200     the issue's benchmark (tests, ids, gpu_decode.sh at 1, 8, 64) only when the card is
 #            an H200; otherwise it prints the card and stops
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
@@ -653,6 +654,30 @@ for part in "$@"; do
       done
       ab llama_default ctrain llama3.2-1b 1,1
       decode_all "1 8 64" 110 230
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
+    s44)
+      # session 35: the normed GEMVs' one row in registers (qkv and gate/up: each lane loads and
+      # norms its own chunks of the input, so no block barrier and no one warp norming for eight)
+      # against CT_DECODE_XR=0 in the same binary and ctrain-base (c04ab2d's): the tests (xr =
+      # shared memory bit for bit), the ids, both timelines, three interleaved rounds, Llama-1B
+      # each round; gpu_decode.sh on an H200
+      t0=$SECONDS
+      dec_tests || exit 1
+      grep -E "gemv row in registers" "$OUT/test_decode.txt" | head -6
+      echo "ids qwen3: xr $(ids ctrain) off $(ids ctrain CT_DECODE_XR=0) base $(ids ctrain-base) (0b1cea1e507a before)"
+      if [ -x build-gpu/ctrain-tl ]; then
+        dec_tl xr X=1
+        dec_tl xr_off CT_DECODE_XR=0
+      fi
+      for r in 1 2 3; do
+        ab xr_$r ctrain qwen3-0.6b 1,1,8
+        ab off_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_XR=0
+        ab base_$r ctrain-base qwen3-0.6b 1,1,8
+        ab llama_xr_$r ctrain llama3.2-1b 1,1
+        ab llama_off_$r ctrain llama3.2-1b 1,1 CT_DECODE_XR=0
+      done
+      decode_if_h200 "1 8 64" 110 230
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
     h200)

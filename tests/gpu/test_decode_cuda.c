@@ -1142,6 +1142,38 @@ static void test_staged_gemv(void) {
   }
 }
 
+/* gemv_kernel with the rms-normed row in registers (the default for the qkv and gate/up GEMVs at
+ * one row: each lane loads and norms its own chunks of the input, no block barrier) gives the
+ * logits of the shared-memory path (CT_DECODE_XR=0) bit for bit: with and without the attention
+ * bias (the qkv GEMV's), head dims 64 and 128, with CUDA graphs and without */
+static void test_gemv_xr(void) {
+  static const int S[][4] = {{256, 4, 4, 0}, {512, 8, 2, 1}, {256, 2, 1, 1}};
+  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
+    ct_model *m = tiny_llama_B(2, S[si][0], S[si][1], S[si][2], true, S[si][3], 91 + (uint64_t)si, 64);
+    if (!m) return;
+    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m)), n = 9 * Vp; /* 1 + 8 rows */
+    float *a = calloc(n, 4), *b = calloc(n, 4);
+    for (int graphs = 1; graphs >= 0; graphs--) {
+      char what[128];
+      snprintf(what, sizeof what, "gemv row in registers C%d H%d KV%d%s%s", S[si][0], S[si][1],
+               S[si][2], S[si][3] ? " bias" : "", graphs ? "" : " (no graphs)");
+      g_graphs = graphs;
+      setenv("CT_DECODE_XR", "0", 1);
+      const long off0 = ct_cuda_gemv_xr_launches();
+      engine_logits_1row(m, ct_ops_cuda_bf16(), a);
+      CHECK_MSG(ct_cuda_gemv_xr_launches() == off0, "%s: CT_DECODE_XR=0 still in registers", what);
+      unsetenv("CT_DECODE_XR");
+      const long before = ct_cuda_gemv_xr_launches();
+      engine_logits_1row(m, ct_ops_cuda_bf16(), b);
+      same_bits(what, a, b, n, ct_cuda_gemv_xr_launches() - before, "launches");
+    }
+    g_graphs = 1;
+    free(a);
+    free(b);
+    ct_model_destroy(m);
+  }
+}
+
 /* attention_decode_rope merging in a thread block cluster (the default on sm_90) gives the
  * counter-merged kernel's logits bit for bit: GQA 1, 2 and 4, head dims 64 and 128; room for 200
  * positions (13 16-key splits in 4 blocks: clusters of 4), a 70-token prompt and 12 decode steps
@@ -1542,6 +1574,7 @@ int main(void) {
    * bits are checked against it, so these run with the tensor-core GEMV off */
   setenv("CT_DECODE_MMA", "0", 1);
   test_staged_gemv();
+  test_gemv_xr();
   test_attention_qkv();
   unsetenv("CT_DECODE_MMA");
   if (perf && perf[0] == '1') {
