@@ -3860,7 +3860,8 @@ bool gemv_mma(T *out, const T *inp, const T *nw, const T *nb, const T *w, const 
 // gemv_kernel's row in registers (xr): one rms-normed row whose input a lane covers in one round
 // of its chunks, a task a warp at most (the qkv and gate/up GEMVs at one row). On unless
 // CT_DECODE_XR=0 (read at every launch, so a test can compare both in one process; the same bits).
-bool gemv_xr_on() { return !env_off("CT_DECODE_XR"); }
+#define GV_XR_DEFAULT true
+bool gemv_xr_on() { return env_switch("CT_DECODE_XR", GV_XR_DEFAULT); }
 long gemv_xr_launches; // gemv_kernel launches with the row in registers
 
 template <typename T, int N, int NORM, int MODE, int R, int U>

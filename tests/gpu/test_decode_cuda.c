@@ -1144,7 +1144,7 @@ static void test_staged_gemv(void) {
 
 /* gemv_kernel with the rms-normed row in registers (the default for the qkv and gate/up GEMVs at
  * one row: each lane loads and norms its own chunks of the input, no block barrier) gives the
- * logits of the shared-memory path (CT_DECODE_XR=0) bit for bit: with and without the attention
+ * logits of the shared-memory path bit for bit (CT_DECODE_XR=1 against =0): with and without the attention
  * bias (the qkv GEMV's), head dims 64 and 128, with CUDA graphs and without */
 static void test_gemv_xr(void) {
   static const int S[][4] = {{256, 4, 4, 0}, {512, 8, 2, 1}, {256, 2, 1, 1}};
@@ -1162,9 +1162,10 @@ static void test_gemv_xr(void) {
       const long off0 = ct_cuda_gemv_xr_launches();
       engine_logits_1row(m, ct_ops_cuda_bf16(), a);
       CHECK_MSG(ct_cuda_gemv_xr_launches() == off0, "%s: CT_DECODE_XR=0 still in registers", what);
-      unsetenv("CT_DECODE_XR");
+      setenv("CT_DECODE_XR", "1", 1);
       const long before = ct_cuda_gemv_xr_launches();
       engine_logits_1row(m, ct_ops_cuda_bf16(), b);
+      unsetenv("CT_DECODE_XR");
       same_bits(what, a, b, n, ct_cuda_gemv_xr_launches() - before, "launches");
     }
     g_graphs = 1;
