@@ -661,7 +661,8 @@ for part in "$@"; do
       # norms its own chunks of the input, so no block barrier and no one warp norming for eight)
       # against CT_DECODE_XR=0 in the same binary and ctrain-base (c04ab2d's): the tests (xr =
       # shared memory bit for bit), the ids, both timelines, three interleaved rounds, Llama-1B
-      # each round; gpu_decode.sh on an H200
+      # each round; also CT_DECODE_PREFETCH=gudown (the gate/up GEMV asks the down projection's
+      # weights into L2 after its wait); gpu_decode.sh on an H200
       t0=$SECONDS
       dec_tests || exit 1
       grep -E "gemv row in registers" "$OUT/test_decode.txt" | head -6
@@ -669,10 +670,12 @@ for part in "$@"; do
       if [ -x build-gpu/ctrain-tl ]; then
         dec_tl xr X=1
         dec_tl xr_off CT_DECODE_XR=0
+        dec_tl gudown CT_DECODE_PREFETCH=gudown
       fi
       for r in 1 2 3; do
         ab xr_$r ctrain qwen3-0.6b 1,1,8
         ab off_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_XR=0
+        ab gudown_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_PREFETCH=gudown
         ab base_$r ctrain-base qwen3-0.6b 1,1,8
         ab llama_xr_$r ctrain llama3.2-1b 1,1
         ab llama_off_$r ctrain llama3.2-1b 1,1 CT_DECODE_XR=0

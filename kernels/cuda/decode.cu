@@ -279,6 +279,10 @@ bool vec_argmax_on() { return !env_off("CT_DECODE_VEC_ARGMAX"); }
 //   CT_DECODE_PF_AFTER=1    the fused attention issues its hint after its wait, when the qkv GEMV
 //                           it waits on has finished streaming, rather than at its start
 //                           (downqkv after the wait: -7.5%, call 149).
+//   CT_DECODE_PREFETCH=gudown  only the gate/up GEMV takes a hint, the down projection's weights,
+//                           issued after its wait (trainer/model.c): gate/up's weights are mostly
+//                           in registers by then, and down's blocks, which cannot start beside
+//                           gate/up's, would find their weights in L2 (session 35).
 struct l2_hint_t {
   const void *p;
   size_t bytes;
@@ -291,11 +295,12 @@ int hint_dev() {
   return cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 16 ? dev : -1;
 }
 
-// 0 off, 1 every kernel, 2 attention only
+// 0 off, 1 every kernel, 2 attention only, 3 the GEMVs only, after their wait (gudown)
 int prefetch_mode() {
   const char *v = getenv("CT_DECODE_PREFETCH");
   if (!v) return 0;
-  return !strcmp(v, "1") ? 1 : !strcmp(v, "att") || !strcmp(v, "down") || !strcmp(v, "downqkv") ? 2 : 0;
+  return !strcmp(v, "1") ? 1 : !strcmp(v, "att") || !strcmp(v, "down") || !strcmp(v, "downqkv") ? 2
+         : !strcmp(v, "gudown") ? 3 : 0;
 }
 
 void cu_l2_hint(const void *p, size_t bytes) {
@@ -310,7 +315,8 @@ void cu_l2_hint(const void *p, size_t bytes) {
 l2_hint_t take_hint(bool att = false) {
   const int dev = hint_dev();
   if (dev < 0 || !hints[dev].p) return l2_hint_t{NULL, 0}; // prefetch off: no getenv per launch
-  if (!att && prefetch_mode() == 2) return l2_hint_t{NULL, 0};
+  const int mode = prefetch_mode();
+  if ((!att && mode == 2) || (att && mode == 3)) return l2_hint_t{NULL, 0};
   const l2_hint_t h = hints[dev];
   hints[dev] = l2_hint_t{NULL, 0};
   if (h.p) hints_used++;
@@ -1409,6 +1415,7 @@ __global__ void GV_BOUNDS
   // the same rounding to T), so the same bits without the block barrier and without one warp
   // norming the row for all eight.
   const bool xr = N == 1 && NORM == GV_RMS && nr == 1 && (vnorm & 4) && nchunk <= U * 32;
+  const bool pf_after = vnorm & 8; // the L2 hint after the wait (gudown), not before it
   vnorm &= 3;
   // the first weights do not depend on the kernel before: load them while it finishes
   if (t < tasks) load_round(t, 0);
@@ -1421,9 +1428,10 @@ __global__ void GV_BOUNDS
         const int c = u * 32 + lane;
         if (c < nchunk) cp_async16(xs + (long)c * 8, nw + (long)c * 8);
       }
-      l2_prefetch_slice(pf, pfb);
+      if (!pf_after) l2_prefetch_slice(pf, pfb);
       pdl_trigger();
       pdl_wait();
+      if (pf_after) l2_prefetch_slice(pf, pfb);
       uint4 xv[U];
 #pragma unroll
       for (int u = 0; u < U; u++) {
@@ -1480,9 +1488,10 @@ __global__ void GV_BOUNDS
   }
   T *nws = NORM && vnorm == 2 ? xs + (long)N * IC : NULL; // the norm weight's copy (gemv_go)
   if (nws) gv_norm_weight(nws, nw, IC, NORM == GV_LAYER ? nb : NULL);
-  l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
+  if (!pf_after) l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
   pdl_trigger();
   pdl_wait();
+  if (pf_after) l2_prefetch_slice(pf, pfb);
   gv_x_rows<T, N, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
   __syncthreads();
   for (; t < tasks; t += stride) {
@@ -3881,10 +3890,12 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T
   const bool xr = gemv_xr_on() && vn && N == 1 && NORM == GV_RMS && nr == 1 && IC <= U * 256 &&
                   tasks <= (long)blocks * GV_WARPS;
   if (xr) gemv_xr_launches++;
+  // + 8: the hint issued after the wait (CT_DECODE_PREFETCH=gudown)
+  const int after = h.p && prefetch_mode() == 3 ? 8 : 0;
   launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
          apart_gemv_smem((const void *)gemv_kernel<T, N, R, U, NORM, MODE>,
                          (size_t)(N + gv_np(NORM, vn)) * IC * sizeof(T)),
-         out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn | (xr ? 4 : 0), h.p, h.bytes);
+         out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn | (xr ? 4 : 0) | after, h.p, h.bytes);
 }
 
 // Rows per warp task (R) and 16-byte chunks per lane and round (U): one round covers a row of

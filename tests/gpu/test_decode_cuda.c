@@ -1072,14 +1072,15 @@ static void test_attention_decode_rope(void) {
 /* L2 hints (CT_DECODE_PREFETCH=1: decode kernels prefetch later kernels' weights; =att: only the
  * attention kernels do; =down / =downqkv: only they, naming the down projection's weights, or
  * those and the next layer's qkv weights; CT_DECODE_PF_AFTER=1: the fused attention prefetches
- * after its wait) change no value: logits bit for bit equal without them, with the two
+ * after its wait; =gudown: only the gate/up GEMV, the down projection's weights, after its wait)
+ * change no value: logits bit for bit equal without them, with the two
  * attention kernels and with the fused one */
 static void test_l2_hints(void) {
-  static const char *const mode[] = {"1", "att", "down", "downqkv", "downqkv"};
+  static const char *const mode[] = {"1", "att", "down", "downqkv", "downqkv", "gudown"};
   ct_model *m = tiny_llama(3, 512, 8, 2, true, 21);
   if (!m) return;
   const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m));
-  for (int v = 0; v < 20; v++) {
+  for (int v = 0; v < 24; v++) {
     const int batch = v & 1, fused = (v >> 1) & 1, mi = v >> 2, after = mi == 4;
     const size_t rows = batch ? 15 : 9;
     float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
