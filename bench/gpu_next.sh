@@ -231,6 +231,20 @@
 # the heads split lost on Llama-1B (G = 4, head dim 64) where each split's keys load twice; two
 # warps a split each taking half its keys (8 a warp) would not duplicate loads but needs the push
 # merge for more than 32 splits; the rope's and split math's code is ~18 KB fetched each launch.
+# Session 35 (2026-12-06; one H100 call, 178, in ~25 tries; bench/results/call178_2026-12-06_H100_xr):
+# the one-row rms-normed GEMVs (qkv, gate/up) norming their input in each lane's registers (xr:
+# each lane loads the chunks it multiplies and norms them in gv_x_rows' order, no block barrier,
+# no warp 0 norming for eight; the same bits) ran 1.5-3% slower than their shared-memory path at
+# batch 1 and CT_DECODE_PREFETCH=gudown (gate/up asking down's weights into L2 after its wait) 1%
+# slower still; both taken back (the patch is in the results). What the timeline showed is the
+# lead: with xr attention's own phases were ~1.1 us shorter (next kernel released 4.06 us after
+# its release against 5.14), but the output projection's blocks, which attention launches only
+# after its wait (att_pad's late trigger), start ~2.5 us after attention's release either way, so
+# they had ~1.5 us instead of ~2.6 to load their weights, and o_proj and gate/up took the time
+# back (+1.1 and +0.9 us). A faster attention pays only if o_proj's blocks start earlier: part
+# s45 (attention's early trigger, CT_DECODE_ATT_LATE=0, with the same binaries) was prepared
+# for that and not run (no device came again); on the current code it needs only ctrain and
+# ctrain-base (a copy of ctrain), without the xr rows.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
@@ -245,6 +259,8 @@
 #   s33-s37  session 33's measurements (see each part's comment); s37 the merge's output pairs
 #            against call 163's binary, gpu_decode.sh when the card is an H200
 #   s44      session 35: the normed GEMVs' row in registers against CT_DECODE_XR=0 and ctrain-base
+#            (needs the patch in bench/results/call178_*: xr was taken back)
+#   s45      session 35: attention's early trigger (CT_DECODE_ATT_LATE=0) with and without xr
 #   h200     the issue's benchmark (tests, ids, gpu_decode.sh at 1, 8, 64) only when the card is
 #            an H200; otherwise it prints the card and stops
 #   timeline the decode step's kernel timeline (a CT_DECODE_TIMELINE build; see the part), first
@@ -681,6 +697,28 @@ for part in "$@"; do
         ab llama_off_$r ctrain llama3.2-1b 1,1 CT_DECODE_XR=0
       done
       decode_if_h200 "1 8 64" 110 230
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
+    s45)
+      # session 35, after call 178 (s44: xr made attention ~1.1 us faster and the output
+      # projection ~1.1 us slower, whose blocks start ~2.5 us after attention's release, when
+      # attention triggers them after its wait): the early trigger (CT_DECODE_ATT_LATE=0) with and
+      # without xr, against ctrain-base, same binaries as call 178 (aded402); ids, two timelines,
+      # three interleaved rounds, Llama-1B each round
+      t0=$SECONDS
+      echo "ids qwen3: xr late0 $(ids ctrain CT_DECODE_ATT_LATE=0) base late0 $(ids ctrain-base CT_DECODE_ATT_LATE=0) (0b1cea1e507a before)"
+      if [ -x build-gpu/ctrain-tl ]; then
+        dec_tl xr_late0 CT_DECODE_ATT_LATE=0
+        dec_tl off_late0 CT_DECODE_XR=0 CT_DECODE_ATT_LATE=0
+      fi
+      for r in 1 2 3; do
+        ab base_$r ctrain-base qwen3-0.6b 1,1,8
+        ab base_late0_$r ctrain-base qwen3-0.6b 1,1,8 CT_DECODE_ATT_LATE=0
+        ab xr_$r ctrain qwen3-0.6b 1,1,8
+        ab xr_late0_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_LATE=0
+        ab llama_base_$r ctrain-base llama3.2-1b 1,1
+        ab llama_base_late0_$r ctrain-base llama3.2-1b 1,1 CT_DECODE_ATT_LATE=0
+      done
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
     h200)

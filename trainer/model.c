@@ -1387,7 +1387,7 @@ static bool infer_fused(const ct_infer *e) {
  * ("downqkv"). The backend decides whether a kernel takes the hint. */
 static int prefetch_target(void) {
   const char *v = getenv("CT_DECODE_PREFETCH");
-  return v && !strcmp(v, "down") ? 1 : v && !strcmp(v, "downqkv") ? 2 : v && !strcmp(v, "gudown") ? 3 : 0;
+  return v && !strcmp(v, "down") ? 1 : v && !strcmp(v, "downqkv") ? 2 : 0;
 }
 
 /* A decode step's layer through the fused ops (ops.h): norm + qkv projection, qk norm + rope +
@@ -1409,16 +1409,13 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
   const void *qn = m->cfg.qk_norm ? DW(d, l, P_QNORM) : NULL;
   const void *kn = m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL;
   const float theta = (float)m->cfg.rope_theta;
-  /* CT_DECODE_PREFETCH=gudown: only the gate/up GEMV takes a hint, the down projection's weights,
-   * which it issues after its wait (cu_l2_hint) */
-  const int tgt = o->l2_hint ? prefetch_target() : 0;
   /* norm + qkv projection + attention as one kernel where the table has it (one row, opt-in) */
   const bool with_qkv =
       o->attention_decode_qkv &&
       o->attention_decode_qkv(atty, raw, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W),
                               DWO(d, l, P_QKV_B), qn, kn, e->kc[l], e->vc[l], slot, pos, N, C, H,
                               KV, hd, e->max_T, theta, eps) <= 0;
-  if (tgt != 3) HINT(DW(d, l, P_ATTO_W), (size_t)C * H * hd * ab);
+  HINT(DW(d, l, P_ATTO_W), (size_t)C * H * hd * ab);
   if (!with_qkv)
     o->norm_matmul_fwd(raw, ln, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C,
                        W, eps);
@@ -1428,8 +1425,8 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
      * next layer's qkv weights where they follow them (the GEMVs whose blocks start late) */
     const char *ow = DW(d, l, P_ATTO_W), *fw = DW(d, l, P_FC_W), *pw = DW(d, l, P_PROJ_W);
     const size_t fb = (size_t)2 * F * C * ab, pb = (size_t)F * C * ab;
-    if (tgt == 3) HINT(NULL, 0);
-    else if (tgt >= 1) { /* one span from the down weights to the end of the next qkv weights, where
+    const int tgt = o->l2_hint ? prefetch_target() : 0;
+    if (tgt >= 1) { /* one span from the down weights to the end of the next qkv weights, where
                       * they follow within 64 MB (the layers of a device lie in order) */
       const char *qw = tgt == 2 && l + 1 < d->l1 ? DW(d, l + 1, P_QKV_W) : NULL;
       const size_t qb = (size_t)W * C * ab;
@@ -1453,13 +1450,11 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
                        theta, eps);
     o->attention_decode(atty, qkv, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd, e->max_T);
   }
-  HINT(tgt == 3 ? NULL : DW(d, l, P_PROJ_W), (size_t)F * C * ab);
+  HINT(DW(d, l, P_PROJ_W), (size_t)F * C * ab);
   if (!with_proj)
     o->matmul_add_fwd(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), x, N, H * hd, C);
-  /* the next layer's qkv weights, when that layer is on this device (gudown: the down
-   * projection's) */
-  if (tgt == 3) HINT(DW(d, l, P_PROJ_W), (size_t)F * C * ab);
-  else if (l + 1 < d->l1) HINT(DW(d, l + 1, P_QKV_W), (size_t)W * C * ab);
+  /* the next layer's qkv weights, when that layer is on this device */
+  if (l + 1 < d->l1) HINT(DW(d, l + 1, P_QKV_W), (size_t)W * C * ab);
   o->norm_matmul_swiglu_fwd(DA(d, act), DA(d, fch), ln, res2, DW(d, l, P_LN2_W), DW(d, l, P_FC_W),
                             N, C, F, eps);
   HINT(NULL, 0);

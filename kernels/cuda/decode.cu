@@ -279,10 +279,6 @@ bool vec_argmax_on() { return !env_off("CT_DECODE_VEC_ARGMAX"); }
 //   CT_DECODE_PF_AFTER=1    the fused attention issues its hint after its wait, when the qkv GEMV
 //                           it waits on has finished streaming, rather than at its start
 //                           (downqkv after the wait: -7.5%, call 149).
-//   CT_DECODE_PREFETCH=gudown  only the gate/up GEMV takes a hint, the down projection's weights,
-//                           issued after its wait (trainer/model.c): gate/up's weights are mostly
-//                           in registers by then, and down's blocks, which cannot start beside
-//                           gate/up's, would find their weights in L2 (session 35).
 struct l2_hint_t {
   const void *p;
   size_t bytes;
@@ -295,12 +291,11 @@ int hint_dev() {
   return cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 16 ? dev : -1;
 }
 
-// 0 off, 1 every kernel, 2 attention only, 3 the GEMVs only, after their wait (gudown)
+// 0 off, 1 every kernel, 2 attention only
 int prefetch_mode() {
   const char *v = getenv("CT_DECODE_PREFETCH");
   if (!v) return 0;
-  return !strcmp(v, "1") ? 1 : !strcmp(v, "att") || !strcmp(v, "down") || !strcmp(v, "downqkv") ? 2
-         : !strcmp(v, "gudown") ? 3 : 0;
+  return !strcmp(v, "1") ? 1 : !strcmp(v, "att") || !strcmp(v, "down") || !strcmp(v, "downqkv") ? 2 : 0;
 }
 
 void cu_l2_hint(const void *p, size_t bytes) {
@@ -315,8 +310,7 @@ void cu_l2_hint(const void *p, size_t bytes) {
 l2_hint_t take_hint(bool att = false) {
   const int dev = hint_dev();
   if (dev < 0 || !hints[dev].p) return l2_hint_t{NULL, 0}; // prefetch off: no getenv per launch
-  const int mode = prefetch_mode();
-  if ((!att && mode == 2) || (att && mode == 3)) return l2_hint_t{NULL, 0};
+  if (!att && prefetch_mode() == 2) return l2_hint_t{NULL, 0};
   const l2_hint_t h = hints[dev];
   hints[dev] = l2_hint_t{NULL, 0};
   if (h.p) hints_used++;
@@ -1337,24 +1331,15 @@ __device__ __forceinline__ void gv_x_rows(T *xs, const T *inp, const T *nw, cons
   }
 }
 
-// Blocks a multiprocessor that gemv_kernel's one-row rms-normed instances are compiled for: their
-// register count decides which blocks of the kernels before and after fit beside them (which the
-// decode step's timing depends on: see the header), and the row in registers (xr) would otherwise
-// take ~2x the registers of the shared-memory path (ptxas converts the weights early), so the cap
-// keeps each at what the shared-memory path alone used: 64 registers where a warp holds at most
-// 32 of weights (the qkv and gate/up GEMVs of the Qwen3-0.6B shape), 85 up to 48, else 128. The
-// others: no minimum.
 // (a measurement build: -DCT_GV_DOWN_MINB=4 caps the 3072-wide residual GEMV, the down
 // projection, at 64 registers so one of its blocks fits beside three gate/up blocks)
-#ifndef CT_GV_DOWN_MINB
-#define CT_GV_DOWN_MINB 0
+#ifdef CT_GV_DOWN_MINB
+// (0 for the others: no minimum, so they compile as in the default build; 1 would change them)
+template <int MODE, int U> constexpr int gv_minb() { return MODE == GV_RESID && U == 12 ? CT_GV_DOWN_MINB : 0; }
+#define GV_BOUNDS __launch_bounds__(GV_WARPS * 32, (gv_minb<MODE, U>()))
+#else
+#define GV_BOUNDS __launch_bounds__(GV_WARPS * 32)
 #endif
-template <int N, int R, int U, int NORM, int MODE> constexpr int gv_minb() {
-  constexpr int wregs = (MODE == GV_SWIGLU ? 2 * R : R) * U * 4; // a lane's weight registers
-  return N == 1 && NORM == GV_RMS ? (wregs <= 32 ? 4 : wregs <= 48 ? 3 : 2)
-         : MODE == GV_RESID && U == 12 ? CT_GV_DOWN_MINB : 0;
-}
-#define GV_BOUNDS __launch_bounds__(GV_WARPS * 32, (gv_minb<N, R, U, NORM, MODE>()))
 template <typename T, int N, int R, int U, int NORM, int MODE>
 __global__ void GV_BOUNDS
     gemv_kernel(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res,
@@ -1387,111 +1372,13 @@ __global__ void GV_BOUNDS
       }
     }
   };
-  // the stores of a task's outputs (acc: the butterfly sums, on every lane)
-  auto store_task = [&](int task, float (&acc)[RR][N]) {
-#pragma unroll
-    for (int n = 0; n < N; n++) {
-      if (lane != n || n >= nr) continue;
-#pragma unroll
-      for (int r = 0; r < R; r++) {
-        const int o = task * R + r;
-        if (o >= OC) continue;
-        if constexpr (MODE == GV_SWIGLU) {
-          const float gt = rounded<T>(acc[r][n]), up = rounded<T>(acc[R + r][n]);
-          stf(out + (long)n * F + o, gt / (1.0f + expf(-gt)) * up);
-        } else {
-          float v = acc[r][n] + (bias ? ldf(bias + o) : 0.0f);
-          if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
-          if (MODE == GV_GELU) v = gv_gelu(rounded<T>(v));
-          stf(out + (long)n * OC + o, v);
-        }
-      }
-    }
-  };
-  // xr (gemv_xr_on: one rms-normed row in one round of a lane's chunks, at most one task a warp):
-  // each lane loads its own chunks of the input row (c = lane, lane + 32, ...: the chunks it
-  // multiplies) into registers after the wait and norms them there with the norm weight's chunks
-  // it copied before the wait, in gv_x_rows' order (the same sum of squares, the same butterfly,
-  // the same rounding to T), so the same bits without the block barrier and without one warp
-  // norming the row for all eight.
-  const bool xr = N == 1 && NORM == GV_RMS && nr == 1 && (vnorm & 4) && nchunk <= U * 32;
-  const bool pf_after = vnorm & 8; // the L2 hint after the wait (gudown), not before it
-  vnorm &= 3;
   // the first weights do not depend on the kernel before: load them while it finishes
   if (t < tasks) load_round(t, 0);
-  if constexpr (N == 1 && NORM == GV_RMS) {
-    if (xr) {
-      // each lane's chunks of the norm weight into shared memory by cp.async, which it alone
-      // reads back (every warp copies the same bytes to the same place: no barrier)
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int c = u * 32 + lane;
-        if (c < nchunk) cp_async16(xs + (long)c * 8, nw + (long)c * 8);
-      }
-      if (!pf_after) l2_prefetch_slice(pf, pfb);
-      pdl_trigger();
-      pdl_wait();
-      if (pf_after) l2_prefetch_slice(pf, pfb);
-      uint4 xv[U];
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int c = u * 32 + lane;
-        xv[u] = c < nchunk ? *(const uint4 *)(inp + (long)c * 8) : make_uint4(0, 0, 0, 0);
-      }
-      {
-        float ss = 0.0f;
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-          if (u * 32 + lane >= nchunk) continue;
-          float v[8];
-          cvt8<T>(xv[u], v);
-#pragma unroll
-          for (int e = 0; e < 8; e++) ss = fmaf(v[e], v[e], ss);
-        }
-        const float r = 1.0f / sqrtf(warp_sum(ss) / IC + eps);
-        cp_async_wait_all();
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-          const int c = u * 32 + lane;
-          if (c >= nchunk) continue;
-          float v[8], g[8], y[8];
-          cvt8<T>(xv[u], v);
-          cvt8<T>(*(const uint4 *)(xs + (long)c * 8), g);
-#pragma unroll
-          for (int e = 0; e < 8; e++) y[e] = v[e] * r * g[e];
-          xv[u] = pack8<T>(y);
-        }
-      }
-      if (t < tasks) { // (the only task: the host launches xr with a warp a task at most)
-        float acc[RR][N];
-#pragma unroll
-        for (int rr = 0; rr < RR; rr++) acc[rr][0] = 0.0f;
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-          if (u * 32 + lane >= nchunk) continue;
-          float xf[8];
-          cvt8<T>(xv[u], xf);
-#pragma unroll
-          for (int rr = 0; rr < RR; rr++) {
-            float wf[8];
-            cvt8<T>(wv[rr][u], wf);
-#pragma unroll
-            for (int e = 0; e < 8; e++) acc[rr][0] = fmaf(wf[e], xf[e], acc[rr][0]);
-          }
-        }
-#pragma unroll
-        for (int rr = 0; rr < RR; rr++) acc[rr][0] = warp_sum(acc[rr][0]);
-        store_task(t, acc);
-      }
-      return;
-    }
-  }
   T *nws = NORM && vnorm == 2 ? xs + (long)N * IC : NULL; // the norm weight's copy (gemv_go)
   if (nws) gv_norm_weight(nws, nw, IC, NORM == GV_LAYER ? nb : NULL);
-  if (!pf_after) l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
+  l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
   pdl_trigger();
   pdl_wait();
-  if (pf_after) l2_prefetch_slice(pf, pfb);
   gv_x_rows<T, N, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
   __syncthreads();
   for (; t < tasks; t += stride) {
@@ -1528,7 +1415,24 @@ __global__ void GV_BOUNDS
     for (int rr = 0; rr < RR; rr++)
 #pragma unroll
       for (int n = 0; n < N; n++) acc[rr][n] = warp_sum(acc[rr][n]);
-    store_task(t, acc);
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+      if (lane != n || n >= nr) continue;
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        const int o = t * R + r;
+        if (o >= OC) continue;
+        if constexpr (MODE == GV_SWIGLU) {
+          const float gt = rounded<T>(acc[r][n]), up = rounded<T>(acc[R + r][n]);
+          stf(out + (long)n * F + o, gt / (1.0f + expf(-gt)) * up);
+        } else {
+          float v = acc[r][n] + (bias ? ldf(bias + o) : 0.0f);
+          if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
+          if (MODE == GV_GELU) v = gv_gelu(rounded<T>(v));
+          stf(out + (long)n * OC + o, v);
+        }
+      }
+    }
   }
 }
 
@@ -3866,13 +3770,6 @@ bool gemv_mma(T *out, const T *inp, const T *nw, const T *nb, const T *w, const 
   return true;
 }
 
-// gemv_kernel's row in registers (xr): one rms-normed row whose input a lane covers in one round
-// of its chunks, a task a warp at most (the qkv and gate/up GEMVs at one row). On unless
-// CT_DECODE_XR=0 (read at every launch, so a test can compare both in one process; the same bits).
-#define GV_XR_DEFAULT true
-bool gemv_xr_on() { return env_switch("CT_DECODE_XR", GV_XR_DEFAULT); }
-long gemv_xr_launches; // gemv_kernel launches with the row in registers
-
 template <typename T, int N, int NORM, int MODE, int R, int U>
 void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res, int nr,
              int IC, int OC, float eps) {
@@ -3886,16 +3783,10 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T
   // vnorm: 0 the first round's norm, 1 the second's, 2 the second's with the norm weight copied
   // to shared memory first (where that still fits the 48 KB)
   const int vn = !v2_on() ? 0 : NORM && (size_t)(N + gv_np(NORM, 2)) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
-  // + 4: the row in registers where it applies (gemv_kernel's xr; gemv_xr_on)
-  const bool xr = gemv_xr_on() && vn && N == 1 && NORM == GV_RMS && nr == 1 && IC <= U * 256 &&
-                  tasks <= (long)blocks * GV_WARPS;
-  if (xr) gemv_xr_launches++;
-  // + 8: the hint issued after the wait (CT_DECODE_PREFETCH=gudown)
-  const int after = h.p && prefetch_mode() == 3 ? 8 : 0;
   launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
          apart_gemv_smem((const void *)gemv_kernel<T, N, R, U, NORM, MODE>,
                          (size_t)(N + gv_np(NORM, vn)) * IC * sizeof(T)),
-         out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn | (xr ? 4 : 0) | after, h.p, h.bytes);
+         out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn, h.p, h.bytes);
 }
 
 // Rows per warp task (R) and 16-byte chunks per lane and round (U): one round covers a row of
@@ -5241,7 +5132,6 @@ extern "C" long ct_cuda_apart_gemv_launches(void) { return apart_gemvs; }
 extern "C" long ct_cuda_attention_push_launches(void) { return push_launches; }
 extern "C" long ct_cuda_attention_relax_launches(void) { return relax_launches; }
 extern "C" long ct_cuda_attention_hs_launches(void) { return hs_launches; }
-extern "C" long ct_cuda_gemv_xr_launches(void) { return gemv_xr_launches; }
 extern "C" long ct_cuda_attention_blk_launches(void) { return ab_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }

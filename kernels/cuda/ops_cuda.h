@@ -164,8 +164,6 @@ long ct_cuda_attention_push_launches(void);
 long ct_cuda_attention_relax_launches(void);
 /* cluster attention launches with the heads split (two warps a split: CT_DECODE_ATT_HS) */
 long ct_cuda_attention_hs_launches(void);
-/* gemv_kernel launches with the one row in registers (CT_DECODE_XR, on by default) */
-long ct_cuda_gemv_xr_launches(void);
 /* How many attention_decode_blk kernels (attention_decode for 9+ rows, a block per row and kv head)
  * were launched or recorded into graphs (tests). */
 long ct_cuda_attention_blk_launches(void);

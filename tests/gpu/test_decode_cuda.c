@@ -1072,15 +1072,14 @@ static void test_attention_decode_rope(void) {
 /* L2 hints (CT_DECODE_PREFETCH=1: decode kernels prefetch later kernels' weights; =att: only the
  * attention kernels do; =down / =downqkv: only they, naming the down projection's weights, or
  * those and the next layer's qkv weights; CT_DECODE_PF_AFTER=1: the fused attention prefetches
- * after its wait; =gudown: only the gate/up GEMV, the down projection's weights, after its wait)
- * change no value: logits bit for bit equal without them, with the two
+ * after its wait) change no value: logits bit for bit equal without them, with the two
  * attention kernels and with the fused one */
 static void test_l2_hints(void) {
-  static const char *const mode[] = {"1", "att", "down", "downqkv", "downqkv", "gudown"};
+  static const char *const mode[] = {"1", "att", "down", "downqkv", "downqkv"};
   ct_model *m = tiny_llama(3, 512, 8, 2, true, 21);
   if (!m) return;
   const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m));
-  for (int v = 0; v < 24; v++) {
+  for (int v = 0; v < 20; v++) {
     const int batch = v & 1, fused = (v >> 1) & 1, mi = v >> 2, after = mi == 4;
     const size_t rows = batch ? 15 : 9;
     float *a = calloc(rows * Vp, 4), *b = calloc(rows * Vp, 4);
@@ -1139,39 +1138,6 @@ static void test_staged_gemv(void) {
       free(a);
       free(b);
     }
-    ct_model_destroy(m);
-  }
-}
-
-/* gemv_kernel with the rms-normed row in registers (the default for the qkv and gate/up GEMVs at
- * one row: each lane loads and norms its own chunks of the input, no block barrier) gives the
- * logits of the shared-memory path bit for bit (CT_DECODE_XR=1 against =0): with and without the attention
- * bias (the qkv GEMV's), head dims 64 and 128, with CUDA graphs and without */
-static void test_gemv_xr(void) {
-  static const int S[][4] = {{256, 4, 4, 0}, {512, 8, 2, 1}, {256, 2, 1, 1}};
-  for (size_t si = 0; si < sizeof S / sizeof S[0]; si++) {
-    ct_model *m = tiny_llama_B(2, S[si][0], S[si][1], S[si][2], true, S[si][3], 91 + (uint64_t)si, 64);
-    if (!m) return;
-    const size_t Vp = (size_t)ct_model_padded_vocab(ct_model_config(m)), n = 9 * Vp; /* 1 + 8 rows */
-    float *a = calloc(n, 4), *b = calloc(n, 4);
-    for (int graphs = 1; graphs >= 0; graphs--) {
-      char what[128];
-      snprintf(what, sizeof what, "gemv row in registers C%d H%d KV%d%s%s", S[si][0], S[si][1],
-               S[si][2], S[si][3] ? " bias" : "", graphs ? "" : " (no graphs)");
-      g_graphs = graphs;
-      setenv("CT_DECODE_XR", "0", 1);
-      const long off0 = ct_cuda_gemv_xr_launches();
-      engine_logits_1row(m, ct_ops_cuda_bf16(), a);
-      CHECK_MSG(ct_cuda_gemv_xr_launches() == off0, "%s: CT_DECODE_XR=0 still in registers", what);
-      setenv("CT_DECODE_XR", "1", 1);
-      const long before = ct_cuda_gemv_xr_launches();
-      engine_logits_1row(m, ct_ops_cuda_bf16(), b);
-      unsetenv("CT_DECODE_XR");
-      same_bits(what, a, b, n, ct_cuda_gemv_xr_launches() - before, "launches");
-    }
-    g_graphs = 1;
-    free(a);
-    free(b);
     ct_model_destroy(m);
   }
 }
@@ -1576,7 +1542,6 @@ int main(void) {
    * bits are checked against it, so these run with the tensor-core GEMV off */
   setenv("CT_DECODE_MMA", "0", 1);
   test_staged_gemv();
-  test_gemv_xr();
   test_attention_qkv();
   unsetenv("CT_DECODE_MMA");
   if (perf && perf[0] == '1') {
