@@ -705,7 +705,9 @@ for part in "$@"; do
       # attention triggers them after its wait): the early trigger (CT_DECODE_ATT_LATE=0) with and
       # without xr, against ctrain-base, same binaries as call 178 (aded402); ids, two timelines,
       # three interleaved rounds, Llama-1B each round
+      # (on an H200 the benchmark of ctrain-base, the current code, comes first)
       t0=$SECONDS
+      CT=$PWD/build-gpu/ctrain-base decode_if_h200 "1 8 64" 110 230
       echo "ids qwen3: xr late0 $(ids ctrain CT_DECODE_ATT_LATE=0) base late0 $(ids ctrain-base CT_DECODE_ATT_LATE=0) (0b1cea1e507a before)"
       if [ -x build-gpu/ctrain-tl ]; then
         dec_tl xr_late0 CT_DECODE_ATT_LATE=0
