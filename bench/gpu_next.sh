@@ -231,7 +231,7 @@
 # the heads split lost on Llama-1B (G = 4, head dim 64) where each split's keys load twice; two
 # warps a split each taking half its keys (8 a warp) would not duplicate loads but needs the push
 # merge for more than 32 splits; the rope's and split math's code is ~18 KB fetched each launch.
-# Session 35 (2026-12-06; one H100 call, 178, in ~25 tries; bench/results/call178_2026-12-06_H100_xr):
+# Session 35 (2026-12-06; two H100 calls, 178-179, in ~25 tries; bench/results/call178_2026-12-06_H100_xr):
 # the one-row rms-normed GEMVs (qkv, gate/up) norming their input in each lane's registers (xr:
 # each lane loads the chunks it multiplies and norms them in gv_x_rows' order, no block barrier,
 # no warp 0 norming for eight; the same bits) ran 1.5-3% slower than their shared-memory path at
@@ -241,10 +241,14 @@
 # its release against 5.14), but the output projection's blocks, which attention launches only
 # after its wait (att_pad's late trigger), start ~2.5 us after attention's release either way, so
 # they had ~1.5 us instead of ~2.6 to load their weights, and o_proj and gate/up took the time
-# back (+1.1 and +0.9 us). A faster attention pays only if o_proj's blocks start earlier: part
-# s45 (attention's early trigger, CT_DECODE_ATT_LATE=0, with the same binaries) was prepared
-# for that and not run (no device came again); on the current code it needs only ctrain and
-# ctrain-base (a copy of ctrain), without the xr rows.
+# back (+1.1 and +0.9 us). A faster attention pays only if o_proj's blocks start earlier. Call
+# 179 (s45, bench/results/call179_2026-12-06_H100_late0): attention's early trigger
+# (CT_DECODE_ATT_LATE=0) on the current code +0.2 to +1.3% at batch 1 (six pairs of six), batch 8
+# and Llama-1B even; with xr +2-3% but still 3-4% below the current code. Session 28 had measured
+# the early trigger 1.5% slower on older code, so the default stays late until an H200 decides:
+# run s45 there (it times the issue's benchmark on ctrain-base first; pack the current ctrain
+# as both ctrain and ctrain-base, EXTRA="build-gpu/ctrain=build-gpu/ctrain-base"; its xr rows
+# then time the same code).
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
