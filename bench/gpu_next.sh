@@ -727,6 +727,29 @@ for part in "$@"; do
       done
       echo "done ($((SECONDS - t0)) s)"
       rm -f "$OUT/ab.err" ;;
+    s46)
+      # session 36: the number on an H200 and the early trigger's A/B there; on any other
+      # card only its name (the same A/B ran on an H100 in call 179), so an H100 costs little;
+      # with the L2 hint for the down projection's weights (lost 2.7% on an H100, call 149, where
+      # DRAM is the scarcer; never timed on an H200)
+      if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        echo "not an H200: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"; exit 0
+      fi
+      t0=$SECONDS
+      dec_tests || exit 1
+      echo "ids qwen3: $(ids ctrain) late0 $(ids ctrain CT_DECODE_ATT_LATE=0) (0b1cea1e507a before)"
+      decode_all "1 8 64" 110 240
+      echo "-- benchmark done ($((SECONDS - t0)) s)"
+      [ -x build-gpu/ctrain-tl ] && { dec_tl default X=1; dec_tl late0 CT_DECODE_ATT_LATE=0; }
+      for r in 1 2 3; do
+        ab base_$r ctrain qwen3-0.6b 1,1,8
+        ab late0_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_LATE=0
+        ab pfdown_$r ctrain qwen3-0.6b 1,1 CT_DECODE_PREFETCH=down
+        ab llama_base_$r ctrain llama3.2-1b 1,1
+        ab llama_late0_$r ctrain llama3.2-1b 1,1 CT_DECODE_ATT_LATE=0
+      done
+      echo "done ($((SECONDS - t0)) s)"
+      rm -f "$OUT/ab.err" ;;
     h200)
       # the benchmark when the lent card is an H200 (the tests and ids first); on any other
       # card only its name, so a call that gets an H100 costs little device time
