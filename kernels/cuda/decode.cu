@@ -171,6 +171,15 @@
 //    (Llama-3.2-1B), bit-identical, although the head reads 32 MB less DRAM a token: the rest of
 //    the step, left with ~18 MB of L2, loses more on the reads that follow their writes than the
 //    head gains.
+// Why a faster attention alone does not pay (2026-12-06, calls 178-179 on an H100, timelines in
+// bench/results/call178_2026-12-06_H100_xr and call179_*): a dependent launched by a PDL trigger
+// placed after the primary's griddepcontrol.wait (att_pad's late trigger) starts its first block
+// ~2.5 us after that point, so when attention's post-wait work got 1.1 us shorter (the one-row
+// GEMVs norming their input in registers, xr, since taken back) the output projection's blocks
+// had ~1.5 us instead of ~2.6 to load their weights and o_proj and gate/up took the time back.
+// With the early trigger (CT_DECODE_ATT_LATE=0) o_proj starts before attention's release but
+// attention's own phases lengthen beside the early blocks: +0.2 to +1.3% at batch 1 on the H100
+// (call 179), left off until an H200 decides (older code measured it 1.5% slower there).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
