@@ -244,6 +244,17 @@ static bool stop_string_hit(int seq, const int32_t *ids, int n, void *user) {
   return hit;
 }
 
+/* --device_map / --max_memory on a backend without CUDA: a misspelt one is named as such; else
+ * the error names the options given and the backend in use. */
+static ct_status gpu_only_opts(const char *cmd, const char *device_map, const char *max_memory,
+                               const char *device) {
+  CT_TRY(ct_device_map_check(device_map, max_memory));
+  const bool dm = device_map && strcmp(device_map, "auto"), mm = max_memory && max_memory[0];
+  return ct_set_error(CT_ERR_USAGE, "%s: %s%s%s%s%s: device maps need a CUDA device (running on %s)",
+                      cmd, dm ? "--device_map " : "", dm ? device_map : "", dm && mm ? " and " : "",
+                      mm ? "--max_memory " : "", mm ? max_memory : "", device);
+}
+
 static const char *USAGE =
     "usage: ctrain generate --model PATH [--prompt TEXT]... [--prompt-file FILE]...\n"
     "                       [--max_new_tokens N] [--temperature T] [--top_k K] [--top_p P]\n"
@@ -443,8 +454,7 @@ ct_status ct_cmd_generate(int argc, char **argv) {
     ct_log_info("%s", report);
     ic.layer_dev = layer_dev;
   } else if ((device_map && strcmp(device_map, "auto")) || (max_memory && max_memory[0])) {
-    st = ct_set_error(CT_ERR_USAGE, "generate: --device_map %s / --max_memory need a CUDA device"
-                      " (running on %s)", device_map ? device_map : "", be.device);
+    st = gpu_only_opts("generate", device_map, max_memory, be.device);
     goto cleanup;
   }
   const double te = ct_now();
@@ -622,8 +632,8 @@ ct_status ct_cmd_eval(int argc, char **argv) {
     if (st != CT_OK) goto done;
     ct_log_info("%s", report);
     ic.layer_dev = layer_dev;
-  } else if ((device_map && strcmp(device_map, "auto")) || max_memory) {
-    st = ct_set_error(CT_ERR_USAGE, "eval: --device_map / --max_memory need a CUDA device");
+  } else if ((device_map && strcmp(device_map, "auto")) || (max_memory && max_memory[0])) {
+    st = gpu_only_opts("eval", device_map, max_memory, be.device);
     goto done;
   }
   st = ct_infer_create(m, be.ops, &ic, &e);
@@ -686,10 +696,8 @@ ct_status ct_cmd_env(int argc, char **argv) {
   int *layer_dev = NULL;
   ct_status st = open_model(model_path, precision, false, 0, &cfg, &be, &m);
   if (!max_len || max_len > cfg.model.max_seq_len) max_len = cfg.model.max_seq_len;
-  if (st == CT_OK && !be.cuda && ((device_map && strcmp(device_map, "auto")) || max_memory)) {
-    int one = 0; /* checks the spelling, then says that a device map needs a GPU */
-    st = ct_infer_plan(m, be.ops, device_map, max_memory, batch, max_len, 512, &one, NULL, 0);
-    if (st == CT_OK) st = ct_set_error(CT_ERR_USAGE, "env: --device_map needs a CUDA device");
+  if (st == CT_OK && !be.cuda && ((device_map && strcmp(device_map, "auto")) || (max_memory && max_memory[0]))) {
+    st = gpu_only_opts("env", device_map, max_memory, be.device);
   } else if (st == CT_OK && !be.cuda) {
     printf("placement of %s: %s, all %d layers (no CUDA device)\n", model_path, be.device,
            cfg.model.n_layer);

@@ -1869,6 +1869,43 @@ static bool parse_bytes(const char *s, size_t len, double *out) {
   return false;
 }
 
+/* The spelling of --device_map (its kind and, for "cuda:N" / "N", the device) and --max_memory,
+ * before any device is asked about. */
+static ct_status device_map_spelling(const char *spec, const char *max_memory, int *kind, int *one) {
+  char *end = NULL;
+  *one = 0;
+  if (!strcmp(spec, "auto")) *kind = 1;
+  else if (!strcmp(spec, "balanced")) *kind = 2;
+  else if (!strcmp(spec, "sequential")) *kind = 3;
+  else {
+    const char *num = !strncmp(spec, "cuda:", 5) ? spec + 5 : spec;
+    const long v = strtol(num, &end, 10);
+    if (!num[0] || *end || v < 0 || v > 1 << 20)
+      return ct_set_error(CT_ERR_USAGE, "--device_map %s: expected auto, balanced, sequential or"
+                          " cuda:N", spec);
+    *kind = 0;
+    *one = (int)v;
+  }
+  for (const char *p = max_memory; p && *p;) {
+    const char *comma = strchr(p, ',');
+    const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    const char *eq = memchr(p, '=', len);
+    double bytes = 0;
+    const long dev = eq ? strtol(p, &end, 10) : -1;
+    if (!eq || end != eq || dev < 0 || !parse_bytes(eq + 1, len - (size_t)(eq + 1 - p), &bytes))
+      return ct_set_error(CT_ERR_USAGE, "--max_memory %s: expected DEVICE=SIZE[,DEVICE=SIZE...]"
+                          " such as 0=20GiB,1=40GiB (units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
+                          max_memory);
+    p = comma ? comma + 1 : p + len;
+  }
+  return CT_OK;
+}
+
+ct_status ct_device_map_check(const char *spec, const char *max_memory) {
+  int kind, one;
+  return device_map_spelling(spec && spec[0] ? spec : "auto", max_memory, &kind, &one);
+}
+
 ct_status ct_infer_plan(const ct_model *m, const ct_ops *ops, const char *spec,
                         const char *max_memory, int max_seqs, int max_len, int max_rows,
                         int *layer_dev, char *report, size_t report_cap) {
@@ -1876,21 +1913,10 @@ ct_status ct_infer_plan(const ct_model *m, const ct_ops *ops, const char *spec,
   const int ndev = ops->device_count ? ops->device_count() : 0;
   if (report && report_cap) report[0] = 0;
   if (!spec || !spec[0]) spec = "auto";
-  enum { ONE, AUTO, BALANCED, SEQUENTIAL } kind;
-  int one = 0;
+  enum { ONE, AUTO, BALANCED, SEQUENTIAL };
+  int kind, one;
   char *end = NULL;
-  if (!strcmp(spec, "auto")) kind = AUTO;
-  else if (!strcmp(spec, "balanced")) kind = BALANCED;
-  else if (!strcmp(spec, "sequential")) kind = SEQUENTIAL;
-  else {
-    const char *num = !strncmp(spec, "cuda:", 5) ? spec + 5 : spec;
-    long v = strtol(num, &end, 10);
-    if (!num[0] || *end || v < 0)
-      return ct_set_error(CT_ERR_USAGE, "--device_map %s: expected auto, balanced, sequential or"
-                          " cuda:N", spec);
-    kind = ONE;
-    one = (int)v;
-  }
+  CT_TRY(device_map_spelling(spec, max_memory, &kind, &one));
   if (ndev <= 0)
     return ct_set_error(CT_ERR_USAGE, "--device_map %s: no CUDA device is visible (backend %s)",
                         spec, ops->name);
@@ -1905,11 +1931,8 @@ ct_status ct_infer_plan(const ct_model *m, const ct_ops *ops, const char *spec,
     const size_t len = comma ? (size_t)(comma - p) : strlen(p);
     const char *eq = memchr(p, '=', len);
     double bytes = 0;
-    long dev = eq ? strtol(p, &end, 10) : -1;
-    if (!eq || end != eq || dev < 0 || !parse_bytes(eq + 1, len - (size_t)(eq + 1 - p), &bytes))
-      return ct_set_error(CT_ERR_USAGE, "--max_memory %s: expected DEVICE=SIZE[,DEVICE=SIZE...]"
-                          " such as 0=20GiB,1=40GiB (units B, KiB, MiB, GiB, KB, MB, GB)",
-                          max_memory);
+    const long dev = strtol(p, &end, 10); /* the spelling is checked above */
+    parse_bytes(eq + 1, len - (size_t)(eq + 1 - p), &bytes);
     if (dev >= nd)
       return ct_set_error(CT_ERR_USAGE, "--max_memory %s: device %ld is not visible (%d device(s))",
                           max_memory, dev, ndev);

@@ -222,6 +222,9 @@ ct_status ct_infer_loss(ct_infer *e, int nseq, const int32_t *inputs, const int3
 ct_status ct_infer_plan(const ct_model *m, const ct_ops *ops, const char *spec,
                         const char *max_memory, int max_seqs, int max_len, int max_rows,
                         int *layer_dev, char *report, size_t report_cap);
+/* Only the spelling of a device map and a --max_memory (NULL or "" for none), no device asked:
+ * CT_ERR_USAGE naming the option for a bad one. */
+ct_status ct_device_map_check(const char *spec, const char *max_memory);
 /* ---- units: what data-parallel sharding works on (parallel/zero.c, parallel/ddp.c) ----
  * The flat buffer is the units in order; with cfg.numel_multiple = k each unit is padded to a
  * multiple of k floats (ZeRO cuts each unit into equal slices). */

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctrain generate / env on the CPU backend: bad --device_map, --max_memory, --cuda_graphs,
+# ctrain generate / env on the CPU backend: bad --device_map, --max_memory (misspelt or asking for a GPU), --cuda_graphs,
 # --batch and --stop values fail with a message and exit 2; a --stop string ends generation
 # where its text appears; --batch 1,2 runs both batch sizes in one process (same first
 # sequence); `env --model` prints the placement; `eval` gives the trainer's validation loss.
@@ -10,6 +10,10 @@ export CUDA_VISIBLE_DEVICES=
 expect_fail 2 "device_map fast: expected auto, balanced, sequential or cuda:N" -- "$CTRAIN" env --model "$M" --device_map fast
 expect_fail 2 "need a CUDA device" -- "$CTRAIN" generate --model "$M" --device_map balanced
 expect_fail 2 "need a CUDA device" -- "$CTRAIN" generate --model "$M" --max_memory 0=1GiB
+expect_fail 2 "generate: --device_map cuda:0 and --max_memory 0=2GiB: device maps need a CUDA device" -- "$CTRAIN" generate --model "$M" --device_map cuda:0 --max_memory 0=2GiB
+# a misspelt budget is named as such even where no GPU is (not "no CUDA device")
+expect_fail 2 "max_memory 0=20XB: expected DEVICE=SIZE" -- "$CTRAIN" generate --model "$M" --max_memory 0=20XB
+expect_fail 2 "max_memory 1GiB: expected DEVICE=SIZE" -- "$CTRAIN" env --model "$M" --max_memory 1GiB
 expect_fail 2 "cuda_graphs sometimes: expected auto, on or off" -- "$CTRAIN" generate --model "$M" --cuda_graphs sometimes
 expect_fail 2 "batch 0: expected B or B1,B2" -- "$CTRAIN" generate --model "$M" --batch 0
 expect_fail 2 "stop needs a non-empty string" -- "$CTRAIN" generate --model "$M" --stop ""

@@ -477,6 +477,17 @@ static void test_plan(void) {
         CT_ERR_USAGE);
   CHECK_MSG(strstr(ct_last_error(), "no CUDA device is visible (backend cpu)"), "%s",
             ct_last_error());
+  /* ... but a misspelt budget is named as one first, and the spelling alone checks out without
+   * any device (ct_device_map_check, what the CPU commands ask before saying a GPU is needed) */
+  CHECK(ct_infer_plan(m, ct_ops_cpu(), "auto", "0=2XB", 1, 16, 16, dev, rep, sizeof rep) ==
+        CT_ERR_USAGE);
+  CHECK_MSG(strstr(ct_last_error(), "--max_memory 0=2XB: expected DEVICE=SIZE"), "%s",
+            ct_last_error());
+  CHECK(ct_device_map_check("cuda:3", "0=1GiB,3=2.5TB") == CT_OK);
+  CHECK(ct_device_map_check(NULL, NULL) == CT_OK);
+  CHECK(ct_device_map_check("cuda:x", NULL) == CT_ERR_USAGE);
+  CHECK(ct_device_map_check("balanced", "0=1GiB,") == CT_OK);
+  CHECK(ct_device_map_check("balanced", "0=") == CT_ERR_USAGE);
   ct_model_destroy(m);
 }
 
