@@ -15,6 +15,39 @@
 
 typedef struct { float p; int32_t id; } cand;
 
+/* A command-line number, all of v and within [lo, hi]; else CT_ERR_USAGE naming the command, the
+ * flag, the value and what was expected (atoi would have read "abc" as 0 and "8k" as 8). */
+static ct_status arg_long(const char *cmd, const char *flag, const char *v, long lo, long hi,
+                          long *out) {
+  char *end = NULL;
+  const long x = strtol(v, &end, 10);
+  if ((!v[0] || *end || x < lo || x > hi) && hi >= 1L << 30)
+    return ct_set_error(CT_ERR_USAGE, "%s: %s %s: expected an integer >= %ld", cmd, flag, v, lo);
+  if (!v[0] || *end || x < lo || x > hi)
+    return ct_set_error(CT_ERR_USAGE, "%s: %s %s: expected an integer in [%ld, %ld]", cmd, flag, v,
+                        lo, hi);
+  *out = x;
+  return CT_OK;
+}
+static ct_status arg_int(const char *cmd, const char *flag, const char *v, int lo, int *out) {
+  long x = 0;
+  CT_TRY(arg_long(cmd, flag, v, lo, 1L << 30, &x));
+  *out = (int)x;
+  return CT_OK;
+}
+static ct_status arg_float(const char *cmd, const char *flag, const char *v, double lo, double hi,
+                           bool lo_open, float *out) {
+  char *end = NULL;
+  const double x = strtod(v, &end);
+  if ((!v[0] || *end || !(x >= lo && x <= hi)) && !lo_open && hi >= 1e4)
+    return ct_set_error(CT_ERR_USAGE, "%s: %s %s: expected a number >= %g", cmd, flag, v, lo);
+  if (!v[0] || *end || !(x >= lo && x <= hi) || (lo_open && x == lo))
+    return ct_set_error(CT_ERR_USAGE, "%s: %s %s: expected a number in %c%g, %g]", cmd, flag, v,
+                        lo_open ? '(' : '[', lo, hi);
+  *out = (float)x;
+  return CT_OK;
+}
+
 static int by_prob_desc(const void *a, const void *b) {
   float pa = ((const cand *)a)->p, pb = ((const cand *)b)->p;
   return (pa < pb) - (pa > pb);
@@ -319,14 +352,19 @@ ct_status ct_cmd_generate(int argc, char **argv) {
       st = ct_read_file(v, &text, &len);
       if (st == CT_OK) { owned[n_prompts] = true; prompts[n_prompts++] = text; }
     }
-    else if (!strcmp(a, "--max_new_tokens")) s.max_new_tokens = atoi(v);
-    else if (!strcmp(a, "--temperature")) s.temperature = (float)atof(v);
-    else if (!strcmp(a, "--top_k")) s.top_k = atoi(v);
-    else if (!strcmp(a, "--top_p")) s.top_p = (float)atof(v);
-    else if (!strcmp(a, "--seed")) s.seed = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--max_new_tokens")) st = arg_int("generate", a, v, 0, &s.max_new_tokens);
+    else if (!strcmp(a, "--temperature")) st = arg_float("generate", a, v, 0, 1e4, false, &s.temperature);
+    else if (!strcmp(a, "--top_k")) st = arg_int("generate", a, v, 0, &s.top_k);
+    else if (!strcmp(a, "--top_p")) st = arg_float("generate", a, v, 0, 1, true, &s.top_p);
+    else if (!strcmp(a, "--seed")) {
+      char *end = NULL;
+      s.seed = strtoull(v, &end, 10);
+      if (!v[0] || *end || v[0] == '-')
+        st = ct_set_error(CT_ERR_USAGE, "generate: --seed %s: expected an integer >= 0", v);
+    }
     else if (!strcmp(a, "--device_map")) device_map = v;
     else if (!strcmp(a, "--max_memory")) max_memory = v;
-    else if (!strcmp(a, "--prompt_ids")) prompt_ids = atoi(v);
+    else if (!strcmp(a, "--prompt_ids")) st = arg_int("generate", a, v, 1, &prompt_ids);
     else if (!strcmp(a, "--matmul")) {
       if (strcmp(v, "lt-first") && strcmp(v, "lt") && strcmp(v, "gemmex"))
         st = ct_set_error(CT_ERR_USAGE, "generate: --matmul %s: expected lt-first, lt or gemmex", v);
@@ -334,10 +372,17 @@ ct_status ct_cmd_generate(int argc, char **argv) {
     }
     else if (!strcmp(a, "--batch")) { /* B or a list B1,B2,... (one run each, one model load) */
       nb = 0;
-      for (const char *q = v; *q && nb < 16; q = strchr(q, ',') ? strchr(q, ',') + 1 : q + strlen(q))
-        batches[nb++] = atoi(q);
-      for (int b = 0; b < nb; b++)
-        if (batches[b] < 1) st = ct_set_error(CT_ERR_USAGE, "generate: --batch %s: expected B or B1,B2,... (each >= 1)", v);
+      for (const char *q = v; st == CT_OK && nb < 16;) {
+        char *end = NULL;
+        const long b = strtol(q, &end, 10);
+        if (end == q || b < 1 || b > 1 << 20 || (*end && *end != ','))
+          st = ct_set_error(CT_ERR_USAGE, "generate: --batch %s: expected B or B1,B2,... (each >= 1)", v);
+        else batches[nb++] = (int)b;
+        if (st != CT_OK || !*end) break;
+        q = end + 1;
+        if (nb == 16)
+          st = ct_set_error(CT_ERR_USAGE, "generate: --batch %s: at most 16 batch sizes", v);
+      }
     }
     else if (!strcmp(a, "--cuda_graphs")) {
       if (!strcmp(v, "auto")) graphs = -1;
@@ -586,9 +631,9 @@ ct_status ct_cmd_eval(int argc, char **argv) {
     i++;
     if (!strcmp(a, "--model")) model_path = v;
     else if (!strcmp(a, "--data")) data = v;
-    else if (!strcmp(a, "--seq_len")) T = atoi(v);
-    else if (!strcmp(a, "--batch")) B = atoi(v);
-    else if (!strcmp(a, "--max_batches")) max_batches = atoi(v);
+    else if (!strcmp(a, "--seq_len")) CT_TRY(arg_int("eval", a, v, 0, &T));
+    else if (!strcmp(a, "--batch")) CT_TRY(arg_int("eval", a, v, 1, &B));
+    else if (!strcmp(a, "--max_batches")) CT_TRY(arg_int("eval", a, v, 0, &max_batches));
     else if (!strcmp(a, "--device_map")) device_map = v;
     else if (!strcmp(a, "--max_memory")) max_memory = v;
     else if (!strcmp(a, "--precision")) precision = v;
@@ -682,8 +727,8 @@ ct_status ct_cmd_env(int argc, char **argv) {
     else if (!strcmp(a, "--device_map")) device_map = v;
     else if (!strcmp(a, "--max_memory")) max_memory = v;
     else if (!strcmp(a, "--precision")) precision = v;
-    else if (!strcmp(a, "--batch")) batch = atoi(v);
-    else if (!strcmp(a, "--max_len")) max_len = atoi(v);
+    else if (!strcmp(a, "--batch")) CT_TRY(arg_int("env", a, v, 1, &batch));
+    else if (!strcmp(a, "--max_len")) CT_TRY(arg_int("env", a, v, 0, &max_len));
     else return ct_set_error(CT_ERR_USAGE, "env: unknown argument %s (env [--model PATH"
                              " [--device_map SPEC] [--max_memory SPEC] [--batch B] [--max_len N]"
                              " [--precision P]])", a);

@@ -16,6 +16,15 @@ expect_fail 2 "max_memory 0=20XB: expected DEVICE=SIZE" -- "$CTRAIN" generate --
 expect_fail 2 "max_memory 1GiB: expected DEVICE=SIZE" -- "$CTRAIN" env --model "$M" --max_memory 1GiB
 expect_fail 2 "cuda_graphs sometimes: expected auto, on or off" -- "$CTRAIN" generate --model "$M" --cuda_graphs sometimes
 expect_fail 2 "batch 0: expected B or B1,B2" -- "$CTRAIN" generate --model "$M" --batch 0
+expect_fail 2 "batch 1,,2: expected B or B1,B2" -- "$CTRAIN" generate --model "$M" --batch 1,,2
+# numbers are read whole (atoi took "abc" for 0 and "-1" for a temperature)
+expect_fail 2 "max_new_tokens abc: expected an integer >= 0" -- "$CTRAIN" generate --model "$M" --max_new_tokens abc
+expect_fail 2 "temperature -1: expected a number >= 0" -- "$CTRAIN" generate --model "$M" --temperature -1
+expect_fail 2 "top_k 5x: expected an integer >= 0" -- "$CTRAIN" generate --model "$M" --top_k 5x
+expect_fail 2 "top_p 1.2: expected a number in \\(0, 1\\]" -- "$CTRAIN" generate --model "$M" --top_p 1.2
+expect_fail 2 "seed -5: expected an integer >= 0" -- "$CTRAIN" generate --model "$M" --seed -5
+expect_fail 2 "eval: --batch 0: expected an integer >= 1" -- "$CTRAIN" eval --model "$M" --data x.h5 --batch 0
+expect_fail 2 "env: --max_len q: expected an integer >= 0" -- "$CTRAIN" env --model "$M" --max_len q
 expect_fail 2 "stop needs a non-empty string" -- "$CTRAIN" generate --model "$M" --stop ""
 expect_fail 2 "CUDA graphs: backend cpu has none" -- "$CTRAIN" generate --model "$M" --cuda_graphs on
 check "env --model prints the placement" bash -c "'$CTRAIN' env --model '$M' | grep -q 'placement of .*all 2 layers'"
