@@ -732,10 +732,14 @@ for part in "$@"; do
       # card only its name (the same A/B ran on an H100 in call 179), so an H100 costs little;
       # with the L2 hint for the down projection's weights (lost 2.7% on an H100, call 149, where
       # DRAM is the scarcer; never timed on an H200)
+      # (any card first: tests/gpu/generate_gpu.sh, ~1 min, for session 36's --device_map /
+      # --max_memory spelling check and strict numeric flags on a real GPU)
+      t0=$SECONDS
+      CT_SOURCE_ROOT=$PWD timeout 240 bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
+      echo "-- generate_gpu.sh done ($((SECONDS - t0)) s)"
       if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         echo "not an H200: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"; exit 0
       fi
-      t0=$SECONDS
       dec_tests || exit 1
       echo "ids qwen3: $(ids ctrain) late0 $(ids ctrain CT_DECODE_ATT_LATE=0) (0b1cea1e507a before)"
       decode_all "1 8 64" 110 240
