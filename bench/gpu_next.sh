@@ -743,10 +743,11 @@ for part in "$@"; do
         gen_suite 240
         echo "not an H200: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"; exit 0
       fi
-      dec_tests || exit 1
-      echo "ids qwen3: $(ids ctrain) late0 $(ids ctrain CT_DECODE_ATT_LATE=0) (0b1cea1e507a before)"
+      # the benchmark first (its raw log comes back even if the call is cut short), then the tests
       decode_all "1 8 64" 110 240
       echo "-- benchmark done ($((SECONDS - t0)) s)"
+      dec_tests || exit 1
+      echo "ids qwen3: $(ids ctrain) late0 $(ids ctrain CT_DECODE_ATT_LATE=0) (0b1cea1e507a before)"
       for r in 1 2; do
         ab base_$r ctrain qwen3-0.6b 1,1,8
         ab late0_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_ATT_LATE=0
