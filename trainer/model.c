@@ -1869,21 +1869,24 @@ static bool parse_bytes(const char *s, size_t len, double *out) {
   return false;
 }
 
+/* a --device_map's kind: all layers on one device, or spread by the planner */
+enum { MAP_ONE, MAP_AUTO, MAP_BALANCED, MAP_SEQUENTIAL };
+
 /* The spelling of --device_map (its kind and, for "cuda:N" / "N", the device) and --max_memory,
  * before any device is asked about. */
 static ct_status device_map_spelling(const char *spec, const char *max_memory, int *kind, int *one) {
   char *end = NULL;
   *one = 0;
-  if (!strcmp(spec, "auto")) *kind = 1;
-  else if (!strcmp(spec, "balanced")) *kind = 2;
-  else if (!strcmp(spec, "sequential")) *kind = 3;
+  if (!strcmp(spec, "auto")) *kind = MAP_AUTO;
+  else if (!strcmp(spec, "balanced")) *kind = MAP_BALANCED;
+  else if (!strcmp(spec, "sequential")) *kind = MAP_SEQUENTIAL;
   else {
     const char *num = !strncmp(spec, "cuda:", 5) ? spec + 5 : spec;
     const long v = strtol(num, &end, 10);
     if (!num[0] || *end || v < 0 || v > 1 << 20)
       return ct_set_error(CT_ERR_USAGE, "--device_map %s: expected auto, balanced, sequential or"
                           " cuda:N", spec);
-    *kind = 0;
+    *kind = MAP_ONE;
     *one = (int)v;
   }
   for (const char *p = max_memory; p && *p;) {
@@ -1913,14 +1916,13 @@ ct_status ct_infer_plan(const ct_model *m, const ct_ops *ops, const char *spec,
   const int ndev = ops->device_count ? ops->device_count() : 0;
   if (report && report_cap) report[0] = 0;
   if (!spec || !spec[0]) spec = "auto";
-  enum { ONE, AUTO, BALANCED, SEQUENTIAL };
   int kind, one;
   char *end = NULL;
   CT_TRY(device_map_spelling(spec, max_memory, &kind, &one));
   if (ndev <= 0)
     return ct_set_error(CT_ERR_USAGE, "--device_map %s: no CUDA device is visible (backend %s)",
                         spec, ops->name);
-  if (kind == ONE && one >= ndev)
+  if (kind == MAP_ONE && one >= ndev)
     return ct_set_error(CT_ERR_USAGE, "--device_map %s: only %d CUDA device(s) visible", spec, ndev);
 
   double budget[INFER_MAX_DEV];
@@ -1979,19 +1981,19 @@ ct_status ct_infer_plan(const ct_model *m, const ct_ops *ops, const char *spec,
   } while (0)
 
   const char *chosen = spec;
-  const bool is_auto = kind == AUTO;
+  const bool is_auto = kind == MAP_AUTO;
   bool placed = false;
-  if (kind == ONE || is_auto) {
+  if (kind == MAP_ONE || is_auto) {
     for (int l = 0; l < L; l++) layer_dev[l] = one;
     EVAL();
-    placed = kind == ONE || bad < 0;
+    placed = kind == MAP_ONE || bad < 0;
     if (is_auto) chosen = "auto (one device)";
   }
-  if (!placed && (kind == BALANCED || is_auto)) {
+  if (!placed && (kind == MAP_BALANCED || is_auto)) {
     const int n = nd < L ? nd : L;
     for (int l = 0; l < L; l++) layer_dev[l] = (int)((long)l * n / L);
     EVAL();
-    placed = kind == BALANCED || bad < 0;
+    placed = kind == MAP_BALANCED || bad < 0;
     if (is_auto) chosen = "auto (balanced)";
   }
   if (!placed) {
