@@ -249,6 +249,11 @@
 # run s45 there (it times the benchmark on ctrain-base first; pack the current ctrain
 # as both ctrain and ctrain-base, EXTRA="build-gpu/ctrain=build-gpu/ctrain-base"; its xr rows
 # then time the same code).
+# Session 36 (2026-12-06): 17 requests for an H200, two H100s started (probes only), the rest
+# refused; nothing measured. Part s46 replaces s45 for the next H200: the benchmark first,
+# then the tests, the ids and two A/B rounds (CT_DECODE_ATT_LATE=0, CT_DECODE_PREFETCH=down), all
+# on the current code (pack: EXTRA="build-gpu/ctrain-tl=build-gpu/ctrain-tl" bench/gpu_pack.sh
+# ctrain tests/test_decode_cuda); on an H100 it runs only tests/gpu/generate_gpu.sh.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
