@@ -15,23 +15,14 @@
 
 typedef struct { float p; int32_t id; } cand;
 
-/* A command-line number, all of v and within [lo, hi]; else CT_ERR_USAGE naming the command, the
- * flag, the value and what was expected (atoi would have read "abc" as 0 and "8k" as 8). */
-static ct_status arg_long(const char *cmd, const char *flag, const char *v, long lo, long hi,
-                          long *out) {
+/* A command-line number, all of v and >= lo (and for a float at most hi, > lo where lo_open);
+ * else CT_ERR_USAGE naming the command, the flag, the value and what was expected (atoi read
+ * "abc" as 0 and "8k" as 8). */
+static ct_status arg_int(const char *cmd, const char *flag, const char *v, int lo, int *out) {
   char *end = NULL;
   const long x = strtol(v, &end, 10);
-  if ((!v[0] || *end || x < lo || x > hi) && hi >= 1L << 30)
-    return ct_set_error(CT_ERR_USAGE, "%s: %s %s: expected an integer >= %ld", cmd, flag, v, lo);
-  if (!v[0] || *end || x < lo || x > hi)
-    return ct_set_error(CT_ERR_USAGE, "%s: %s %s: expected an integer in [%ld, %ld]", cmd, flag, v,
-                        lo, hi);
-  *out = x;
-  return CT_OK;
-}
-static ct_status arg_int(const char *cmd, const char *flag, const char *v, int lo, int *out) {
-  long x = 0;
-  CT_TRY(arg_long(cmd, flag, v, lo, 1L << 30, &x));
+  if (!v[0] || *end || x < lo || x > 1L << 30)
+    return ct_set_error(CT_ERR_USAGE, "%s: %s %s: expected an integer >= %d", cmd, flag, v, lo);
   *out = (int)x;
   return CT_OK;
 }
@@ -39,11 +30,11 @@ static ct_status arg_float(const char *cmd, const char *flag, const char *v, dou
                            bool lo_open, float *out) {
   char *end = NULL;
   const double x = strtod(v, &end);
-  if ((!v[0] || *end || !(x >= lo && x <= hi)) && !lo_open && hi >= 1e4)
-    return ct_set_error(CT_ERR_USAGE, "%s: %s %s: expected a number >= %g", cmd, flag, v, lo);
   if (!v[0] || *end || !(x >= lo && x <= hi) || (lo_open && x == lo))
-    return ct_set_error(CT_ERR_USAGE, "%s: %s %s: expected a number in %c%g, %g]", cmd, flag, v,
-                        lo_open ? '(' : '[', lo, hi);
+    return hi >= 1e4 && !lo_open /* a sanity cap, not a range to state */
+               ? ct_set_error(CT_ERR_USAGE, "%s: %s %s: expected a number >= %g", cmd, flag, v, lo)
+               : ct_set_error(CT_ERR_USAGE, "%s: %s %s: expected a number in %c%g, %g]", cmd, flag,
+                              v, lo_open ? '(' : '[', lo, hi);
   *out = (float)x;
   return CT_OK;
 }
@@ -277,12 +268,16 @@ static bool stop_string_hit(int seq, const int32_t *ids, int n, void *user) {
   return hit;
 }
 
+/* whether --device_map / --max_memory ask for anything beyond the default placement */
+static bool map_asked(const char *device_map) { return device_map && strcmp(device_map, "auto"); }
+static bool budget_asked(const char *max_memory) { return max_memory && max_memory[0]; }
+
 /* --device_map / --max_memory on a backend without CUDA: a misspelt one is named as such; else
  * the error names the options given and the backend in use. */
 static ct_status gpu_only_opts(const char *cmd, const char *device_map, const char *max_memory,
                                const char *device) {
   CT_TRY(ct_device_map_check(device_map, max_memory));
-  const bool dm = device_map && strcmp(device_map, "auto"), mm = max_memory && max_memory[0];
+  const bool dm = map_asked(device_map), mm = budget_asked(max_memory);
   return ct_set_error(CT_ERR_USAGE, "%s: %s%s%s%s%s: device maps need a CUDA device (running on %s)",
                       cmd, dm ? "--device_map " : "", dm ? device_map : "", dm && mm ? " and " : "",
                       mm ? "--max_memory " : "", mm ? max_memory : "", device);
@@ -498,7 +493,7 @@ ct_status ct_cmd_generate(int argc, char **argv) {
                               ic.max_rows, layer_dev, report, sizeof report), cleanup);
     ct_log_info("%s", report);
     ic.layer_dev = layer_dev;
-  } else if ((device_map && strcmp(device_map, "auto")) || (max_memory && max_memory[0])) {
+  } else if (map_asked(device_map) || budget_asked(max_memory)) {
     st = gpu_only_opts("generate", device_map, max_memory, be.device);
     goto cleanup;
   }
@@ -677,7 +672,7 @@ ct_status ct_cmd_eval(int argc, char **argv) {
     if (st != CT_OK) goto done;
     ct_log_info("%s", report);
     ic.layer_dev = layer_dev;
-  } else if ((device_map && strcmp(device_map, "auto")) || (max_memory && max_memory[0])) {
+  } else if (map_asked(device_map) || budget_asked(max_memory)) {
     st = gpu_only_opts("eval", device_map, max_memory, be.device);
     goto done;
   }
@@ -741,7 +736,7 @@ ct_status ct_cmd_env(int argc, char **argv) {
   int *layer_dev = NULL;
   ct_status st = open_model(model_path, precision, false, 0, &cfg, &be, &m);
   if (!max_len || max_len > cfg.model.max_seq_len) max_len = cfg.model.max_seq_len;
-  if (st == CT_OK && !be.cuda && ((device_map && strcmp(device_map, "auto")) || (max_memory && max_memory[0]))) {
+  if (st == CT_OK && !be.cuda && (map_asked(device_map) || budget_asked(max_memory))) {
     st = gpu_only_opts("env", device_map, max_memory, be.device);
   } else if (st == CT_OK && !be.cuda) {
     printf("placement of %s: %s, all %d layers (no CUDA device)\n", model_path, be.device,

@@ -1872,6 +1872,34 @@ static bool parse_bytes(const char *s, size_t len, double *out) {
 /* a --device_map's kind: all layers on one device, or spread by the planner */
 enum { MAP_ONE, MAP_AUTO, MAP_BALANCED, MAP_SEQUENTIAL };
 
+/* --max_memory "DEV=SIZE,...": its spelling, and with nd >= 0 each budget into budget / given
+ * (a device at or past nd is an error; ndev, the devices visible, is what the message says);
+ * nd < 0 checks the spelling alone. */
+static ct_status parse_max_memory(const char *max_memory, int nd, int ndev, double *budget,
+                                  bool *given) {
+  for (const char *p = max_memory; p && *p;) {
+    const char *comma = strchr(p, ',');
+    const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    const char *eq = memchr(p, '=', len);
+    char *end = NULL;
+    double bytes = 0;
+    const long dev = eq ? strtol(p, &end, 10) : -1;
+    if (!eq || end != eq || dev < 0 || !parse_bytes(eq + 1, len - (size_t)(eq + 1 - p), &bytes))
+      return ct_set_error(CT_ERR_USAGE, "--max_memory %s: expected DEVICE=SIZE[,DEVICE=SIZE...]"
+                          " such as 0=20GiB,1=40GiB (units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
+                          max_memory);
+    if (nd >= 0 && dev >= nd)
+      return ct_set_error(CT_ERR_USAGE, "--max_memory %s: device %ld is not visible (%d device(s))",
+                          max_memory, dev, ndev);
+    if (nd >= 0) {
+      budget[dev] = bytes;
+      given[dev] = true;
+    }
+    p = comma ? comma + 1 : p + len;
+  }
+  return CT_OK;
+}
+
 /* The spelling of --device_map (its kind and, for "cuda:N" / "N", the device) and --max_memory,
  * before any device is asked about. */
 static ct_status device_map_spelling(const char *spec, const char *max_memory, int *kind, int *one) {
@@ -1889,23 +1917,11 @@ static ct_status device_map_spelling(const char *spec, const char *max_memory, i
     *kind = MAP_ONE;
     *one = (int)v;
   }
-  for (const char *p = max_memory; p && *p;) {
-    const char *comma = strchr(p, ',');
-    const size_t len = comma ? (size_t)(comma - p) : strlen(p);
-    const char *eq = memchr(p, '=', len);
-    double bytes = 0;
-    const long dev = eq ? strtol(p, &end, 10) : -1;
-    if (!eq || end != eq || dev < 0 || !parse_bytes(eq + 1, len - (size_t)(eq + 1 - p), &bytes))
-      return ct_set_error(CT_ERR_USAGE, "--max_memory %s: expected DEVICE=SIZE[,DEVICE=SIZE...]"
-                          " such as 0=20GiB,1=40GiB (units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
-                          max_memory);
-    p = comma ? comma + 1 : p + len;
-  }
-  return CT_OK;
+  return parse_max_memory(max_memory, -1, 0, NULL, NULL);
 }
 
 ct_status ct_device_map_check(const char *spec, const char *max_memory) {
-  int kind, one;
+  int kind = MAP_AUTO, one = 0;
   return device_map_spelling(spec && spec[0] ? spec : "auto", max_memory, &kind, &one);
 }
 
@@ -1916,8 +1932,7 @@ ct_status ct_infer_plan(const ct_model *m, const ct_ops *ops, const char *spec,
   const int ndev = ops->device_count ? ops->device_count() : 0;
   if (report && report_cap) report[0] = 0;
   if (!spec || !spec[0]) spec = "auto";
-  int kind, one;
-  char *end = NULL;
+  int kind = MAP_AUTO, one = 0;
   CT_TRY(device_map_spelling(spec, max_memory, &kind, &one));
   if (ndev <= 0)
     return ct_set_error(CT_ERR_USAGE, "--device_map %s: no CUDA device is visible (backend %s)",
@@ -1928,20 +1943,7 @@ ct_status ct_infer_plan(const ct_model *m, const ct_ops *ops, const char *spec,
   double budget[INFER_MAX_DEV];
   const int nd = ndev < INFER_MAX_DEV ? ndev : INFER_MAX_DEV;
   bool given[INFER_MAX_DEV] = {false};
-  for (const char *p = max_memory; p && *p;) {
-    const char *comma = strchr(p, ',');
-    const size_t len = comma ? (size_t)(comma - p) : strlen(p);
-    const char *eq = memchr(p, '=', len);
-    double bytes = 0;
-    const long dev = strtol(p, &end, 10); /* the spelling is checked above */
-    parse_bytes(eq + 1, len - (size_t)(eq + 1 - p), &bytes);
-    if (dev >= nd)
-      return ct_set_error(CT_ERR_USAGE, "--max_memory %s: device %ld is not visible (%d device(s))",
-                          max_memory, dev, ndev);
-    budget[dev] = bytes;
-    given[dev] = true;
-    p = comma ? comma + 1 : p + len;
-  }
+  CT_TRY(parse_max_memory(max_memory, nd, ndev, budget, given));
   for (int d = 0; d < nd; d++) {
     if (given[d]) continue;
     size_t fr = 0, tot = 0;
