@@ -697,6 +697,18 @@ static bool read_failed(agent *a, int *code, int *kind, int *node, char *text, s
   return true;
 }
 
+/* During rendezvous: a node that stopped (a signal, a timeout) aborts the round for every node;
+ * true when it did, and this agent has failed with its text. *err: the store could not be read. */
+static bool rdzv_aborted(agent *a, bool *err) {
+  int code, kind, node;
+  char text[700], t2[800];
+  if (!read_failed(a, &code, &kind, &node, text, sizeof text, err)) return false;
+  snprintf(t2, sizeof t2, "node %d: %s", node, text);
+  record_remote_failure(a, code, KIND_ABORT, t2);
+  set_state(a, G_FAILED);
+  return true;
+}
+
 static void rdzv_timed_out(agent *a) {
   const ct_launch_config *c = a->cfg;
   int joined = 0;
@@ -718,16 +730,8 @@ static void rdzv_timed_out(agent *a) {
 /* Node 0's side of INIT: true when the round is closed. */
 static bool host_rendezvous(agent *a) {
   const ct_launch_config *c = a->cfg;
-  int code, kind, node;
   bool err;
-  char text[700];
-  if (read_failed(a, &code, &kind, &node, text, sizeof text, &err)) {
-    char t2[800];
-    snprintf(t2, sizeof t2, "node %d: %s", node, text);
-    record_remote_failure(a, code, KIND_ABORT, t2);
-    set_state(a, G_FAILED);
-    return false;
-  }
+  if (rdzv_aborted(a, &err)) return false;
   host_scan(a);
   a->m[0].joined = true;
   int *ids = malloc((size_t)(a->nm + 1) * sizeof *ids), nj = 0;
@@ -914,17 +918,8 @@ static bool rendezvous(agent *a) {
     if (kv_set(a, key, "1") != CT_OK) goto lost;
     a->joined = true;
   }
-  /* a node that stopped during rendezvous (signal) aborts the round for everyone */
-  int code, kind, node;
   bool err;
-  char text[700];
-  if (read_failed(a, &code, &kind, &node, text, sizeof text, &err)) {
-    char t2[800];
-    snprintf(t2, sizeof t2, "node %d: %s", node, text);
-    record_remote_failure(a, code, KIND_ABORT, t2);
-    set_state(a, G_FAILED);
-    return false;
-  }
+  if (rdzv_aborted(a, &err)) return false;
   if (err) goto lost;
   round_key(a, key, sizeof key, "go");
   if (kv_peek(a, key, val, sizeof val, &found) != CT_OK) goto lost;
