@@ -49,6 +49,17 @@ static size_t slice(const ct_zero *z, int u) { return z->un[u] / (size_t)z->worl
 /* flat offset of this rank's slice of unit u, and its offset in the shard */
 static size_t own(const ct_zero *z, int u) { return z->uoff[u] + (size_t)z->rank * slice(z, u); }
 static size_t shard_at(const ct_zero *z, int u) { return z->uoff[u] / (size_t)z->world; }
+/* Parameter p's part of this rank's slice: the unit *u holding it and the flat range [*s, *e)
+ * (false, nothing owned, when the slice misses p); this rank's slice of *u starts at *lo. */
+static bool owned(const ct_zero *z, const ct_param *p, int *u, size_t *lo, size_t *s, size_t *e) {
+  int k = 0;
+  while (k + 1 < z->U && z->uoff[k + 1] <= p->offset) k++;
+  const size_t l = own(z, k), hi = l + slice(z, k);
+  *u = k, *lo = l;
+  *s = p->offset > l ? p->offset : l;
+  *e = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+  return *s < *e;
+}
 static bool global_unit(const ct_zero *z, int u) { return u == 0 || u == z->U - 1; }
 static float *gbuf(ct_zero *z, int u) {
   return global_unit(z, u) ? z->gbuf_glob[u ? 1 : 0] : z->gbuf_layer[u % 2];
@@ -308,12 +319,10 @@ static double tp_weighted_sumsq(ct_zero *z) {
   double sq = 0;
   for (int i = 0; i < ct_model_n_params(z->m); i++) {
     const ct_param *p = ct_model_param(z->m, i);
-    int u = 0;
-    while (u + 1 < z->U && z->uoff[u + 1] <= p->offset) u++;
-    const size_t lo = own(z, u), hi = lo + slice(z, u);
-    const size_t s = p->offset > lo ? p->offset : lo;
-    const size_t e = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-    if (s < e) sq += z->o->sumsq(grad_slice(z, u) + (s - lo), e - s) * ct_tp_norm_weight(p, T);
+    int u;
+    size_t lo, s, e;
+    if (owned(z, p, &u, &lo, &s, &e))
+      sq += z->o->sumsq(grad_slice(z, u) + (s - lo), e - s) * ct_tp_norm_weight(p, T);
   }
   return sq;
 }
@@ -350,12 +359,9 @@ ct_status ct_zero_step(ct_zero *z, double lr, float grad_scale) {
   a->step++;
   for (int i = 0; i < ct_model_n_params(z->m); i++) {
     const ct_param *p = ct_model_param(z->m, i);
-    int u = 0;
-    while (u + 1 < z->U && z->uoff[u + 1] <= p->offset) u++;
-    const size_t lo = own(z, u), hi = lo + slice(z, u);
-    const size_t s = p->offset > lo ? p->offset : lo;
-    const size_t e = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-    if (s >= e) continue; /* outside this rank's slice of its unit */
+    int u;
+    size_t lo, s, e;
+    if (!owned(z, p, &u, &lo, &s, &e)) continue; /* outside this rank's slice of its unit */
     const size_t k = shard_at(z, u) + (s - lo); /* position in the shard */
     float *master = z->stage == 3 ? z->sw + k : w + s;
     o->adamw(master, grad_slice(z, u) + (s - lo), a->m + k, a->v + k, e - s, (float)lr,
