@@ -254,6 +254,11 @@
 # then the tests, the ids and two A/B rounds (CT_DECODE_ATT_LATE=0, CT_DECODE_PREFETCH=down), all
 # on the current code (pack: EXTRA="build-gpu/ctrain-tl=build-gpu/ctrain-tl" bench/gpu_pack.sh
 # ctrain tests/test_decode_cuda); on an H100 it runs only tests/gpu/generate_gpu.sh.
+# Session 37 (2026-12-06): 12 requests for an H200, three H100s started, no H200; on 3077b59 the
+# generate suite (69/0), test_decode_cuda (8398/0) and the batch-1 benchmark (1,623.6 tok/s, 66% of
+# the H100's bound; bench/results/call_s37_*). s46 now prints only the card on anything but an
+# H200 (GEN=1 adds the generate suite, ANY_CARD=1 the batch-1 benchmark and the decode tests),
+# and starts an A/B round only before 330 s (S46_ROUNDS_BEFORE). Pack as session 36 did.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
