@@ -50,6 +50,7 @@ int main(void) {
 #include "kernels/cuda/ops_cuda.h"
 #include "parallel/comm.h"
 #include "parallel/store.h"
+#include "tests/unit/comm_ref.h"
 #include "tests/unit/ct_test.h"
 
 int ct_cuda_device_count(void); /* kernels/cuda/device_query.cu */
@@ -97,55 +98,7 @@ static bool fetch(ct_comm *c, void *h, const void *d, size_t bytes) {
   return true;
 }
 
-/* ---- reference values (as tests/unit/test_comm.c) ---- */
-
-/* Small integers (exact in f32 sums), different per rank so max/min mean something. */
-static float fval(int rank, size_t i) { return (float)((int)((i * 7 + (size_t)rank * 13) % 17) - 8); }
-static int32_t ival(int rank, size_t i) { return (int32_t)((i * 31 + (size_t)rank * 1000003) % 2000001) - 1000000; }
-static int64_t lval(int rank, size_t i) { return ((int64_t)1 << 40) * (rank + 1) - (int64_t)(i * 977) * (rank % 2 ? 1 : -1); }
-static uint8_t bval(int rank, size_t i) { return (uint8_t)(i * 37 + (size_t)rank * 101); }
-/* Multiples of 1/8 with |k| <= 255: exact in bf16 (8 significant bits); sums need rounding. */
-static float hval(int rank, size_t i) { return (float)((int)((i * 53 + (size_t)rank * 71) % 511) - 255) / 8.0f; }
-
-static uint16_t ref_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  uint32_t hi = u >> 16, lo = u & 0xffff;
-  if (lo > 0x8000 || (lo == 0x8000 && (hi & 1))) hi++;
-  return (uint16_t)hi;
-}
-static float bf16_f(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static uint16_t ref_f16(float f) {
-  _Float16 h = (_Float16)f;
-  uint16_t u;
-  memcpy(&u, &h, 2);
-  return u;
-}
-static float f16_f(uint16_t u) {
-  _Float16 h;
-  memcpy(&h, &u, 2);
-  return (float)h;
-}
-
-#define REDUCE(T, f, n, i, op, out)                                                        \
-  do {                                                                                     \
-    T acc_ = f(0, i);                                                                      \
-    for (int r_ = 1; r_ < (n); r_++) {                                                     \
-      T v_ = f(r_, i);                                                                     \
-      if ((op) == CT_MAX) acc_ = v_ > acc_ ? v_ : acc_;                                    \
-      else if ((op) == CT_MIN) acc_ = v_ < acc_ ? v_ : acc_;                               \
-      else acc_ = (T)(acc_ + v_);                                                          \
-    }                                                                                      \
-    if ((op) == CT_AVG) acc_ = (T)(acc_ / (T)(n));                                         \
-    (out) = acc_;                                                                          \
-  } while (0)
-
-static const ct_redop all_ops[] = {CT_SUM, CT_AVG, CT_MAX, CT_MIN};
+/* ---- reference values: tests/unit/comm_ref.h ---- */
 
 /* f32 element j of a reduction: exact for sum/max/min (small integers, any order); NCCL's avg
  * scales each input by 1/n before summing, so within a few roundings of sum(|x|)/n. */
