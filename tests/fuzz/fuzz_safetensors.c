@@ -14,32 +14,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "common/status.h"
 #include "trainer/safetensors.h"
-
-/* A failed invariant traps, so libFuzzer keeps the input; the last error says what happened. */
-#define CHECK(c)                                                                          \
-  do {                                                                                    \
-    if (!(c)) {                                                                           \
-      fprintf(stderr, "CHECK failed: %s (line %d): %s\n", #c, __LINE__, ct_last_error()); \
-      __builtin_trap();                                                                   \
-    }                                                                                     \
-  } while (0)
-
-static int mfd = -1;
-static char mpath[64];
+#include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  if (mfd < 0) {
-    mfd = memfd_create("fuzz.safetensors", MFD_CLOEXEC);
-    CHECK(mfd >= 0);
-    snprintf(mpath, sizeof mpath, "/proc/self/fd/%d", mfd);
-  }
-  CHECK(ftruncate(mfd, 0) == 0);
-  if (size) CHECK(pwrite(mfd, data, size, 0) == (ssize_t)size);
+  const char *mpath = fuzz_file("fuzz.safetensors", data, size);
 
   ct_st_file *f = NULL;
   ct_status st = ct_st_open(mpath, &f);

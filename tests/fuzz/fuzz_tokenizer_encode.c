@@ -23,34 +23,9 @@
 
 #include "common/status.h"
 #include "trainer/tokenizer.h"
-
-/* A failed invariant traps, so libFuzzer keeps the input. */
-#define CHECK(c)                                                       \
-  do {                                                                 \
-    if (!(c)) {                                                        \
-      fprintf(stderr, "CHECK failed: %s (line %d)\n", #c, __LINE__);  \
-      __builtin_trap();                                                \
-    }                                                                  \
-  } while (0)
+#include "tests/fuzz/fuzz.h"
 
 static ct_tokenizer *toks[3]; /* gpt2, qwen, byte */
-
-static int utf8_ok(const unsigned char *s, size_t n) {
-  for (size_t i = 0; i < n;) {
-    unsigned c = s[i];
-    size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (!k || i + k > n) return 0;
-    uint32_t cp = k == 1 ? c : k == 2 ? c & 0x1f : k == 3 ? c & 0x0f : c & 0x07;
-    for (size_t j = 1; j < k; j++) {
-      if ((s[i + j] & 0xc0) != 0x80) return 0;
-      cp = cp << 6 | (s[i + j] & 0x3f);
-    }
-    static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min[k] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-    i += k;
-  }
-  return 1;
-}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;

@@ -11,50 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "common/status.h"
 #include "trainer/tokenizer.h"
-
-/* A failed invariant traps, so libFuzzer keeps the input; the last error says what happened. */
-#define CHECK(c)                                                                          \
-  do {                                                                                    \
-    if (!(c)) {                                                                           \
-      fprintf(stderr, "CHECK failed: %s (line %d): %s\n", #c, __LINE__, ct_last_error()); \
-      __builtin_trap();                                                                   \
-    }                                                                                     \
-  } while (0)
-
-/* Strict UTF-8 (no overlongs, surrogates or code points past U+10FFFF). */
-static int utf8_ok(const unsigned char *s, size_t n) {
-  for (size_t i = 0; i < n;) {
-    unsigned c = s[i];
-    size_t k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (!k || i + k > n) return 0;
-    uint32_t cp = k == 1 ? c : k == 2 ? c & 0x1f : k == 3 ? c & 0x0f : c & 0x07;
-    for (size_t j = 1; j < k; j++) {
-      if ((s[i + j] & 0xc0) != 0x80) return 0;
-      cp = cp << 6 | (s[i + j] & 0x3f);
-    }
-    static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min[k] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-    i += k;
-  }
-  return 1;
-}
-
-static int mfd = -1;
-static char mpath[64];
+#include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  if (mfd < 0) {
-    mfd = memfd_create("tokenizer.json", MFD_CLOEXEC);
-    CHECK(mfd >= 0);
-    snprintf(mpath, sizeof mpath, "/proc/self/fd/%d", mfd);
-  }
-  CHECK(ftruncate(mfd, 0) == 0);
-  if (size) CHECK(pwrite(mfd, data, size, 0) == (ssize_t)size);
+  const char *mpath = fuzz_file("tokenizer.json", data, size);
 
   ct_tokenizer *t = NULL;
   ct_status st = ct_tokenizer_load(mpath, &t);

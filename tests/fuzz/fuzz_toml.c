@@ -8,21 +8,14 @@
  * is walked again. Failures must be CT_ERR_CONFIG (document) or CT_ERR_USAGE (override), never
  * CT_ERR_NOMEM. Built by tests/fuzz/run.sh.
  */
+#define _GNU_SOURCE /* memfd_create, in tests/fuzz/fuzz.h */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/toml.h"
-
-/* A failed invariant traps, so libFuzzer keeps the input; the last error says what happened. */
-#define CHECK(c)                                                                          \
-  do {                                                                                    \
-    if (!(c)) {                                                                           \
-      fprintf(stderr, "CHECK failed: %s (line %d): %s\n", #c, __LINE__, ct_last_error()); \
-      __builtin_trap();                                                                   \
-    }                                                                                     \
-  } while (0)
+#include "tests/fuzz/fuzz.h"
 
 /* Walks the tree; returns the node count so the compiler cannot drop the walk. */
 static size_t walk(const ct_toml_value *v, int depth) {
