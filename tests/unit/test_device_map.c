@@ -22,6 +22,7 @@
 #include "trainer/config.h"
 #include "trainer/generate.h"
 #include "trainer/model.h"
+#include "tiny_model.h"
 
 /* ---- the virtual-device table ---- */
 
@@ -141,34 +142,7 @@ static void vops_init(int ndev, double free_gib) {
   protect_all();
 }
 
-/* ---- models ---- */
-
-static ct_model *make_model(const char *arch, int n_layer) {
-  ct_config c;
-  ct_config_defaults(&c);
-  snprintf(c.model.arch, sizeof c.model.arch, "%s", arch);
-  c.model.n_layer = n_layer;
-  c.model.d_model = 32;
-  c.model.n_head = 4;
-  c.model.vocab_size = 50;
-  c.model.vocab_pad = 16;
-  c.model.max_seq_len = 48;
-  c.train.seq_len = 48;
-  c.model.init_std = 0.3; /* peaked distributions: greedy is not a coin flip */
-  if (!strcmp(arch, "llama")) {
-    c.model.n_kv_head = 2;
-    c.model.qk_norm = true;
-    c.model.tie_embeddings = false;
-  }
-  if (ct_config_validate(&c) != CT_OK) { fprintf(stderr, "%s\n", ct_last_error()); exit(1); }
-  ct_model *m = NULL;
-  if (ct_model_create(&c.model, ct_ops_cpu(), 1, 48, &m) != CT_OK) {
-    fprintf(stderr, "%s\n", ct_last_error());
-    exit(1);
-  }
-  ct_model_init_weights(m, 11);
-  return m;
-}
+/* ---- models (tests/unit/tiny_model.h) and engines ---- */
 
 /* An engine's shape: seqs sequence slots of len tokens, rows a prefill forward, layers on map
  * (NULL: one device). */
@@ -267,7 +241,7 @@ static bool same_run(const run_out *a, const run_out *b) {
  * (ndev - 1) times a forward, and nothing is left allocated. */
 static void test_engine_split(const char *arch) {
   const int L = 4;
-  ct_model *m = make_model(arch, L);
+  ct_model *m = tiny_model(arch, L, 48, 11);
   static run_out ref, got;
   run_engine(m, ct_ops_cpu(), NULL, &ref);
   CHECK(ref.count == 15);
@@ -312,7 +286,7 @@ static void test_engine_split(const char *arch) {
 /* Bad maps are refused with a message: devices out of layer order, more devices than the
  * backend has (the plain CPU table has one), a device the backend cannot switch to. */
 static void test_engine_refusals(void) {
-  ct_model *m = make_model("gpt2", 4);
+  ct_model *m = tiny_model("gpt2", 4, 48, 11);
   ct_infer_cfg ic = engine_cfg(1, 16, 512, NULL);
   ct_infer *e = NULL;
   vops_init(2, 80.0);
@@ -362,7 +336,7 @@ static void map_str(const int *dev, int L, char *out) {
 
 static void test_plan(void) {
   const int L = 8;
-  ct_model *m = make_model("llama", L);
+  ct_model *m = tiny_model("llama", L, 48, 11);
   int dev[8];
   char rep[1024], s[16];
   /* plenty of memory on 3 devices */
@@ -495,7 +469,7 @@ static void test_plan(void) {
  * there (the tied head's copy included for gpt2). */
 static void test_plan_runs(const char *arch) {
   const int L = 8;
-  ct_model *m = make_model(arch, L);
+  ct_model *m = tiny_model(arch, L, 48, 11);
   int dev[8];
   char rep[1024];
   vops_init(3, 80.0);

@@ -9,33 +9,7 @@
 #include "trainer/config.h"
 #include "trainer/generate.h"
 #include "trainer/model.h"
-
-static ct_model *make_model(const char *arch) {
-  ct_config c;
-  ct_config_defaults(&c);
-  snprintf(c.model.arch, sizeof c.model.arch, "%s", arch);
-  c.model.n_layer = 2;
-  c.model.d_model = 32;
-  c.model.n_head = 4;
-  c.model.vocab_size = 50;
-  c.model.vocab_pad = 16;
-  c.model.max_seq_len = 40;
-  c.train.seq_len = 40;
-  c.model.init_std = 0.3; /* large weights: peaked distributions, so greedy is not a coin flip */
-  if (!strcmp(arch, "llama")) {
-    c.model.n_kv_head = 2;
-    c.model.qk_norm = true;
-    c.model.tie_embeddings = false;
-  }
-  if (ct_config_validate(&c) != CT_OK) { fprintf(stderr, "%s\n", ct_last_error()); exit(1); }
-  ct_model *m = NULL;
-  if (ct_model_create(&c.model, ct_ops_cpu(), 1, 40, &m) != CT_OK) {
-    fprintf(stderr, "%s\n", ct_last_error());
-    exit(1);
-  }
-  ct_model_init_weights(m, 7);
-  return m;
-}
+#include "tiny_model.h"
 
 /* Greedy continuation by rerunning the full forward each step (no cache). */
 static void greedy_uncached(ct_model *m, const int32_t *prompt, int n, int steps, int32_t *out) {
@@ -53,7 +27,7 @@ static void greedy_uncached(ct_model *m, const int32_t *prompt, int n, int steps
 }
 
 static void test_arch(const char *arch) {
-  ct_model *m = make_model(arch);
+  ct_model *m = tiny_model(arch, 2, 40, 7);
   const int Vp = ct_model_padded_vocab(ct_model_config(m));
   int32_t seq[30];
   for (int i = 0; i < 30; i++) seq[i] = (i * 7 + 3) % 50;
@@ -203,7 +177,7 @@ static bool stop_at_three(int seq, const int32_t *ids, int n, void *user) {
 /* The engine: one decode step over three sequences (slots in any order) == each sequence's own
  * cached forward; stop callbacks end a sequence. */
 static void test_engine(const char *arch) {
-  ct_model *m = make_model(arch);
+  ct_model *m = tiny_model(arch, 2, 40, 7);
   const int Vp = ct_model_padded_vocab(ct_model_config(m));
   int32_t seq[30];
   for (int i = 0; i < 30; i++) seq[i] = (i * 11 + 5) % 50;
