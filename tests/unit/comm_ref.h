@@ -14,12 +14,20 @@
 #include "parallel/comm.h"
 
 /* Small integers (exact in f32 sums), different per rank so max/min mean something. */
-static inline float fval(int rank, size_t i) { return (float)((int)((i * 7 + (size_t)rank * 13) % 17) - 8); }
-static inline int32_t ival(int rank, size_t i) { return (int32_t)((i * 31 + (size_t)rank * 1000003) % 2000001) - 1000000; }
-static inline int64_t lval(int rank, size_t i) { return ((int64_t)1 << 40) * (rank + 1) - (int64_t)(i * 977) * (rank % 2 ? 1 : -1); }
+static inline float fval(int rank, size_t i) {
+  return (float)((int)((i * 7 + (size_t)rank * 13) % 17) - 8);
+}
+static inline int32_t ival(int rank, size_t i) {
+  return (int32_t)((i * 31 + (size_t)rank * 1000003) % 2000001) - 1000000;
+}
+static inline int64_t lval(int rank, size_t i) {
+  return ((int64_t)1 << 40) * (rank + 1) - (int64_t)(i * 977) * (rank % 2 ? 1 : -1);
+}
 static inline uint8_t bval(int rank, size_t i) { return (uint8_t)(i * 37 + (size_t)rank * 101); }
 /* Multiples of 1/8 with |k| <= 255: exact in bf16 (8 significant bits); sums need rounding. */
-static inline float hval(int rank, size_t i) { return (float)((int)((i * 53 + (size_t)rank * 71) % 511) - 255) / 8.0f; }
+static inline float hval(int rank, size_t i) {
+  return (float)((int)((i * 53 + (size_t)rank * 71) % 511) - 255) / 8.0f;
+}
 
 /* Round to nearest even, written out as the rule (independent of the backends' add tricks). */
 static inline uint16_t ref_bf16(float f) {

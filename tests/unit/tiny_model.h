@@ -33,7 +33,8 @@ static inline ct_model *tiny_model(const char *arch, int n_layer, int T, uint64_
     c.model.tie_embeddings = false;
   }
   ct_model *m = NULL;
-  if (ct_config_validate(&c) != CT_OK || ct_model_create(&c.model, ct_ops_cpu(), 1, T, &m) != CT_OK) {
+  if (ct_config_validate(&c) != CT_OK ||
+      ct_model_create(&c.model, ct_ops_cpu(), 1, T, &m) != CT_OK) {
     fprintf(stderr, "tiny_model(%s, %d layers): %s\n", arch, n_layer, ct_last_error());
     exit(1);
   }
