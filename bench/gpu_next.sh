@@ -741,28 +741,25 @@ for part in "$@"; do
       # session 36: the issue's number on an H200 and the early trigger's A/B there (the same A/B
       # ran on an H100 in call 179), with the L2 hint for the down projection's weights (lost 2.7%
       # on an H100, call 149, where DRAM is the scarcer; never timed on an H200); on any other card
-      # only tests/gpu/generate_gpu.sh (~1 min: session 36's --device_map / --max_memory spelling
-      # check and strict numeric flags on a real GPU), so an H100 costs little. Sized for one call
-      # of < 10 min on an H200: the suite comes last there.
+      # only its name, so an H100 costs little (GEN=1 adds tests/gpu/generate_gpu.sh, ~1.5 min;
+      # ANY_CARD=1 the batch-1 benchmark and the decode tests, ~2 min). Sized for one call of
+      # < 10 min on an H200: the generate suite comes last there.
       t0=$SECONDS
       gen_suite() {
         CT_SOURCE_ROOT=$PWD timeout "$1" bash tests/gpu/generate_gpu.sh "$CT" 2>&1 | grep -vE "^ok"
         echo "-- generate_gpu.sh done ($((SECONDS - t0)) s)"
       }
+      batch1_and_tests() {
+        decode_all "1" 110 200; echo "-- benchmark done ($((SECONDS - t0)) s)"; dec_tests
+      }
       if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        # (3077b59's suite passed on an H100 in session 37's first call; GEN=1 runs it again)
         [ "${GEN:-0}" = 1 ] && gen_suite 240
-        # ANY_CARD=1: the batch-1 benchmark and the decode tests on this card anyway (~3 min)
-        if [ "${ANY_CARD:-0}" = 1 ]; then
-          decode_all "1" 110 200; echo "-- benchmark done ($((SECONDS - t0)) s)"; dec_tests
-        fi
+        [ "${ANY_CARD:-0}" = 1 ] && batch1_and_tests
         echo "not an H200: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"; exit 0
       fi
       # the benchmark first (its raw log comes back even if the call is cut short), then the tests;
-      # S46_QUICK=1: batch 1 and the decode tests only (~2 min, for the last of a session's time)
-      if [ "${S46_QUICK:-0}" = 1 ]; then
-        decode_all "1" 110 200; echo "-- benchmark done ($((SECONDS - t0)) s)"; dec_tests; exit
-      fi
+      # S46_QUICK=1: batch 1 and the decode tests only (for the last of a session's device time)
+      [ "${S46_QUICK:-0}" = 1 ] && { batch1_and_tests; exit; }
       decode_all "1 8 64" 110 240
       echo "-- benchmark done ($((SECONDS - t0)) s)"
       dec_tests || exit 1
