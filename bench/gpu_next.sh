@@ -780,8 +780,10 @@ for part in "$@"; do
     s47)
       # session 38: the two fusions across a layer's kernel boundaries that lost long ago, the norm
       # + qkv GEMV inside the attention cluster (CT_DECODE_QKV_ATT=1, call 66: 1,375 against 1,48x)
-      # and the output projection inside it (CT_DECODE_OPROJ=1, call 30), timed again against the
-      # default now that attention pushes its rows, sits apart and the ids go to mapped memory.
+      # and the output projection inside it (CT_DECODE_OPROJ=1, call 30), and attention asking the
+      # layer's output projection and gate/up weights into L2 (CT_DECODE_PREFETCH=att, call 17),
+      # timed again against the default now that attention pushes its rows, sits apart and the ids
+      # go to mapped memory.
       # On an H200 the benchmark and the tests first (as s46); on any card the ids of the
       # three and two interleaved rounds (batch 1, 1, 8 on the Qwen3 shape; 1, 1 on Llama-1B's).
       t0=$SECONDS
@@ -795,6 +797,7 @@ for part in "$@"; do
         ab base_$r ctrain qwen3-0.6b 1,1,8
         ab qkvatt_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_QKV_ATT=1
         ab oproj_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_OPROJ=1
+        ab pfatt_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_PREFETCH=att
         ab llama_base_$r ctrain llama3.2-1b 1,1
         ab llama_qkvatt_$r ctrain llama3.2-1b 1,1 CT_DECODE_QKV_ATT=1
       done
