@@ -778,28 +778,31 @@ for part in "$@"; do
       rm -f "$OUT/ab.err"
       [ $((SECONDS - t0)) -lt 450 ] && gen_suite $((540 - (SECONDS - t0))) ;;
     s47)
-      # session 38: the two fusions across a layer's kernel boundaries that lost long ago, the norm
-      # + qkv GEMV inside the attention cluster (CT_DECODE_QKV_ATT=1, call 66: 1,375 against 1,48x)
-      # and the output projection inside it (CT_DECODE_OPROJ=1, call 30), and attention asking the
-      # layer's output projection and gate/up weights into L2 (CT_DECODE_PREFETCH=att, call 17),
-      # timed again against the default now that attention pushes its rows, sits apart and the ids
-      # go to mapped memory.
-      # On an H200 the benchmark and the tests first (as s46); on any card the ids of the
-      # three and two interleaved rounds (batch 1, 1, 8 on the Qwen3 shape; 1, 1 on Llama-1B's).
+      # session 38: the head GEMV with the argmax in its tail (norm_matmul_argmax, the default;
+      # CT_DECODE_HEAD_ARGMAX=0 the two kernels) against the two, and the two fusions across a
+      # layer's kernel boundaries that lost long ago, the norm + qkv GEMV inside the attention
+      # cluster (CT_DECODE_QKV_ATT=1, call 66: 1,375 against 1,48x) and the output projection
+      # inside it (CT_DECODE_OPROJ=1, call 30), and attention asking the layer's output projection
+      # and gate/up weights into L2 (CT_DECODE_PREFETCH=att, call 17), timed again against the
+      # default now that attention pushes its rows, sits apart and the ids go to mapped memory.
+      # On an H200 the benchmark first; on any card the decode tests, the ids and two
+      # interleaved rounds (batch 1, 1, 8 on the Qwen3 shape; 1, 1 on Llama-1B's).
       t0=$SECONDS
       if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         decode_all "1 8 64" 110 240; echo "-- benchmark done ($((SECONDS - t0)) s)"
-        dec_tests || exit 1
       fi
-      echo "ids qwen3: base $(ids ctrain) qkvatt $(ids ctrain CT_DECODE_QKV_ATT=1) oproj $(ids ctrain CT_DECODE_OPROJ=1) (0b1cea1e507a before)"
+      dec_tests || exit 1
+      grep -E "norm_matmul_argmax" "$OUT/test_decode.txt" | head -5
+      echo "ids qwen3: base $(ids ctrain) ham0 $(ids ctrain CT_DECODE_HEAD_ARGMAX=0) qkvatt $(ids ctrain CT_DECODE_QKV_ATT=1) oproj $(ids ctrain CT_DECODE_OPROJ=1) (0b1cea1e507a before)"
       for r in 1 2; do
-        [ $((SECONDS - t0)) -lt "${S47_ROUNDS_BEFORE:-420}" ] || break
+        [ $((SECONDS - t0)) -lt "${S47_ROUNDS_BEFORE:-440}" ] || break
         ab base_$r ctrain qwen3-0.6b 1,1,8
+        ab ham0_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_HEAD_ARGMAX=0
         ab qkvatt_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_QKV_ATT=1
         ab oproj_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_OPROJ=1
         ab pfatt_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_PREFETCH=att
         ab llama_base_$r ctrain llama3.2-1b 1,1
-        ab llama_qkvatt_$r ctrain llama3.2-1b 1,1 CT_DECODE_QKV_ATT=1
+        ab llama_ham0_$r ctrain llama3.2-1b 1,1 CT_DECODE_HEAD_ARGMAX=0
       done
       echo "-- rounds done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
     h200)

@@ -307,6 +307,14 @@ typedef struct ct_ops {
                               const void *bias, const void *qnw, const void *knw, void *kc,
                               void *vc, const int32_t *slot, const int32_t *pos, int N, int C,
                               int H, int KV, int hd, int max_T, float theta, float eps);
+  /* norm_matmul_fwd(logits, ln, inp, nw, w, NULL, 1, IC, OC, eps) then argmax_advance(out, tok,
+   * pos, host_ids, logits, 1, V, OC) (tok NULL: argmax_rows) with the same values and ids, as one
+   * kernel for ONE row where it applies (CUDA, 16-bit; the head of a batch-1 decode step: the
+   * kernel that would only read the logits back is gone); ln is not written. Returns as
+   * attention_decode_rope. NULL in tables without it. */
+  int (*norm_matmul_argmax)(void *logits, const void *inp, const void *nw, const void *w, int IC,
+                            int OC, float eps, int32_t *out, int32_t *tok, int32_t *pos,
+                            int32_t *host_ids, int V);
   /* The whole fused decode step of layers[0 .. nl-1] for ONE row (batch 1): for each layer
    * norm_matmul_fwd (x -> raw), qkv_rope_append (raw -> qkv, cache), attention_decode (-> atty),
    * matmul_add_fwd (-> res2), norm_matmul_swiglu_fwd (-> act), matmul_add_fwd (-> x), with the

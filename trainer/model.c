@@ -1581,6 +1581,13 @@ static void infer_segment(ct_infer *e, infer_dev *d, int N, bool decode, int nse
   }
   const char *head = m->cfg.tie_embeddings ? (d->head ? d->head : DW(d, G, P_WTE))
                                            : DW(d, G, P_LM_HEAD);
+  const bool advance = decode && e->ahead_ok; /* one device: the next step's inputs from its ids */
+  if (fused && nseq == 1 && o->norm_matmul_argmax &&
+      o->norm_matmul_argmax(DA(d, logits), h, DW(d, G, P_LNF_W), head, C, m->Vp,
+                            (float)m->cfg.norm_eps, DAI(d, ids), advance ? DAI(d, tok) : NULL,
+                            advance ? DAI(d, pos) : NULL, advance ? e->d_map : NULL,
+                            m->cfg.vocab_size) <= 0)
+    return; /* final norm + head + argmax as one kernel (< 0: reported by the backend's check) */
   if (fused) { /* final norm + head in one pass over the head's weights */
     o->norm_matmul_fwd(DA(d, logits), DA(d, lnf), h, DW(d, G, P_LNF_W), head, NULL, nseq, C,
                        m->Vp, (float)m->cfg.norm_eps);
@@ -1589,7 +1596,7 @@ static void infer_segment(ct_infer *e, infer_dev *d, int N, bool decode, int nse
     (o->matmul_rows_fwd ? o->matmul_rows_fwd : o->matmul_fwd)(DA(d, logits), DA(d, lnf), head,
                                                               NULL, nseq, C, m->Vp);
   }
-  if (decode && e->ahead_ok) /* one device: the next step's inputs from this one's ids */
+  if (advance)
     o->argmax_advance(DAI(d, ids), DAI(d, tok), DAI(d, pos), e->d_map, DA(d, logits), nseq,
                       m->cfg.vocab_size, m->Vp);
   else

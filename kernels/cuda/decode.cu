@@ -1200,14 +1200,67 @@ __global__ void argmax_rows_kernel(int32_t *out, int32_t *tok, int32_t *pos, int
 //       GV_RESID  out(N,OC) = round(acc + bias) + res (out may alias res);
 //       GV_GELU   out(N,OC) = gelu(round(acc + bias)) (matmul_fwd then gelu_fwd: the tanh form);
 //       GV_SWIGLU out(N,F) = silu(round(acc_gate)) * round(acc_up), gate rows j and up rows F + j
-//                 of w (2F, IC), no bias.
+//                 of w (2F, IC), no bias;
+//       GV_ARGMAX GV_PLAIN for one row, then the argmax of its first am.V outputs as stored (the
+//                 head of a batch-1 decode step: norm_matmul_argmax, see gv_argmax_tail).
 // NORM (GV_NONORM, GV_RMS, GV_LAYER): the input rows are first rmsnorm'd with weight nw (as
 // rmsnorm_fwd, rounded to T) or layernorm'd with weight nw and bias nb (as layernorm_rows_fwd).
 // A warp task is R output rows (R gate + R up rows for GV_SWIGLU); each lane holds U 16-byte
 // chunks of each of them per round. x sits in shared memory as T: (N, IC).
 #define GV_WARPS 8
 #define GV_MAXN 8
-enum { GV_PLAIN = 0, GV_RESID = 1, GV_SWIGLU = 2, GV_GELU = 3 };
+enum { GV_PLAIN = 0, GV_RESID = 1, GV_SWIGLU = 2, GV_GELU = 3, GV_ARGMAX = 4 };
+
+// GV_ARGMAX's arguments (argmax_put's, and the blocks' partials: pv / pi a block each, cnt the
+// row's counter, zero between launches); empty for the other modes.
+struct gv_am {
+  int32_t *out, *tok, *pos, *hid;
+  float *pv;
+  int *pi;
+  unsigned *cnt;
+  int V;
+};
+#define GV_AM_MAX_BLOCKS 640 // partials the last block merges (20 a lane)
+
+// The end of a GV_ARGMAX launch: lane 0 of each warp holds the warp's best (bv, bi) of the outputs
+// it stored (the first maximum in index order: a warp's outputs grow); the block's best goes to
+// its partial, and the last block to arrive (the counter) takes the best of all, lowest index on
+// ties, and puts it as argmax_split_kernel does. The same id as argmax_advance over the stored
+// logits: each candidate is an output's stored value, and argmax_take's order does not matter.
+__device__ __forceinline__ void gv_argmax_tail(const gv_am &am, float bv, int bi, int lane, int warp) {
+  __shared__ float sv[GV_WARPS];
+  __shared__ int si[GV_WARPS];
+  __shared__ int last;
+  if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < GV_WARPS; k++) argmax_take(bv, bi, sv[k], si[k]);
+    am.pv[blockIdx.x] = bv;
+    am.pi[blockIdx.x] = bi;
+    __threadfence();
+    last = atomicAdd(am.cnt, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last || warp) return;
+  __threadfence();
+  constexpr int PL = GV_AM_MAX_BLOCKS / 32;
+  float pvs[PL];
+  int pis[PL];
+#pragma unroll
+  for (int j = 0; j < PL; j++) { // every lane's loads in flight at once
+    const int k = lane + 32 * j;
+    pvs[j] = k < (int)gridDim.x ? __ldcg(am.pv + k) : -INFINITY;
+    pis[j] = k < (int)gridDim.x ? __ldcg(am.pi + k) : 0x7fffffff;
+  }
+  bv = -INFINITY;
+  bi = 0x7fffffff;
+#pragma unroll
+  for (int j = 0; j < PL; j++) argmax_take(bv, bi, pvs[j], pis[j]);
+  argmax_warp(bv, bi);
+  if (lane) return;
+  argmax_put(am.out, am.tok, am.pos, am.hid, 1, 0, bi == 0x7fffffff ? 0 : bi);
+  *am.cnt = 0;
+}
 enum { GV_NONORM = 0, GV_RMS = 1, GV_LAYER = 2 }; // NORM: the input rows as they are, rmsnorm'd, layernorm'd
 
 // gelu_fwd's formula (ops_cuda.cu), so GV_GELU's outputs equal matmul_fwd + gelu_fwd's up to the
@@ -1352,8 +1405,11 @@ template <int MODE, int U> constexpr int gv_minb() { return MODE == GV_RESID && 
 template <typename T, int N, int R, int U, int NORM, int MODE>
 __global__ void GV_BOUNDS
     gemv_kernel(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res,
-                int nr, int IC, int OC, float eps, int vnorm, const void *pf, size_t pfb) {
+                int nr, int IC, int OC, float eps, int vnorm, const void *pf, size_t pfb, gv_am am) {
+  static_assert(MODE != GV_ARGMAX || N == 1, "GV_ARGMAX takes one row");
   constexpr int RR = MODE == GV_SWIGLU ? 2 * R : R;
+  float bv = -INFINITY; // GV_ARGMAX: lane 0's best output so far, and its index
+  int bi = 0x7fffffff;
   extern __shared__ uint4 gv_smem[];
   T *xs = (T *)gv_smem;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1439,10 +1495,15 @@ __global__ void GV_BOUNDS
           if (MODE == GV_RESID) v = rounded<T>(v) + ldf(res + (long)n * OC + o);
           if (MODE == GV_GELU) v = gv_gelu(rounded<T>(v));
           stf(out + (long)n * OC + o, v);
+          if constexpr (MODE == GV_ARGMAX) {
+            const float st = rounded<T>(v); // the value stored, which argmax_rows would read
+            if (o < am.V && st > bv) { bv = st; bi = o; }
+          }
         }
       }
     }
   }
+  if constexpr (MODE == GV_ARGMAX) gv_argmax_tail(am, bv, bi, lane, warp);
 }
 
 // ---- tensor-core GEMV: 2 to GM_MAXN rows on mma.sync, IC a multiple of 256 ----
@@ -3781,9 +3842,11 @@ bool gemv_mma(T *out, const T *inp, const T *nw, const T *nb, const T *w, const 
 
 template <typename T, int N, int NORM, int MODE, int R, int U>
 void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res, int nr,
-             int IC, int OC, float eps) {
-  if (gemv_mma<T, NORM, MODE>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps)) return;
-  if (gemv_staged<T, N, NORM, MODE>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps)) return;
+             int IC, int OC, float eps, gv_am am = gv_am{}) {
+  if constexpr (MODE != GV_ARGMAX) {
+    if (gemv_mma<T, NORM, MODE>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps)) return;
+    if (gemv_staged<T, N, NORM, MODE>(out, inp, nw, nb, w, bias, res, nr, IC, OC, eps)) return;
+  }
   const int tasks = (OC + R - 1) / R;
   unsigned blocks = (unsigned)((tasks + GV_WARPS - 1) / GV_WARPS);
   const unsigned cap = 4u * (unsigned)num_sms(); // warps loop over further tasks
@@ -3795,7 +3858,7 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T
   launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
          apart_gemv_smem((const void *)gemv_kernel<T, N, R, U, NORM, MODE>,
                          (size_t)(N + gv_np(NORM, vn)) * IC * sizeof(T)),
-         out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn, h.p, h.bytes);
+         out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn, h.p, h.bytes, am);
 }
 
 // Rows per warp task (R) and 16-byte chunks per lane and round (U): one round covers a row of
@@ -4264,6 +4327,40 @@ void cu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, co
   cu_rmsnorm_rows_fwd<T>(ln, inp, nw, N, IC, eps);
   if (gemm_rows<T, GV_PLAIN>(out, ln, w, bias, NULL, N, IC, OC)) return;
   base<T>()->matmul_fwd(out, ln, w, bias, N, IC, OC);
+}
+
+// norm_matmul_argmax (ops.h): the head GEMV of one row with the argmax in its tail (GV_ARGMAX), so
+// a batch-1 decode step ends without the argmax kernel, which only read the logits back (its
+// release to the id stored took ~3 us on an H100, beside the kernel boundary before it). The
+// head's shapes of gemv_shape (R 4 / 2, U 4 / 8: one round of a row up to 2048 wide). 1 where it
+// does not apply: CT_DECODE_HEAD_ARGMAX=0, another row count or table, the shapes, more blocks
+// than the merge takes, or a scratch buffer that would grow during a capture. Read at every call.
+long head_argmax_launches; // GV_ARGMAX launches (tests)
+template <typename T>
+int cu_norm_matmul_argmax(void *logits, const void *inp, const void *nw, const void *w, int IC,
+                          int OC, float eps, int32_t *out, int32_t *tok, int32_t *pos,
+                          int32_t *hid, int V) {
+  if constexpr (sizeof(T) != 2) {
+    return 1;
+  } else {
+    if (env_off("CT_DECODE_HEAD_ARGMAX") || !v2_on() || !gemv_fits<T>(1, IC, inp, w, nw) ||
+        IC > 2048 || OC <= 0 || V <= 0 || V > OC || !out || !logits ||
+        (size_t)4 * num_sms() > GV_AM_MAX_BLOCKS)
+      return 1;
+    char *buf = (char *)grow_scratch(split_bufs, SPLIT_COUNT_BYTES + (size_t)GV_AM_MAX_BLOCKS * 8,
+                                     SPLIT_COUNT_BYTES, "norm_matmul_argmax", true);
+    if (!buf) return 1;
+    float *pv = (float *)(buf + SPLIT_COUNT_BYTES);
+    gv_am am{out, tok, pos, hid, pv, (int *)(pv + GV_AM_MAX_BLOCKS),
+             (unsigned *)(buf + SPLIT_COUNT_BYTES) - ARGMAX_MAX_ROWS, V};
+    T *o = (T *)logits;
+    const T *x = (const T *)inp, *g = (const T *)nw, *W = (const T *)w;
+    if (IC <= 1024) gemv_go<T, 1, GV_RMS, GV_ARGMAX, 4, 4>(o, x, g, NULL, W, NULL, NULL, 1, IC, OC, eps, am);
+    else gemv_go<T, 1, GV_RMS, GV_ARGMAX, 2, 8>(o, x, g, NULL, W, NULL, NULL, 1, IC, OC, eps, am);
+    if (cudaPeekAtLastError() != cudaSuccess) return -1;
+    head_argmax_launches++;
+    return 0;
+  }
 }
 
 template <typename T>
@@ -4923,6 +5020,7 @@ template <typename T> void fill(ct_ops *t) {
   t->attention_decode = cu_attention_decode<T>;
   t->argmax_rows = cu_argmax_rows<T>;
   t->argmax_advance = cu_argmax_advance<T>;
+  t->norm_matmul_argmax = cu_norm_matmul_argmax<T>;
   t->norm_matmul_fwd = cu_norm_matmul_fwd<T>;
   t->norm_matmul_swiglu_fwd = cu_norm_matmul_swiglu_fwd<T>;
   t->matmul_add_fwd = cu_matmul_add_fwd<T>;
@@ -5144,3 +5242,4 @@ extern "C" long ct_cuda_attention_hs_launches(void) { return hs_launches; }
 extern "C" long ct_cuda_attention_blk_launches(void) { return ab_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }
+extern "C" long ct_cuda_head_argmax_launches(void) { return head_argmax_launches; }

@@ -150,6 +150,9 @@ long ct_cuda_gemm_rows_launches(void);
 long ct_cuda_attention_oproj_launches(void);
 /* How many attention_decode_qkv kernels were launched or recorded into graphs (tests). */
 long ct_cuda_attention_qkv_launches(void);
+/* How many head GEMVs with the argmax in their tail (norm_matmul_argmax) were launched or
+ * recorded into graphs (tests). */
+long ct_cuda_head_argmax_launches(void);
 /* How many attention_decode_rope kernels ran as thread block clusters (CT_DECODE_CLUSTER=1; tests). */
 long ct_cuda_attention_cluster_launches(void);
 /* How many attention_decode_rope kernels were launched with their blocks alone on their

@@ -1371,6 +1371,118 @@ static void test_attention_qkv(void) {
  * itself (each output sums one nonzero product), for 1 to 16 rows (the CUDA-core GEMV at one
  * row, the tensor-core GEMV from 2: a warp a row up to 8, two from 9) and 40 (cuBLAS after this
  * norm). */
+/* norm_matmul_argmax (the head GEMV with the argmax in its tail) against norm_matmul_fwd then
+ * argmax_advance / argmax_rows on the same table: logits bit for bit, the same id, token,
+ * position and host id. Each shape runs three times: random weights; the best row copied to a
+ * lower index (a tie: the lower index wins); and a padding row (past V) made the largest (not
+ * taken). A shape of 40,000 outputs has more blocks than run at once (warps loop over tasks and
+ * the last block merges every block's partial); 2048 wide takes the other task shape. */
+static void head_argmax_case(const ct_ops *o, int IC, int OC, int V, int advance) {
+  char what[128];
+  snprintf(what, sizeof what, "%s norm_matmul_argmax IC %d OC %d V %d%s", o->name, IC, OC, V,
+           advance ? " advance" : "");
+  const size_t nw_ = (size_t)OC * IC;
+  float *x = malloc(IC * 4), *g = malloc(IC * 4), *w = malloc(nw_ * 4);
+  float *la = malloc((size_t)OC * 4), *lb = malloc((size_t)OC * 4);
+  for (int i = 0; i < IC; i++) x[i] = frand(), g[i] = 1.0f + 0.5f * frand();
+  for (size_t i = 0; i < nw_; i++) w[i] = 0.05f * frand();
+  void *dx = up(o, x, IC), *dg = up(o, g, IC), *dw = up(o, w, nw_);
+  void *dla = o->alloc((size_t)OC * o->act_bytes), *dlb = o->alloc((size_t)OC * o->act_bytes);
+  void *dln = o->alloc((size_t)IC * o->act_bytes);
+  int32_t *dia = o->alloc(4), *dib = o->alloc(4), *dt = o->alloc(8), *dp = o->alloc(8);
+  void *dmap = NULL;
+  int32_t *hmap = advance ? mapped_ids(o, 1, &dmap) : NULL;
+  int best = -1, lo = -1;
+  for (int round = 0; round < 3; round++) {
+    const int32_t tok0 = 5, pos0 = 41 + round;
+    int32_t ia = -1, ib = -2, ta = -1, pa = -1, tb = -1, pb = -1, ha = -1, hb = -1;
+    /* the reference: the two ops */
+    o->to_device(dt, &tok0, 4);
+    o->to_device(dp, &pos0, 4);
+    o->norm_matmul_fwd(dlb, dln, dx, dg, dw, NULL, 1, IC, OC, 1e-6f);
+    if (advance) o->argmax_advance(dib, dt, dp, (int32_t *)dmap, dlb, 1, V, OC);
+    else o->argmax_rows(dib, dlb, 1, V, OC);
+    o->to_host(&ib, dib, 4);
+    o->to_host(&tb, dt, 4);
+    o->to_host(&pb, dp, 4);
+    if (hmap) hb = hmap[((pos0 + 1) & 1)], hmap[0] = hmap[1] = -1;
+    down(o, lb, dlb, OC);
+    /* the fused op */
+    o->to_device(dt, &tok0, 4);
+    o->to_device(dp, &pos0, 4);
+    o->zero(dla, (size_t)OC * o->act_bytes);
+    const long n0 = ct_cuda_head_argmax_launches();
+    const int rc = o->norm_matmul_argmax(dla, dx, dg, dw, IC, OC, 1e-6f, dia, advance ? dt : NULL,
+                                         advance ? dp : NULL, advance ? (int32_t *)dmap : NULL, V);
+    CHECK_MSG(rc == 0 && ct_cuda_head_argmax_launches() == n0 + 1, "%s round %d: rc %d, %ld launches",
+              what, round, rc, ct_cuda_head_argmax_launches() - n0);
+    o->to_host(&ia, dia, 4);
+    o->to_host(&ta, dt, 4);
+    o->to_host(&pa, dp, 4);
+    if (hmap) ha = hmap[((pos0 + 1) & 1)], hmap[0] = hmap[1] = -1;
+    down(o, la, dla, OC);
+    CHECK_MSG(!memcmp(la, lb, (size_t)OC * 4), "%s round %d: logits differ", what, round);
+    CHECK_MSG(ia == ib && ia >= 0 && ia < V, "%s round %d: id %d, the two ops' %d", what, round, ia, ib);
+    if (advance)
+      CHECK_MSG(ta == ib && pa == pos0 + 1 && tb == ib && pb == pos0 + 1 && ha == ib && hb == ib,
+                "%s round %d: token %d position %d host id %d (two ops: %d %d %d), expected %d %d",
+                what, round, ta, pa, ha, tb, pb, hb, ib, pos0 + 1);
+    else
+      CHECK_MSG(ta == tok0 && pa == pos0, "%s round %d: token / position changed", what, round);
+    if (round == 1) /* the tie took: the copy's lower index, with the same logit */
+      CHECK_MSG(ib == lo && lb[lo] == lb[best], "%s: tie round: id %d, expected %d", what, ib, lo);
+    if (round == 2) /* the padding row is the largest logit and not taken */
+      CHECK_MSG(ib == lo && (V == OC || lb[OC - 1] > lb[lo]),
+                "%s: padding round: id %d (expected %d), padding logit %g against %g", what, ib,
+                lo, lb[OC - 1], lb[lo]);
+    if (round == 0) { /* the best row again at a lower index */
+      best = ib;
+      lo = ib / 3;
+      CHECK_MSG(lo < ib, "%s: the best row is row 0, no lower index to copy it to", what);
+      memcpy(w + (size_t)lo * IC, w + (size_t)ib * IC, (size_t)IC * 4);
+    } else if (round == 1 && V < OC) { /* a padding row, twice the best: the largest logit */
+      for (int k = 0; k < IC; k++) w[(size_t)(OC - 1) * IC + k] = 2.0f * w[(size_t)lo * IC + k];
+    }
+    if (round < 2) {
+      o->free(dw);
+      dw = up(o, w, nw_);
+    }
+  }
+  if (hmap) o->host_free(hmap);
+  char err[512];
+  CHECK_MSG(ct_cuda_check(err, sizeof err) == 0, "%s: %s", what, err);
+  void *dev[] = {dx, dg, dw, dla, dlb, dln, dia, dib, dt, dp};
+  for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) o->free(dev[i]);
+  free(x); free(g); free(w); free(la); free(lb);
+}
+static void test_head_argmax(void) {
+  const ct_ops *ts[] = {ct_ops_cuda_bf16(), ct_ops_cuda_fp16()};
+  for (int t = 0; t < 2; t++) {
+    const ct_ops *o = ts[t];
+    CHECK_MSG(o->norm_matmul_argmax != NULL, "%s: no norm_matmul_argmax", o->name);
+    if (!o->norm_matmul_argmax) continue;
+    head_argmax_case(o, 64, 1000, 990, 1);
+    head_argmax_case(o, 1024, 40000, 39990, 1);
+    head_argmax_case(o, 1024, 40000, 39990, 0);
+    head_argmax_case(o, 2048, 5000, 4999, 1);
+    head_argmax_case(o, 1536, 3000, 3000, 0);
+  }
+  /* the fp32 table and CT_DECODE_HEAD_ARGMAX=0: not applied (the caller runs the two ops) */
+  const ct_ops *f = ct_ops_cuda();
+  CHECK_MSG(!f->norm_matmul_argmax ||
+                f->norm_matmul_argmax(NULL, NULL, NULL, NULL, 64, 100, 1e-6f, NULL, NULL, NULL,
+                                      NULL, 100) == 1,
+            "fp32 table: norm_matmul_argmax applied");
+  setenv("CT_DECODE_HEAD_ARGMAX", "0", 1);
+  const ct_ops *o = ct_ops_cuda_bf16();
+  const long n0 = ct_cuda_head_argmax_launches();
+  CHECK_MSG(o->norm_matmul_argmax(NULL, NULL, NULL, NULL, 64, 100, 1e-6f, NULL, NULL, NULL, NULL,
+                                  100) == 1 &&
+                ct_cuda_head_argmax_launches() == n0,
+            "CT_DECODE_HEAD_ARGMAX=0: norm_matmul_argmax applied");
+  unsetenv("CT_DECODE_HEAD_ARGMAX");
+}
+
 static void test_norm_rows(const ct_ops *o, double tol) {
   const ct_ops *c = ct_ops_cpu();
   static const int shapes[][2] = {{1, 64},  {3, 768},  {17, 1024}, {64, 1024},
@@ -1538,6 +1650,7 @@ int main(void) {
   test_attention_push();
   test_attention_oproj();
   test_attention_blk();
+  test_head_argmax();
   /* the staged GEMV and the norm + qkv + attention kernel repeat gemv_kernel's arithmetic: their
    * bits are checked against it, so these run with the tensor-core GEMV off */
   setenv("CT_DECODE_MMA", "0", 1);
