@@ -783,7 +783,8 @@ for part in "$@"; do
       # layer's kernel boundaries that lost long ago, the norm + qkv GEMV inside the attention
       # cluster (CT_DECODE_QKV_ATT=1, call 66: 1,375 against 1,48x) and the output projection
       # inside it (CT_DECODE_OPROJ=1, call 30), and attention asking the layer's output projection
-      # and gate/up weights into L2 (CT_DECODE_PREFETCH=att, call 17), timed again against the
+      # and gate/up weights into L2 (CT_DECODE_PREFETCH=att, call 17; =gu gate/up's alone, =ogu
+      # those asked by the output projection's GEMV instead), timed again against the
       # default now that attention pushes its rows, sits apart and the ids go to mapped memory.
       # On an H200 the benchmark first; on any card the decode tests, the ids and two
       # interleaved rounds (batch 1, 1, 8 on the Qwen3 shape; 1, 1 on Llama-1B's).
@@ -801,6 +802,9 @@ for part in "$@"; do
         ab qkvatt_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_QKV_ATT=1
         ab oproj_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_OPROJ=1
         ab pfatt_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_PREFETCH=att
+        ab pfgu_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_PREFETCH=gu
+        ab pfogu_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_PREFETCH=ogu
+        ab pfogud_$r ctrain qwen3-0.6b 1,1,8 CT_DECODE_PREFETCH=ogud
         ab llama_base_$r ctrain llama3.2-1b 1,1
         ab llama_ham0_$r ctrain llama3.2-1b 1,1 CT_DECODE_HEAD_ARGMAX=0
       done

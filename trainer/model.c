@@ -1384,10 +1384,15 @@ static bool infer_fused(const ct_infer *e) {
 /* What attention's L2 hint names (a measurement, CT_DECODE_PREFETCH, read at each uncaptured
  * step of a backend with hints, so a test can switch it): 0 the output projection's and gate/up
  * weights, 1 the down projection's ("down"), 2 those and the next layer's qkv weights
- * ("downqkv"). The backend decides whether a kernel takes the hint. */
+ * ("downqkv"), 3 gate/up's alone ("gu"); 4 ("ogu"): no hint for attention, gate/up's weights for
+ * the output projection's GEMV, and no other; 5 ("ogud") as 4 with the down projection's weights
+ * too. The backend decides whether a kernel takes it. */
 static int prefetch_target(void) {
   const char *v = getenv("CT_DECODE_PREFETCH");
-  return v && !strcmp(v, "down") ? 1 : v && !strcmp(v, "downqkv") ? 2 : 0;
+  if (!v) return 0;
+  return !strcmp(v, "down") ? 1 : !strcmp(v, "downqkv") ? 2 : !strcmp(v, "gu") ? 3
+                                                           : !strcmp(v, "ogu") ? 4
+                                                           : !strcmp(v, "ogud") ? 5 : 0;
 }
 
 /* A decode step's layer through the fused ops (ops.h): norm + qkv projection, qk norm + rope +
@@ -1409,13 +1414,14 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
   const void *qn = m->cfg.qk_norm ? DW(d, l, P_QNORM) : NULL;
   const void *kn = m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL;
   const float theta = (float)m->cfg.rope_theta;
+  const int tgt = o->l2_hint ? prefetch_target() : 0;
   /* norm + qkv projection + attention as one kernel where the table has it (one row, opt-in) */
   const bool with_qkv =
       o->attention_decode_qkv &&
       o->attention_decode_qkv(atty, raw, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W),
                               DWO(d, l, P_QKV_B), qn, kn, e->kc[l], e->vc[l], slot, pos, N, C, H,
                               KV, hd, e->max_T, theta, eps) <= 0;
-  HINT(DW(d, l, P_ATTO_W), (size_t)C * H * hd * ab);
+  if (tgt < 4) HINT(DW(d, l, P_ATTO_W), (size_t)C * H * hd * ab);
   if (!with_qkv)
     o->norm_matmul_fwd(raw, ln, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C,
                        W, eps);
@@ -1425,8 +1431,9 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
      * next layer's qkv weights where they follow them (the GEMVs whose blocks start late) */
     const char *ow = DW(d, l, P_ATTO_W), *fw = DW(d, l, P_FC_W), *pw = DW(d, l, P_PROJ_W);
     const size_t fb = (size_t)2 * F * C * ab, pb = (size_t)F * C * ab;
-    const int tgt = o->l2_hint ? prefetch_target() : 0;
-    if (tgt >= 1) { /* one span from the down weights to the end of the next qkv weights, where
+    if (tgt >= 4) HINT(NULL, 0);
+    else if (tgt == 3) HINT(fw, fb);
+    else if (tgt >= 1) { /* one span from the down weights to the end of the next qkv weights, where
                       * they follow within 64 MB (the layers of a device lie in order) */
       const char *qw = tgt == 2 && l + 1 < d->l1 ? DW(d, l + 1, P_QKV_W) : NULL;
       const size_t qb = (size_t)W * C * ab;
@@ -1450,11 +1457,18 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
                        theta, eps);
     o->attention_decode(atty, qkv, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd, e->max_T);
   }
-  HINT(DW(d, l, P_PROJ_W), (size_t)F * C * ab);
+  if (tgt >= 4) { /* the MLP's weights: gate/up's, and with 5 the down projection's where they follow */
+    const char *fw = DW(d, l, P_FC_W), *pw = DW(d, l, P_PROJ_W);
+    const size_t fb = (size_t)2 * F * C * ab, pb = (size_t)F * C * ab;
+    if (tgt == 5 && pw > fw && (size_t)(pw - fw) < fb + ((size_t)64 << 20)) HINT(fw, (size_t)(pw - fw) + pb);
+    else HINT(fw, fb);
+  } else {
+    HINT(DW(d, l, P_PROJ_W), (size_t)F * C * ab);
+  }
   if (!with_proj)
     o->matmul_add_fwd(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), x, N, H * hd, C);
   /* the next layer's qkv weights, when that layer is on this device */
-  if (l + 1 < d->l1) HINT(DW(d, l + 1, P_QKV_W), (size_t)W * C * ab);
+  if (l + 1 < d->l1 && tgt < 4) HINT(DW(d, l + 1, P_QKV_W), (size_t)W * C * ab);
   o->norm_matmul_swiglu_fwd(DA(d, act), DA(d, fch), ln, res2, DW(d, l, P_LN2_W), DW(d, l, P_FC_W),
                             N, C, F, eps);
   HINT(NULL, 0);

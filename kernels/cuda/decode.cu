@@ -285,6 +285,11 @@ bool vec_argmax_on() { return !env_off("CT_DECODE_VEC_ARGMAX"); }
 //                           -4%, downqkv -4.5%; with down's GEMV at 64 registers -9.5%;
 //                           bench/results/call149-151_2026-12-06_H100_push): the weights the
 //                           hint pulls into L2 take DRAM time from the GEMVs streaming then.
+//   CT_DECODE_PREFETCH=gu   as att, but only gate/up's weights (12.6 MB on the Qwen3-0.6B shape:
+//                           the GEMV that streams the most right after attention's idle DRAM);
+//                           =ogu: the output projection's GEMV asks for them instead, at its start
+//                           (its blocks start beside attention), and no other kernel takes a hint;
+//                           =ogud: those and the down projection's (18.9 MB)
 //   CT_DECODE_PF_AFTER=1    the fused attention issues its hint after its wait, when the qkv GEMV
 //                           it waits on has finished streaming, rather than at its start
 //                           (downqkv after the wait: -7.5%, call 149).
@@ -300,11 +305,14 @@ int hint_dev() {
   return cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 16 ? dev : -1;
 }
 
-// 0 off, 1 every kernel, 2 attention only
+// 0 off, 1 every kernel, 2 attention only, 3 the GEMVs only
 int prefetch_mode() {
   const char *v = getenv("CT_DECODE_PREFETCH");
   if (!v) return 0;
-  return !strcmp(v, "1") ? 1 : !strcmp(v, "att") || !strcmp(v, "down") || !strcmp(v, "downqkv") ? 2 : 0;
+  if (!strcmp(v, "ogu") || !strcmp(v, "ogud")) return 3;
+  return !strcmp(v, "1") ? 1
+         : !strcmp(v, "att") || !strcmp(v, "down") || !strcmp(v, "downqkv") || !strcmp(v, "gu") ? 2
+                                                                                                 : 0;
 }
 
 void cu_l2_hint(const void *p, size_t bytes) {
@@ -319,7 +327,8 @@ void cu_l2_hint(const void *p, size_t bytes) {
 l2_hint_t take_hint(bool att = false) {
   const int dev = hint_dev();
   if (dev < 0 || !hints[dev].p) return l2_hint_t{NULL, 0}; // prefetch off: no getenv per launch
-  if (!att && prefetch_mode() == 2) return l2_hint_t{NULL, 0};
+  const int mode = prefetch_mode();
+  if ((!att && mode == 2) || (att && mode == 3)) return l2_hint_t{NULL, 0};
   const l2_hint_t h = hints[dev];
   hints[dev] = l2_hint_t{NULL, 0};
   if (h.p) hints_used++;
