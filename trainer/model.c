@@ -1457,11 +1457,13 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
                        theta, eps);
     o->attention_decode(atty, qkv, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd, e->max_T);
   }
-  if (tgt >= 4) { /* the MLP's weights: gate/up's, and with 5 the down projection's where they follow */
+  if (tgt >= 4) { /* the MLP's weights: gate/up's, with 5 the down projection's where they follow */
     const char *fw = DW(d, l, P_FC_W), *pw = DW(d, l, P_PROJ_W);
     const size_t fb = (size_t)2 * F * C * ab, pb = (size_t)F * C * ab;
-    if (tgt == 5 && pw > fw && (size_t)(pw - fw) < fb + ((size_t)64 << 20)) HINT(fw, (size_t)(pw - fw) + pb);
-    else HINT(fw, fb);
+    if (tgt == 5 && pw > fw && (size_t)(pw - fw) < fb + ((size_t)64 << 20))
+      HINT(fw, (size_t)(pw - fw) + pb);
+    else
+      HINT(fw, fb);
   } else {
     HINT(DW(d, l, P_PROJ_W), (size_t)F * C * ab);
   }

@@ -310,9 +310,8 @@ int prefetch_mode() {
   const char *v = getenv("CT_DECODE_PREFETCH");
   if (!v) return 0;
   if (!strcmp(v, "ogu") || !strcmp(v, "ogud")) return 3;
-  return !strcmp(v, "1") ? 1
-         : !strcmp(v, "att") || !strcmp(v, "down") || !strcmp(v, "downqkv") || !strcmp(v, "gu") ? 2
-                                                                                                 : 0;
+  if (!strcmp(v, "1")) return 1;
+  return !strcmp(v, "att") || !strcmp(v, "down") || !strcmp(v, "downqkv") || !strcmp(v, "gu") ? 2 : 0;
 }
 
 void cu_l2_hint(const void *p, size_t bytes) {
@@ -1236,7 +1235,8 @@ struct gv_am {
 // its partial, and the last block to arrive (the counter) takes the best of all, lowest index on
 // ties, and puts it as argmax_split_kernel does. The same id as argmax_advance over the stored
 // logits: each candidate is an output's stored value, and argmax_take's order does not matter.
-__device__ __forceinline__ void gv_argmax_tail(const gv_am &am, float bv, int bi, int lane, int warp) {
+__device__ __forceinline__ void gv_argmax_tail(const gv_am &am, float bv, int bi, int lane,
+                                               int warp) {
   __shared__ float sv[GV_WARPS];
   __shared__ int si[GV_WARPS];
   __shared__ int last;
@@ -1414,7 +1414,8 @@ template <int MODE, int U> constexpr int gv_minb() { return MODE == GV_RESID && 
 template <typename T, int N, int R, int U, int NORM, int MODE>
 __global__ void GV_BOUNDS
     gemv_kernel(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res,
-                int nr, int IC, int OC, float eps, int vnorm, const void *pf, size_t pfb, gv_am am) {
+                int nr, int IC, int OC, float eps, int vnorm, const void *pf, size_t pfb,
+                gv_am am) {
   static_assert(MODE != GV_ARGMAX || N == 1, "GV_ARGMAX takes one row");
   constexpr int RR = MODE == GV_SWIGLU ? 2 * R : R;
   float bv = -INFINITY; // GV_ARGMAX: lane 0's best output so far, and its index
@@ -4364,8 +4365,10 @@ int cu_norm_matmul_argmax(void *logits, const void *inp, const void *nw, const v
              (unsigned *)(buf + SPLIT_COUNT_BYTES) - ARGMAX_MAX_ROWS, V};
     T *o = (T *)logits;
     const T *x = (const T *)inp, *g = (const T *)nw, *W = (const T *)w;
-    if (IC <= 1024) gemv_go<T, 1, GV_RMS, GV_ARGMAX, 4, 4>(o, x, g, NULL, W, NULL, NULL, 1, IC, OC, eps, am);
-    else gemv_go<T, 1, GV_RMS, GV_ARGMAX, 2, 8>(o, x, g, NULL, W, NULL, NULL, 1, IC, OC, eps, am);
+    if (IC <= 1024)
+      gemv_go<T, 1, GV_RMS, GV_ARGMAX, 4, 4>(o, x, g, NULL, W, NULL, NULL, 1, IC, OC, eps, am);
+    else
+      gemv_go<T, 1, GV_RMS, GV_ARGMAX, 2, 8>(o, x, g, NULL, W, NULL, NULL, 1, IC, OC, eps, am);
     if (cudaPeekAtLastError() != cudaSuccess) return -1;
     head_argmax_launches++;
     return 0;

@@ -1414,15 +1414,17 @@ static void head_argmax_case(const ct_ops *o, int IC, int OC, int V, int advance
     const long n0 = ct_cuda_head_argmax_launches();
     const int rc = o->norm_matmul_argmax(dla, dx, dg, dw, IC, OC, 1e-6f, dia, advance ? dt : NULL,
                                          advance ? dp : NULL, advance ? (int32_t *)dmap : NULL, V);
-    CHECK_MSG(rc == 0 && ct_cuda_head_argmax_launches() == n0 + 1, "%s round %d: rc %d, %ld launches",
-              what, round, rc, ct_cuda_head_argmax_launches() - n0);
+    CHECK_MSG(rc == 0 && ct_cuda_head_argmax_launches() == n0 + 1,
+              "%s round %d: rc %d, %ld launches", what, round, rc,
+              ct_cuda_head_argmax_launches() - n0);
     o->to_host(&ia, dia, 4);
     o->to_host(&ta, dt, 4);
     o->to_host(&pa, dp, 4);
     if (hmap) ha = hmap[((pos0 + 1) & 1)], hmap[0] = hmap[1] = -1;
     down(o, la, dla, OC);
     CHECK_MSG(!memcmp(la, lb, (size_t)OC * 4), "%s round %d: logits differ", what, round);
-    CHECK_MSG(ia == ib && ia >= 0 && ia < V, "%s round %d: id %d, the two ops' %d", what, round, ia, ib);
+    CHECK_MSG(ia == ib && ia >= 0 && ia < V, "%s round %d: id %d, the two ops' %d", what, round,
+              ia, ib);
     if (advance)
       CHECK_MSG(ta == ib && pa == pos0 + 1 && tb == ib && pb == pos0 + 1 && ha == ib && hb == ib,
                 "%s round %d: token %d position %d host id %d (two ops: %d %d %d), expected %d %d",
