@@ -795,7 +795,8 @@ for part in "$@"; do
       dec_tests || exit 1
       grep -E "norm_matmul_argmax" "$OUT/test_decode.txt" | head -5
       echo "ids qwen3: base $(ids ctrain) ham0 $(ids ctrain CT_DECODE_HEAD_ARGMAX=0)" \
-        "qkvatt $(ids ctrain CT_DECODE_QKV_ATT=1) oproj $(ids ctrain CT_DECODE_OPROJ=1) (0b1cea1e507a before)"
+        "qkvatt $(ids ctrain CT_DECODE_QKV_ATT=1) oproj $(ids ctrain CT_DECODE_OPROJ=1)" \
+        "(0b1cea1e507a before)"
       for r in 1 2; do
         [ $((SECONDS - t0)) -lt "${S47_ROUNDS_BEFORE:-440}" ] || break
         ab base_$r ctrain qwen3-0.6b 1,1,8

@@ -311,7 +311,8 @@ int prefetch_mode() {
   if (!v) return 0;
   if (!strcmp(v, "ogu") || !strcmp(v, "ogud")) return 3;
   if (!strcmp(v, "1")) return 1;
-  return !strcmp(v, "att") || !strcmp(v, "down") || !strcmp(v, "downqkv") || !strcmp(v, "gu") ? 2 : 0;
+  const bool att = !strcmp(v, "att") || !strcmp(v, "down") || !strcmp(v, "downqkv") || !strcmp(v, "gu");
+  return att ? 2 : 0;
 }
 
 void cu_l2_hint(const void *p, size_t bytes) {
