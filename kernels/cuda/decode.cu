@@ -180,6 +180,15 @@
 // With the early trigger (CT_DECODE_ATT_LATE=0) o_proj starts before attention's release but
 // attention's own phases lengthen beside the early blocks: +0.2 to +1.3% at batch 1 on the H100
 // (call 179), left off until an H200 decides (older code measured it 1.5% slower there).
+// Session 38 (2026-12-06, one H100, bench/results/call_s38_2026-12-06_H100_f26618f, the same ids
+// every way): the head GEMV with the argmax in its tail (norm_matmul_argmax, one kernel fewer a
+// step) ran even with the two kernels (1,613.6 against 1,612.6 tokens/s at batch 1, Llama-3.2-1B
+// 1,023.7 against 1,025.5): the ~3 us the argmax kernel took after its release went to the head's
+// last block merging 528 partials. Kept: the same bits, one launch fewer where graphs are off.
+// The fusions that lost before lose on today's code too: norm + qkv inside attention's cluster
+// (CT_DECODE_QKV_ATT=1) -21% at batch 1, the output projection inside it (CT_DECODE_OPROJ=1)
+// -36% (-36% at batch 8), and L2 hints filling the DRAM time attention leaves idle -6 to -8% at
+// batch 1 (see l2_hint_t; only the whole MLP's hint helped batch 8, +1.4%).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -289,7 +298,9 @@ bool vec_argmax_on() { return !env_off("CT_DECODE_VEC_ARGMAX"); }
 //                           the GEMV that streams the most right after attention's idle DRAM);
 //                           =ogu: the output projection's GEMV asks for them instead, at its start
 //                           (its blocks start beside attention), and no other kernel takes a hint;
-//                           =ogud: those and the down projection's (18.9 MB)
+//                           =ogud: those and the down projection's (18.9 MB). Session 38 (H100,
+//                           bench/results/call_s38_*): att -6%, gu -6%, ogu -6.5%, ogud -8% at
+//                           batch 1; at batch 8 att -6.5%, gu -5%, ogu +0.5%, ogud +1.4%
 //   CT_DECODE_PF_AFTER=1    the fused attention issues its hint after its wait, when the qkv GEMV
 //                           it waits on has finished streaming, rather than at its start
 //                           (downqkv after the wait: -7.5%, call 149).
