@@ -184,7 +184,9 @@
 // every way): the head GEMV with the argmax in its tail (norm_matmul_argmax, one kernel fewer a
 // step) ran even with the two kernels (1,613.6 against 1,612.6 tokens/s at batch 1, Llama-3.2-1B
 // 1,023.7 against 1,025.5): the ~3 us the argmax kernel took after its release went to the head's
-// last block merging 528 partials. Kept: the same bits, one launch fewer where graphs are off.
+// last block merging 528 partials. With CUDA graphs off it decoded 20-33% faster (1,110-1,228
+// against 905-930 tokens/s, two rounds), far more than one launch's ~5 us; why is not yet known.
+// Kept (the default; CT_DECODE_HEAD_ARGMAX=0 the two kernels): the same bits either way.
 // The fusions that lost before lose on today's code too: norm + qkv inside attention's cluster
 // (CT_DECODE_QKV_ATT=1) -21% at batch 1, the output projection inside it (CT_DECODE_OPROJ=1)
 // -36% (-36% at batch 8), and L2 hints filling the DRAM time attention leaves idle -6 to -8% at
@@ -1230,6 +1232,7 @@ __global__ void argmax_rows_kernel(int32_t *out, int32_t *tok, int32_t *pos, int
 #define GV_WARPS 8
 #define GV_MAXN 8
 enum { GV_PLAIN = 0, GV_RESID = 1, GV_SWIGLU = 2, GV_GELU = 3, GV_ARGMAX = 4 };
+enum { GV_NONORM = 0, GV_RMS = 1, GV_LAYER = 2 }; // NORM: the input rows as they are, rmsnorm'd, layernorm'd
 
 // GV_ARGMAX's arguments (argmax_put's, and the blocks' partials: pv / pi a block each, cnt the
 // row's counter, zero between launches); empty for the other modes.
@@ -1282,7 +1285,6 @@ __device__ __forceinline__ void gv_argmax_tail(const gv_am &am, float bv, int bi
   argmax_put(am.out, am.tok, am.pos, am.hid, 1, 0, bi == 0x7fffffff ? 0 : bi);
   *am.cnt = 0;
 }
-enum { GV_NONORM = 0, GV_RMS = 1, GV_LAYER = 2 }; // NORM: the input rows as they are, rmsnorm'd, layernorm'd
 
 // gelu_fwd's formula (ops_cuda.cu), so GV_GELU's outputs equal matmul_fwd + gelu_fwd's up to the
 // order of the product's sums
