@@ -259,6 +259,10 @@
 # the H100's bound; bench/results/call_s37_*). s46 now prints only the card on anything but an
 # H200 (GEN=1 adds the generate suite, ANY_CARD=1 the batch-1 benchmark and the decode tests),
 # and starts an A/B round only before 330 s (S46_ROUNDS_BEFORE). Pack as session 36 did.
+# Session 38 (2026-12-06): ~10 requests, one H100 (held for three calls), no H200. s47 on f26618f
+# (bench/results/call_s38_*): test_decode_cuda 8568/0, generate suite 69/0, the one-kernel head +
+# argmax even with graphs and 20-33% faster without, the old fusions and new L2 hints slower.
+# On the next H200: s46 (S46_QUICK=1 where little device time is left), then s47.
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
@@ -272,6 +276,9 @@
 #            (two rounds, batch 1 and 8; Llama-1B once), gpu_decode.sh when the card is an H200
 #   s33-s37  session 33's measurements (see each part's comment); s37 the merge's output pairs
 #            against call 163's binary, gpu_decode.sh when the card is an H200
+#   s47      session 38: the decode tests, ids and two A/B rounds of the head + argmax kernel, the
+#            old fusions (QKV_ATT, OPROJ) and the L2 hints (att, gu, ogu, ogud); on an H200 the
+#            issue's benchmark at 1, 8, 64 first (~7 min on an H100)
 #   s44      session 35: the normed GEMVs' row in registers against CT_DECODE_XR=0 and ctrain-base
 #            (needs the patch in bench/results/call178_*: xr was taken back)
 #   s45      session 35: attention's early trigger (CT_DECODE_ATT_LATE=0) with and without xr
@@ -793,7 +800,6 @@ for part in "$@"; do
         decode_all "1 8 64" 110 240; echo "-- benchmark done ($((SECONDS - t0)) s)"
       fi
       dec_tests || exit 1
-      grep -E "norm_matmul_argmax" "$OUT/test_decode.txt" | head -5
       echo "ids qwen3: base $(ids ctrain) ham0 $(ids ctrain CT_DECODE_HEAD_ARGMAX=0)" \
         "qkvatt $(ids ctrain CT_DECODE_QKV_ATT=1) oproj $(ids ctrain CT_DECODE_OPROJ=1)" \
         "(0b1cea1e507a before)"
