@@ -1187,6 +1187,48 @@ __device__ __forceinline__ void argmax_warp(float &bv, int &bi) {
     argmax_take(bv, bi, ov, oi);
   }
 }
+// An argmax over many blocks, each block's part: lane 0 of each of the block's W warps holds its
+// warp's best (bv, bi); the block's best goes to its partial (*pv, *pi), and the block adds one to
+// the counter *cnt shared by the nb blocks. True, in every thread, in the last block to arrive.
+template <int W>
+__device__ __forceinline__ bool argmax_block_partial(float bv, int bi, float *pv, int *pi,
+                                                     unsigned *cnt, unsigned nb) {
+  __shared__ float sv[W];
+  __shared__ int si[W];
+  __shared__ int last;
+  if ((threadIdx.x & 31) == 0) { sv[threadIdx.x >> 5] = bv; si[threadIdx.x >> 5] = bi; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int k = 1; k < W; k++) argmax_take(bv, bi, sv[k], si[k]);
+    *pv = bv;
+    *pi = bi;
+    __threadfence();
+    last = atomicAdd(cnt, 1u) == nb - 1;
+  }
+  __syncthreads();
+  return last;
+}
+// The last block's warp then: the best of the nb <= 32 * PL partials in every lane, lowest index on
+// ties. Every lane's loads go out together (one thread reading them in turn waited an L2 round trip
+// each; the warp saves ~3 us a decode step on an H200, bench/results/call89_*), then the butterfly.
+template <int PL>
+__device__ __forceinline__ void argmax_partials(const float *pv, const int *pi, int nb, int lane,
+                                                float &bv, int &bi) {
+  __threadfence();
+  float pvs[PL];
+  int pis[PL];
+#pragma unroll
+  for (int j = 0; j < PL; j++) {
+    const int k = lane + 32 * j;
+    pvs[j] = k < nb ? __ldcg(pv + k) : -INFINITY;
+    pis[j] = k < nb ? __ldcg(pi + k) : 0x7fffffff;
+  }
+  bv = -INFINITY;
+  bi = 0x7fffffff;
+#pragma unroll
+  for (int j = 0; j < PL; j++) argmax_take(bv, bi, pvs[j], pis[j]);
+  argmax_warp(bv, bi);
+}
 
 // One block per row: the largest of the first V entries, lowest index on ties.
 #define ARGMAX_THREADS 1024
@@ -1252,35 +1294,11 @@ struct gv_am {
 // logits: each candidate is an output's stored value, and argmax_take's order does not matter.
 __device__ __forceinline__ void gv_argmax_tail(const gv_am &am, float bv, int bi, int lane,
                                                int warp) {
-  __shared__ float sv[GV_WARPS];
-  __shared__ int si[GV_WARPS];
-  __shared__ int last;
-  if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int k = 1; k < GV_WARPS; k++) argmax_take(bv, bi, sv[k], si[k]);
-    am.pv[blockIdx.x] = bv;
-    am.pi[blockIdx.x] = bi;
-    __threadfence();
-    last = atomicAdd(am.cnt, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last || warp) return;
-  __threadfence();
-  constexpr int PL = GV_AM_MAX_BLOCKS / 32;
-  float pvs[PL];
-  int pis[PL];
-#pragma unroll
-  for (int j = 0; j < PL; j++) { // every lane's loads in flight at once
-    const int k = lane + 32 * j;
-    pvs[j] = k < (int)gridDim.x ? __ldcg(am.pv + k) : -INFINITY;
-    pis[j] = k < (int)gridDim.x ? __ldcg(am.pi + k) : 0x7fffffff;
-  }
-  bv = -INFINITY;
-  bi = 0x7fffffff;
-#pragma unroll
-  for (int j = 0; j < PL; j++) argmax_take(bv, bi, pvs[j], pis[j]);
-  argmax_warp(bv, bi);
+  if (!argmax_block_partial<GV_WARPS>(bv, bi, am.pv + blockIdx.x, am.pi + blockIdx.x, am.cnt,
+                                      gridDim.x) ||
+      warp)
+    return;
+  argmax_partials<GV_AM_MAX_BLOCKS / 32>(am.pv, am.pi, (int)gridDim.x, lane, bv, bi);
   if (lane) return;
   argmax_put(am.out, am.tok, am.pos, am.hid, 1, 0, bi == 0x7fffffff ? 0 : bi);
   *am.cnt = 0;
@@ -2512,9 +2530,6 @@ template <typename T, bool VEC>
 __global__ void __launch_bounds__(AM_THREADS)
     argmax_split_kernel(int32_t *out, int32_t *tok, int32_t *pos, int32_t *hid, float *pv, int *pi,
                         unsigned *count, const T *logits, int V, int Vp) {
-  __shared__ float sv[AM_THREADS / 32];
-  __shared__ int si[AM_THREADS / 32];
-  __shared__ int last;
   pdl_trigger();
 #ifdef CT_DECODE_TIMELINE
   if (tl_block0()) tl_am_slot = tl_slot();
@@ -2553,38 +2568,12 @@ __global__ void __launch_bounds__(AM_THREADS)
   }
   argmax_warp(bv, bi);
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-  if (lane == 0) { sv[w] = bv; si[w] = bi; }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int k = 1; k < AM_THREADS / 32; k++)
-      argmax_take(bv, bi, sv[k], si[k]);
-    pv[(long)n * B + b] = bv;
-    pi[(long)n * B + b] = bi;
-    __threadfence();
-    last = atomicAdd(count + n, 1u) == (unsigned)B - 1;
-  }
-  __syncthreads();
-  if (!last || w) return;
-  // the last block's first warp merges the blocks' partials: every lane's loads go out together
-  // (one thread reading them in turn waited an L2 round trip each; the warp saves ~3 us a decode
-  // step on an H200, bench/results/call89_*), then the butterfly (argmax_take's order does not
-  // change the result)
-  __threadfence();
-  bv = -INFINITY;
-  bi = 0x7fffffff;
-  constexpr int PL = AM_MAX_BLOCKS / 32; // partials a lane
-  float pvs[PL];
-  int pis[PL];
-#pragma unroll
-  for (int j = 0; j < PL; j++) {
-    const int k = lane + 32 * j;
-    pvs[j] = k < B ? __ldcg(pv + (long)n * B + k) : -INFINITY;
-    pis[j] = k < B ? __ldcg(pi + (long)n * B + k) : 0x7fffffff;
-  }
-#pragma unroll
-  for (int j = 0; j < PL; j++)
-    argmax_take(bv, bi, pvs[j], pis[j]);
-  argmax_warp(bv, bi);
+  if (!argmax_block_partial<AM_THREADS / 32>(bv, bi, pv + (long)n * B + b, pi + (long)n * B + b,
+                                             count + n, (unsigned)B) ||
+      w)
+    return;
+  // the last block's first warp merges the blocks' partials
+  argmax_partials<AM_MAX_BLOCKS / 32>(pv + (long)n * B, pi + (long)n * B, B, lane, bv, bi);
   if (lane) return;
   argmax_put(out, tok, pos, hid, gridDim.y, n, bi == 0x7fffffff ? 0 : bi);
   count[n] = 0;
