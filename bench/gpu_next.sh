@@ -817,6 +817,41 @@ for part in "$@"; do
         ab llama_ham0_$r ctrain llama3.2-1b 1,1 CT_DECODE_HEAD_ARGMAX=0
       done
       echo "-- rounds done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
+    s48)
+      # session 39: why the eager step (--cuda_graphs off) decodes 20-33% faster with the head's
+      # argmax in the head GEMV than with the two kernels (session 38, H100): two interleaved
+      # rounds, then, where nsys is installed, the GPU kernel and CUDA API summaries of both (the
+      # kernels' own time against the launch path's); and the whole-MLP L2 hint (ogud: +2.6% at
+      # batch 8 on an H200, -9% at batch 1) at batches 2 to 64, to decide a batch-size default
+      t0=$SECONDS
+      for r in 1 2; do
+        DG="$DG --cuda_graphs off" ab eager_base_$r ctrain qwen3-0.6b 1,1
+        DG="$DG --cuda_graphs off" ab eager_ham0_$r ctrain qwen3-0.6b 1,1 CT_DECODE_HEAD_ARGMAX=0
+      done
+      NS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+      echo "nsys: ${NS:-none}"
+      if [ -n "$NS" ]; then
+        for v in base ham0; do
+          e=X=1; [ $v = ham0 ] && e=CT_DECODE_HEAD_ARGMAX=0
+          env $e timeout 120 "$NS" profile -o "$OUT/eager_$v" --force-overwrite true -t cuda \
+            build-gpu/ctrain $DG --cuda_graphs off --model configs/qwen3-0.6b.toml --batch 1 \
+            > "$OUT/nsys_$v.log" 2>&1
+          echo "-- nsys $v: $(grep -oE 'decode_tok_s=[0-9.]+' "$OUT/nsys_$v.log" | tr '\n' ' ')"
+          for rep in cuda_gpu_kern_sum cuda_api_sum; do
+            timeout 120 "$NS" stats -q --report $rep --format csv "$OUT/eager_$v.nsys-rep" \
+              > "$OUT/nsys_${rep}_$v.csv" 2>&1
+            head -9 "$OUT/nsys_${rep}_$v.csv" | cut -c1-200
+          done
+          rm -f "$OUT/eager_$v.sqlite" "$OUT/eager_$v.nsys-rep"
+        done
+      fi
+      echo "-- eager done ($((SECONDS - t0)) s)"
+      for r in 1 2; do
+        ab base_$r ctrain qwen3-0.6b 2,2,4,16,32,64
+        ab ogud_$r ctrain qwen3-0.6b 2,2,4,16,32,64 CT_DECODE_PREFETCH=ogud
+        ab ogu_$r ctrain qwen3-0.6b 2,2,4,16,32,64 CT_DECODE_PREFETCH=ogu
+      done
+      echo "-- rounds done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
     h200)
       # the issue's benchmark when the lent card is an H200 (the tests and ids first); on any other
       # card only its name, so a call that gets an H100 costs little device time
