@@ -191,6 +191,12 @@
 // (CT_DECODE_QKV_ATT=1) -21% at batch 1, the output projection inside it (CT_DECODE_OPROJ=1)
 // -36% (-36% at batch 8), and L2 hints filling the DRAM time attention leaves idle -6 to -8% at
 // batch 1 (see l2_hint_t; only the whole MLP's hint helped batch 8, +1.4%).
+// On an H200 (session 39, 2026-12-06, bench/results/call_s39_2026-12-06_H200_a7ba6d9, a7ba6d9,
+// two interleaved rounds, the same ids every way): the default 1,821-1,837 tokens/s at batch 1
+// (547-549 us a token, 52-53% of the 287 us bound), the two head kernels 1,814-1,824 (-0.6%);
+// QKV_ATT -22%, OPROJ -36%; the L2 hints att -5.4%, gu -5.9%, ogu -6.3%, ogud -9.3% at batch 1,
+// ogu +1.7% and ogud +2.6% at batch 8; the early trigger (ATT_LATE=0) -4.1%, the down projection's
+// hint (PREFETCH=down) -3.3%; Llama-3.2-1B's shape 1,235-1,240 (~72% of its bound).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
