@@ -851,6 +851,11 @@ for part in "$@"; do
         ab ogud_$r ctrain qwen3-0.6b 2,2,4,16,32,64 CT_DECODE_PREFETCH=ogud
         ab ogu_$r ctrain qwen3-0.6b 2,2,4,16,32,64 CT_DECODE_PREFETCH=ogu
       done
+      # what a batch-1 step costs with kernels launched as null_kernel (same grids, no work):
+      # all of them (the chain of launches alone), the GEMVs, attention
+      for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
+        ab "null $e" ctrain qwen3-0.6b 1,1 $e
+      done
       echo "-- rounds done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
     h200)
       # the benchmark when the lent card is an H200 (the tests and ids first); on any other
