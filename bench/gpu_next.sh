@@ -845,6 +845,15 @@ for part in "$@"; do
           rm -f "$OUT/eager_$v.sqlite" "$OUT/eager_$v.nsys-rep"
         done
       fi
+      # without early launches, and the op profile (events around every kernel: stream time)
+      DG="$DG --cuda_graphs off" ab eager_base_pdl0 ctrain qwen3-0.6b 1,1 CT_CUDA_PDL=0
+      DG="$DG --cuda_graphs off" ab eager_ham0_pdl0 ctrain qwen3-0.6b 1,1 CT_CUDA_PDL=0 CT_DECODE_HEAD_ARGMAX=0
+      for v in base ham0; do
+        e=X=1; [ $v = ham0 ] && e=CT_DECODE_HEAD_ARGMAX=0
+        env $e CT_CUDA_PROFILE=1 timeout 60 build-gpu/ctrain $DG --cuda_graphs off \
+          --model configs/qwen3-0.6b.toml --batch 1 > /dev/null 2> "$OUT/prof_eager_$v.txt"
+        echo "-- op profile, eager, $v"; grep -vE "^(stats|info|ctrain|model)" "$OUT/prof_eager_$v.txt" | head -14
+      done
       echo "-- eager done ($((SECONDS - t0)) s)"
       for r in 1 2; do
         ab base_$r ctrain qwen3-0.6b 2,2,4,16,32,64
