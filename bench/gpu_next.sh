@@ -820,32 +820,15 @@ for part in "$@"; do
     s48)
       # session 39: why the eager step (--cuda_graphs off) decodes 20-33% faster with the head's
       # argmax in the head GEMV than with the two kernels (session 38, H100): two interleaved
-      # rounds, then, where nsys is installed, the GPU kernel and CUDA API summaries of both (the
-      # kernels' own time against the launch path's); and the whole-MLP L2 hint (ogud: +2.6% at
-      # batch 8 on an H200, -9% at batch 1) at batches 2 to 64, to decide a batch-size default
+      # rounds, without early launches, under the op profile (events around every kernel) and,
+      # where nsys is installed, its GPU kernel and CUDA API summaries; the batch-1 step with its
+      # kernels launched as null kernels (all, the GEMVs, attention); and the whole-MLP L2 hint
+      # (ogud: +2.6% at batch 8 on an H200, -9% at batch 1) at batches 2 to 64. Cheapest first.
       t0=$SECONDS
       for r in 1 2; do
         DG="$DG --cuda_graphs off" ab eager_base_$r ctrain qwen3-0.6b 1,1
         DG="$DG --cuda_graphs off" ab eager_ham0_$r ctrain qwen3-0.6b 1,1 CT_DECODE_HEAD_ARGMAX=0
       done
-      NS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-      echo "nsys: ${NS:-none}"
-      if [ -n "$NS" ]; then
-        for v in base ham0; do
-          e=X=1; [ $v = ham0 ] && e=CT_DECODE_HEAD_ARGMAX=0
-          env $e timeout 120 "$NS" profile -o "$OUT/eager_$v" --force-overwrite true -t cuda \
-            build-gpu/ctrain $DG --cuda_graphs off --model configs/qwen3-0.6b.toml --batch 1 \
-            > "$OUT/nsys_$v.log" 2>&1
-          echo "-- nsys $v: $(grep -oE 'decode_tok_s=[0-9.]+' "$OUT/nsys_$v.log" | tr '\n' ' ')"
-          for rep in cuda_gpu_kern_sum cuda_api_sum; do
-            timeout 120 "$NS" stats -q --report $rep --format csv "$OUT/eager_$v.nsys-rep" \
-              > "$OUT/nsys_${rep}_$v.csv" 2>&1
-            head -9 "$OUT/nsys_${rep}_$v.csv" | cut -c1-200
-          done
-          rm -f "$OUT/eager_$v.sqlite" "$OUT/eager_$v.nsys-rep"
-        done
-      fi
-      # without early launches, and the op profile (events around every kernel: stream time)
       DG="$DG --cuda_graphs off" ab eager_base_pdl0 ctrain qwen3-0.6b 1,1 CT_CUDA_PDL=0
       DG="$DG --cuda_graphs off" ab eager_ham0_pdl0 ctrain qwen3-0.6b 1,1 CT_CUDA_PDL=0 CT_DECODE_HEAD_ARGMAX=0
       for v in base ham0; do
@@ -854,18 +837,33 @@ for part in "$@"; do
           --model configs/qwen3-0.6b.toml --batch 1 > /dev/null 2> "$OUT/prof_eager_$v.txt"
         echo "-- op profile, eager, $v"; grep -vE "^(stats|info|ctrain|model)" "$OUT/prof_eager_$v.txt" | head -14
       done
-      echo "-- eager done ($((SECONDS - t0)) s)"
+      for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
+        ab "null $e" ctrain qwen3-0.6b 1,1 $e
+      done
+      echo "-- eager + null done ($((SECONDS - t0)) s)"
       for r in 1 2; do
         ab base_$r ctrain qwen3-0.6b 2,2,4,16,32,64
         ab ogud_$r ctrain qwen3-0.6b 2,2,4,16,32,64 CT_DECODE_PREFETCH=ogud
         ab ogu_$r ctrain qwen3-0.6b 2,2,4,16,32,64 CT_DECODE_PREFETCH=ogu
       done
-      # what a batch-1 step costs with kernels launched as null_kernel (same grids, no work):
-      # all of them (the chain of launches alone), the GEMVs, attention
-      for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
-        ab "null $e" ctrain qwen3-0.6b 1,1 $e
-      done
-      echo "-- rounds done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
+      echo "-- rounds done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err"
+      NS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+      echo "nsys: ${NS:-none}"
+      if [ -n "$NS" ]; then
+        for v in base ham0; do
+          e=X=1; [ $v = ham0 ] && e=CT_DECODE_HEAD_ARGMAX=0
+          env $e timeout 90 "$NS" profile -o "$OUT/eager_$v" --force-overwrite true -t cuda \
+            build-gpu/ctrain $DG --cuda_graphs off --model configs/qwen3-0.6b.toml --batch 1 \
+            > "$OUT/nsys_$v.log" 2>&1
+          echo "-- nsys $v: $(grep -oE 'decode_tok_s=[0-9.]+' "$OUT/nsys_$v.log" | tr '\n' ' ')"
+          for rep in cuda_gpu_kern_sum cuda_api_sum; do
+            timeout 90 "$NS" stats -q --report $rep --format csv "$OUT/eager_$v.nsys-rep" \
+              > "$OUT/nsys_${rep}_$v.csv" 2>&1
+            head -9 "$OUT/nsys_${rep}_$v.csv" | cut -c1-200
+          done
+          rm -f "$OUT/eager_$v.sqlite" "$OUT/eager_$v.nsys-rep"
+        done
+      fi ;;
     h200)
       # the issue's benchmark when the lent card is an H200 (the tests and ids first); on any other
       # card only its name, so a call that gets an H100 costs little device time
