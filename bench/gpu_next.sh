@@ -262,7 +262,12 @@
 # Session 38 (2026-12-06): ~10 requests, one H100 (held for three calls), no H200. s47 on f26618f
 # (bench/results/call_s38_*): test_decode_cuda 8568/0, generate suite 69/0, the one-kernel head +
 # argmax even with graphs and 20-33% faster without, the old fusions and new L2 hints slower.
-# On the next H200: s46 (S46_QUICK=1 where little device time is left), then s47.
+# (done in session 39): s46 (S46_QUICK=1 where little device time is left), then s47.
+# Session 39 (2026-12-06): an H200 at the first request (held for two calls), then only failed
+# starts. s46 + s47 on a7ba6d9 (bench/results/call_s39_*): 1,821-1,829 tokens/s at batch 1, 52-53% of
+# the bound, test_decode_cuda 8568/0, generate suite 69/0. On the next card: s48 (~5 min; any card).
+#   s48      the eager step with / without the one-kernel head (A/B, op profile, nsys), null-kernel
+#            steps, the MLP L2 hints at batches 2-64
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
 #            rest), then the timeline (default, push, downqkv) and the A/B above (needs
 #            build-gpu/ctrain-tl and ctrain-v4 from bench/gpu_variant.sh)
