@@ -262,7 +262,7 @@
 # Session 38 (2026-12-06): ~10 requests, one H100 (held for three calls), no H200. s47 on f26618f
 # (bench/results/call_s38_*): test_decode_cuda 8568/0, generate suite 69/0, the one-kernel head +
 # argmax even with graphs and 20-33% faster without, the old fusions and new L2 hints slower.
-# (done in session 39): s46 (S46_QUICK=1 where little device time is left), then s47.
+# Its plan for the next H200 (s46, then s47) ran in session 39.
 # Session 39 (2026-12-06): an H200 at the first request (held for two calls), then only failed
 # starts. s46 + s47 on a7ba6d9 (bench/results/call_s39_*): 1,821-1,829 tokens/s at batch 1, 52-53% of
 # the bound, test_decode_cuda 8568/0, generate suite 69/0. On the next card: s48 (~5 min; any card).
