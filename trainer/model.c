@@ -1415,13 +1415,16 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
   const void *kn = m->cfg.qk_norm ? DW(d, l, P_KNORM) : NULL;
   const float theta = (float)m->cfg.rope_theta;
   const int tgt = o->l2_hint ? prefetch_target() : 0;
+  /* the weights the L2 hints name: output projection, gate/up, down projection */
+  const char *ow = DW(d, l, P_ATTO_W), *fw = DW(d, l, P_FC_W), *pw = DW(d, l, P_PROJ_W);
+  const size_t fb = (size_t)2 * F * C * ab, pb = (size_t)F * C * ab;
   /* norm + qkv projection + attention as one kernel where the table has it (one row, opt-in) */
   const bool with_qkv =
       o->attention_decode_qkv &&
       o->attention_decode_qkv(atty, raw, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W),
                               DWO(d, l, P_QKV_B), qn, kn, e->kc[l], e->vc[l], slot, pos, N, C, H,
                               KV, hd, e->max_T, theta, eps) <= 0;
-  if (tgt < 4) HINT(DW(d, l, P_ATTO_W), (size_t)C * H * hd * ab);
+  if (tgt < 4) HINT(ow, (size_t)C * H * hd * ab);
   if (!with_qkv)
     o->norm_matmul_fwd(raw, ln, x, DW(d, l, P_LN1_W), DW(d, l, P_QKV_W), DWO(d, l, P_QKV_B), N, C,
                        W, eps);
@@ -1429,8 +1432,6 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
      * parameters lie in that order (CT_DECODE_PREFETCH=att prefetches only here); with
      * CT_DECODE_PREFETCH=down / downqkv the down projection's weights instead, or those and the
      * next layer's qkv weights where they follow them (the GEMVs whose blocks start late) */
-    const char *ow = DW(d, l, P_ATTO_W), *fw = DW(d, l, P_FC_W), *pw = DW(d, l, P_PROJ_W);
-    const size_t fb = (size_t)2 * F * C * ab, pb = (size_t)F * C * ab;
     if (tgt >= 4) HINT(NULL, 0);
     else if (tgt == 3) HINT(fw, fb);
     else if (tgt >= 1) { /* one span from the down weights to the end of the next qkv weights, where
@@ -1458,14 +1459,12 @@ static void infer_layer_fused(ct_infer *e, infer_dev *d, int l, int N) {
     o->attention_decode(atty, qkv, e->kc[l], e->vc[l], slot, pos, N, H, KV, hd, e->max_T);
   }
   if (tgt >= 4) { /* the MLP's weights: gate/up's, with 5 the down projection's where they follow */
-    const char *fw = DW(d, l, P_FC_W), *pw = DW(d, l, P_PROJ_W);
-    const size_t fb = (size_t)2 * F * C * ab, pb = (size_t)F * C * ab;
     if (tgt == 5 && pw > fw && (size_t)(pw - fw) < fb + ((size_t)64 << 20))
       HINT(fw, (size_t)(pw - fw) + pb);
     else
       HINT(fw, fb);
   } else {
-    HINT(DW(d, l, P_PROJ_W), (size_t)F * C * ab);
+    HINT(pw, pb);
   }
   if (!with_proj)
     o->matmul_add_fwd(res2, atty, DW(d, l, P_ATTO_W), DWO(d, l, P_ATTO_B), x, N, H * hd, C);

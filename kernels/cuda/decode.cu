@@ -585,6 +585,10 @@ int num_sms() {
   return sms[dev];
 }
 
+// The most blocks gemv_go launches (their warps loop over further tasks): 4 a multiprocessor. The
+// head GEMV's argmax (GV_ARGMAX) keeps a partial a block, so it applies only within this many.
+unsigned gv_block_cap() { return 4u * (unsigned)num_sms(); }
+
 // compute capability major of the current device (cached per device); 0 where it cannot be had
 int cc_major() {
   static int major[16];
@@ -3868,7 +3872,7 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T
   }
   const int tasks = (OC + R - 1) / R;
   unsigned blocks = (unsigned)((tasks + GV_WARPS - 1) / GV_WARPS);
-  const unsigned cap = 4u * (unsigned)num_sms(); // warps loop over further tasks
+  const unsigned cap = gv_block_cap(); // warps loop over further tasks
   if (blocks > cap) blocks = cap;
   const l2_hint_t h = take_hint();
   // vnorm: 0 the first round's norm, 1 the second's, 2 the second's with the norm weight copied
@@ -4364,7 +4368,7 @@ int cu_norm_matmul_argmax(void *logits, const void *inp, const void *nw, const v
   } else {
     if (env_off("CT_DECODE_HEAD_ARGMAX") || !v2_on() || !gemv_fits<T>(1, IC, inp, w, nw) ||
         IC > 2048 || OC <= 0 || V <= 0 || V > OC || !out || !logits ||
-        (size_t)4 * num_sms() > GV_AM_MAX_BLOCKS)
+        gv_block_cap() > GV_AM_MAX_BLOCKS)
       return 1;
     char *buf = (char *)grow_scratch(split_bufs, SPLIT_COUNT_BYTES + (size_t)GV_AM_MAX_BLOCKS * 8,
                                      SPLIT_COUNT_BYTES, "norm_matmul_argmax", true);
