@@ -266,6 +266,8 @@
 # Session 39 (2026-12-06): an H200 at the first request (held for two calls), then only failed
 # starts. s46 + s47 on a7ba6d9 (bench/results/call_s39_*): 1,821-1,829 tokens/s at batch 1, 52-53% of
 # the bound, test_decode_cuda 8568/0, generate suite 69/0. On the next card: s48 (~5 min; any card).
+#   s49      session 40: the whole-MLP L2 hint as the default from 8 rows against 11d8ad5
+#            (ctrain-base), rounds at batches 1-64, then s48's eager and null-kernel steps (~6 min)
 #   s48      the eager step with / without the one-kernel head (A/B, op profile, nsys), null-kernel
 #            steps, the MLP L2 hints at batches 2-64
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
@@ -869,6 +871,40 @@ for part in "$@"; do
           rm -f "$OUT/eager_$v.sqlite" "$OUT/eager_$v.nsys-rep"
         done
       fi ;;
+    s49)
+      # session 40: the whole-MLP L2 hint (ogud) the default from 8 rows (ctrain; ctrain-base is
+      # 11d8ad5, without it; CT_DECODE_PREFETCH=0 turns it off): the decode tests and ids, two
+      # interleaved rounds at batches 1-64, then s48's eager-step A/B and null-kernel steps.
+      # Pack: EXTRA="/tmp/base/ctrain=build-gpu/ctrain-base" bench/gpu_pack.sh ctrain tests/test_decode_cuda
+      t0=$SECONDS
+      dec_tests || exit 1
+      echo "ids qwen3: new $(ids ctrain) base $(ids ctrain-base) (0b1cea1e507a before)"
+      for r in 1 2; do
+        ab base_$r ctrain-base qwen3-0.6b 1,1,2,4,8,16,32,64
+        ab new_$r ctrain qwen3-0.6b 1,1,2,4,8,16,32,64
+        ab new_pf0_$r ctrain qwen3-0.6b 1,1,2,4,8,16,32,64 CT_DECODE_PREFETCH=0
+        ab base_ogu_$r ctrain-base qwen3-0.6b 1,1,2,4,8,16,32,64 CT_DECODE_PREFETCH=ogu
+      done
+      ab llama_base ctrain-base llama3.2-1b 1,1,8
+      ab llama_new ctrain llama3.2-1b 1,1,8
+      echo "-- rounds done ($((SECONDS - t0)) s)"
+      for r in 1 2; do
+        DG="$DG --cuda_graphs off" ab eager_base_$r ctrain qwen3-0.6b 1,1
+        DG="$DG --cuda_graphs off" ab eager_ham0_$r ctrain qwen3-0.6b 1,1 CT_DECODE_HEAD_ARGMAX=0
+      done
+      DG="$DG --cuda_graphs off" ab eager_base_pdl0 ctrain qwen3-0.6b 1,1 CT_CUDA_PDL=0
+      DG="$DG --cuda_graphs off" ab eager_ham0_pdl0 ctrain qwen3-0.6b 1,1 CT_CUDA_PDL=0 CT_DECODE_HEAD_ARGMAX=0
+      for v in base ham0; do
+        e=X=1; [ $v = ham0 ] && e=CT_DECODE_HEAD_ARGMAX=0
+        env $e CT_CUDA_PROFILE=1 timeout 60 build-gpu/ctrain $DG --cuda_graphs off \
+          --model configs/qwen3-0.6b.toml --batch 1 > /dev/null 2> "$OUT/prof_eager_$v.txt"
+        echo "-- op profile, eager, $v"; grep -vE "^(stats|info|ctrain|model)" "$OUT/prof_eager_$v.txt" | head -14
+      done
+      [ $((SECONDS - t0)) -lt 420 ] &&
+        for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
+          ab "null $e" ctrain qwen3-0.6b 1,1,8 $e
+        done
+      echo "-- eager + null done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
     h200)
       # the issue's benchmark when the lent card is an H200 (the tests and ids first); on any other
       # card only its name, so a call that gets an H100 costs little device time
