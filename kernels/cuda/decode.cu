@@ -197,6 +197,17 @@
 // QKV_ATT -22%, OPROJ -36%; the L2 hints att -5.4%, gu -5.9%, ogu -6.3%, ogud -9.3% at batch 1,
 // ogu +1.7% and ogud +2.6% at batch 8; the early trigger (ATT_LATE=0) -4.1%, the down projection's
 // hint (PREFETCH=down) -3.3%; Llama-3.2-1B's shape 1,235-1,240 (~72% of its bound).
+// Code size (session 40, 2026-12-07, from `nvcc -cubin -gencode arch=compute_90,code=sm_90` of this
+// file, the .text section of each instantiation): a batch-1 layer on the Qwen3-0.6B shape runs
+// attention_decode_rope_kernel<bf16, 16, 2> in its cluster + heads-split form (74 KB of SASS; the
+// cluster form without the split 79 KB, the one with the output projection 100 KB) and four GEMV
+// instantiations (gemv_kernel<bf16, 1, R, U, NORM, MODE>): norm + qkv <1, 2, 4, RMS, PLAIN> 35 KB,
+// the output projection <1, 1, 8, -, RESID> 14 KB, norm + gate/up <1, 1, 4, RMS, SWIGLU> 35 KB, the
+// down projection <1, 1, 12, -, RESID> 18 KB; the head + argmax <1, 4, 4, RMS, ARGMAX> 52 KB. So
+// ~176 KB of distinct code a layer, against the instruction caches of a multiprocessor. With the
+// cold split math of calls 169-170 (1.77 us against 0.69 us run a second time), a hot path with
+// fewer instructions (attention's runtime push / relax / late branches made template parameters,
+// less unrolling where registers do not need it) is the lead left untried for 60% of the bound.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
