@@ -266,10 +266,11 @@
 # Session 39 (2026-12-06): an H200 at the first request (held for two calls), then only failed
 # starts. s46 + s47 on a7ba6d9 (bench/results/call_s39_*): 1,821-1,829 tokens/s at batch 1, 52-53% of
 # the bound, test_decode_cuda 8568/0, generate suite 69/0. On the next card: s48 (~5 min; any card).
-# Session 40 (2026-12-07): ~14 requests, every one a failed start or a back-off refusal; nothing
-# ran. Next: s49 (it carries s48's questions too) with the patch it names.
-#   s49      session 40: the whole-MLP L2 hint as the default from 8 rows against 11d8ad5
-#            (ctrain-base), rounds at batches 1-64, then s48's eager and null-kernel steps (~6 min)
+# Session 40 (2026-12-07): 18 requests, every one a failed start or a back-off refusal, until too
+# little device time was left to start one; nothing ran. Next: s49 (it carries s48's questions
+# too) with the patch it names.
+#   s49      session 40: the whole-MLP L2 hint as the default from 8 rows against the tree without
+#            it (ctrain-base), rounds at batches 1-64, then s48's eager and null-kernel steps (~6 min)
 #   s48      the eager step with / without the one-kernel head (A/B, op profile, nsys), null-kernel
 #            steps, the MLP L2 hints at batches 2-64
 #   s29      test_decode_cuda (the push and hint tests first: a hang or a differing bit stops the
@@ -874,12 +875,14 @@ for part in "$@"; do
         done
       fi ;;
     s49)
-      # session 40: the whole-MLP L2 hint (ogud) the default from 8 rows (ctrain; ctrain-base is
-      # 11d8ad5, without it; CT_DECODE_PREFETCH=0 turns it off): the decode tests and ids, two
-      # interleaved rounds at batches 1-64, then s48's eager-step A/B and null-kernel steps.
+      # session 40: the whole-MLP L2 hint (ogud) the default from 8 rows (ctrain, with the patch;
+      # ctrain-base, the tree without it; CT_DECODE_PREFETCH=0 turns it off): the decode tests and
+      # ids, two interleaved rounds at batches 1-64, then s48's eager-step A/B and null-kernel steps.
       # The change is bench/results/s40_pf_default_2026-12-07.patch.txt (not in the tree: no device
-      # came in session 40 to measure it): copy build-gpu/ctrain to /tmp/base/ctrain, git apply the
-      # patch, then EXTRA="/tmp/base/ctrain=build-gpu/ctrain-base" bench/gpu_pack.sh ctrain tests/test_decode_cuda
+      # came in session 40 to measure it): build and copy build-gpu/ctrain to /tmp/base/ctrain, git
+      # apply the patch, then EXTRA="/tmp/base/ctrain=build-gpu/ctrain-base" bench/gpu_pack.sh ctrain
+      # tests/test_decode_cuda. If it lands, README's CT_DECODE_PREFETCH paragraph, ops.h's l2_hint
+      # comment and decode.cu's "Opt-in" line say the new default and the batches it was measured at.
       t0=$SECONDS
       dec_tests || exit 1
       echo "ids qwen3: new $(ids ctrain) base $(ids ctrain-base) (0b1cea1e507a before)"
