@@ -350,6 +350,24 @@ ab() {
   echo "$tag: $(grep '^stats' "$OUT/ab.err" | grep -oE "decode_tok_s=[0-9.]+" | tr '\n' ' ')"
   grep -iE "error|fail" "$OUT/ab.err" | head -3
 }
+# The eager step (--cuda_graphs off) with the one-kernel head (base) and the two kernels (ham0,
+# CT_DECODE_HEAD_ARGMAX=0): two interleaved rounds, both without early launches, then each under
+# the op profile (events around every kernel; $OUT/prof_eager_*.txt). Parts s48 and s49.
+eager_ab() {
+  local r v e
+  for r in 1 2; do
+    DG="$DG --cuda_graphs off" ab eager_base_$r ctrain qwen3-0.6b 1,1
+    DG="$DG --cuda_graphs off" ab eager_ham0_$r ctrain qwen3-0.6b 1,1 CT_DECODE_HEAD_ARGMAX=0
+  done
+  DG="$DG --cuda_graphs off" ab eager_base_pdl0 ctrain qwen3-0.6b 1,1 CT_CUDA_PDL=0
+  DG="$DG --cuda_graphs off" ab eager_ham0_pdl0 ctrain qwen3-0.6b 1,1 CT_CUDA_PDL=0 CT_DECODE_HEAD_ARGMAX=0
+  for v in base ham0; do
+    e=X=1; [ $v = ham0 ] && e=CT_DECODE_HEAD_ARGMAX=0
+    env $e CT_CUDA_PROFILE=1 timeout 60 build-gpu/ctrain $DG --cuda_graphs off \
+      --model configs/qwen3-0.6b.toml --batch 1 > /dev/null 2> "$OUT/prof_eager_$v.txt"
+    echo "-- op profile, eager, $v"; grep -vE "^(stats|info|ctrain|model)" "$OUT/prof_eager_$v.txt" | head -14
+  done
+}
 ids() {
   local bin=$1; shift
   env X=1 "$@" timeout 60 build-gpu/$bin $DG --model configs/qwen3-0.6b.toml --batch 1,8 \
@@ -835,18 +853,7 @@ for part in "$@"; do
       # kernels launched as null kernels (all, the GEMVs, attention); and the whole-MLP L2 hint
       # (ogud: +2.6% at batch 8 on an H200, -9% at batch 1) at batches 2 to 64. Cheapest first.
       t0=$SECONDS
-      for r in 1 2; do
-        DG="$DG --cuda_graphs off" ab eager_base_$r ctrain qwen3-0.6b 1,1
-        DG="$DG --cuda_graphs off" ab eager_ham0_$r ctrain qwen3-0.6b 1,1 CT_DECODE_HEAD_ARGMAX=0
-      done
-      DG="$DG --cuda_graphs off" ab eager_base_pdl0 ctrain qwen3-0.6b 1,1 CT_CUDA_PDL=0
-      DG="$DG --cuda_graphs off" ab eager_ham0_pdl0 ctrain qwen3-0.6b 1,1 CT_CUDA_PDL=0 CT_DECODE_HEAD_ARGMAX=0
-      for v in base ham0; do
-        e=X=1; [ $v = ham0 ] && e=CT_DECODE_HEAD_ARGMAX=0
-        env $e CT_CUDA_PROFILE=1 timeout 60 build-gpu/ctrain $DG --cuda_graphs off \
-          --model configs/qwen3-0.6b.toml --batch 1 > /dev/null 2> "$OUT/prof_eager_$v.txt"
-        echo "-- op profile, eager, $v"; grep -vE "^(stats|info|ctrain|model)" "$OUT/prof_eager_$v.txt" | head -14
-      done
+      eager_ab
       for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
         ab "null $e" ctrain qwen3-0.6b 1,1 $e
       done
@@ -895,18 +902,7 @@ for part in "$@"; do
       ab llama_base ctrain-base llama3.2-1b 1,1,8
       ab llama_new ctrain llama3.2-1b 1,1,8
       echo "-- rounds done ($((SECONDS - t0)) s)"
-      for r in 1 2; do
-        DG="$DG --cuda_graphs off" ab eager_base_$r ctrain qwen3-0.6b 1,1
-        DG="$DG --cuda_graphs off" ab eager_ham0_$r ctrain qwen3-0.6b 1,1 CT_DECODE_HEAD_ARGMAX=0
-      done
-      DG="$DG --cuda_graphs off" ab eager_base_pdl0 ctrain qwen3-0.6b 1,1 CT_CUDA_PDL=0
-      DG="$DG --cuda_graphs off" ab eager_ham0_pdl0 ctrain qwen3-0.6b 1,1 CT_CUDA_PDL=0 CT_DECODE_HEAD_ARGMAX=0
-      for v in base ham0; do
-        e=X=1; [ $v = ham0 ] && e=CT_DECODE_HEAD_ARGMAX=0
-        env $e CT_CUDA_PROFILE=1 timeout 60 build-gpu/ctrain $DG --cuda_graphs off \
-          --model configs/qwen3-0.6b.toml --batch 1 > /dev/null 2> "$OUT/prof_eager_$v.txt"
-        echo "-- op profile, eager, $v"; grep -vE "^(stats|info|ctrain|model)" "$OUT/prof_eager_$v.txt" | head -14
-      done
+      eager_ab
       [ $((SECONDS - t0)) -lt 420 ] &&
         for e in X=1 CT_DECODE_NULL=all CT_DECODE_NULL=gemv_kernel CT_DECODE_NULL=attention_decode_rope_kernel; do
           ab "null $e" ctrain qwen3-0.6b 1,1,8 $e
