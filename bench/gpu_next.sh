@@ -269,6 +269,13 @@
 # Session 40 (2026-12-07): 18 requests, every one a failed start or a back-off refusal, until too
 # little device time was left to start one; nothing ran. Next: s49 (it carries s48's questions
 # too) with the patch it names.
+# Session 41 (2026-12-07): s49 ran on an H100 (bench/results/s41_2026-12-07_H100_*); the ogud
+# default lost 3% at batch 16, so it stays opt-in. Then s50.
+#   s50      session 41: attention's heads split with its push known when compiled (ctrain; 46 KB of
+#            SASS instead of 74, the pull merge no longer between the split math and the push
+#            merge) against the tree without it (ctrain-base): the decode tests, ids, three
+#            interleaved rounds at batches 1 and 8, the eager step with the head's two kernels
+#            (the new eager default) against the one, Llama-3.2-1B at 1 (~3 min; any card)
 #   s49      session 40: the whole-MLP L2 hint as the default from 8 rows against the tree without
 #            it (ctrain-base), rounds at batches 1-64, then s48's eager and null-kernel steps (~6 min)
 #   s48      the eager step with / without the one-kernel head (A/B, op profile, nsys), null-kernel
@@ -908,6 +915,22 @@ for part in "$@"; do
           ab "null $e" ctrain qwen3-0.6b 1,1,8 $e
         done
       echo "-- eager + null done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
+    s50)
+      t0=$SECONDS
+      dec_tests || exit 1
+      echo "ids qwen3: new $(ids ctrain) base $(ids ctrain-base) new eager $(DG="$DG --cuda_graphs off" ids ctrain) (0b1cea1e507a before)"
+      for r in 1 2 3; do
+        ab base_$r ctrain-base qwen3-0.6b 1,1,1,8
+        ab new_$r ctrain qwen3-0.6b 1,1,1,8
+      done
+      # the eager step: the one-kernel head now only in graphs (=1 forces it, as before)
+      for r in 1 2; do
+        DG="$DG --cuda_graphs off" ab eager_new_$r ctrain qwen3-0.6b 1,1
+        DG="$DG --cuda_graphs off" ab eager_ham1_$r ctrain qwen3-0.6b 1,1 CT_DECODE_HEAD_ARGMAX=1
+      done
+      ab llama_base ctrain-base llama3.2-1b 1,1
+      ab llama_new ctrain llama3.2-1b 1,1
+      echo "-- s50 done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
     h200)
       # the issue's benchmark when the lent card is an H200 (the tests and ids first); on any other
       # card only its name, so a call that gets an H100 costs little device time
