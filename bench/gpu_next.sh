@@ -270,7 +270,12 @@
 # little device time was left to start one; nothing ran. Next: s49 (it carries s48's questions
 # too) with the patch it names.
 # Session 41 (2026-12-07): s49 ran on an H100 (bench/results/s41_2026-12-07_H100_*); the ogud
-# default lost 3% at batch 16, so it stays opt-in. Then s50.
+# default lost 3% at batch 16, so it stays opt-in. Then ~14 requests for s50, every one a failed
+# start or a back-off refusal until the device time ran out, so s50's change is kept as a patch:
+# bench/results/s41_patches/s50_hs_push_eager_head.patch.txt. Build the tree, cp build-gpu/ctrain
+# /tmp/base/ctrain, git apply the patch, EXTRA="/tmp/base/ctrain=build-gpu/ctrain-base"
+# bench/gpu_pack.sh ctrain tests/test_decode_cuda, run s50; land the patch if its tests pass and
+# it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
 #   s50      session 41: attention's heads split with its push known when compiled (ctrain; 46 KB of
 #            SASS instead of 74, the pull merge no longer between the split math and the push
 #            merge) against the tree without it (ctrain-base): the decode tests, ids, three
