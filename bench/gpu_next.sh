@@ -897,7 +897,7 @@ for part in "$@"; do
       # session 40: the whole-MLP L2 hint (ogud) the default from 8 rows (ctrain, with the patch;
       # ctrain-base, the tree without it; CT_DECODE_PREFETCH=0 turns it off): the decode tests and
       # ids, two interleaved rounds at batches 1-64, then s48's eager-step A/B and null-kernel steps.
-      # The change is bench/results/s40_pf_default_2026-12-07.patch.txt (not in the tree: no device
+      # The change is bench/results/s41_2026-12-07_H100_e5e30a5+pf/pf_default.patch.txt (not in the tree: no device
       # came in session 40 to measure it): build and copy build-gpu/ctrain to /tmp/base/ctrain, git
       # apply the patch, then EXTRA="/tmp/base/ctrain=build-gpu/ctrain-base" bench/gpu_pack.sh ctrain
       # tests/test_decode_cuda. If it lands, README's CT_DECODE_PREFETCH paragraph, ops.h's l2_hint
