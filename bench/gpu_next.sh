@@ -270,7 +270,7 @@
 # little device time was left to start one; nothing ran. Next: s49 (it carries s48's questions
 # too) with the patch it names.
 # Session 41 (2026-12-07): s49 ran on an H100 (bench/results/s41_2026-12-07_H100_*); the ogud
-# default lost 3% at batch 16, so it stays opt-in. Then ~14 requests for s50, every one a failed
+# default lost 3% at batch 16, so it stays opt-in. Then 17 requests for s50, every one a failed
 # start or a back-off refusal until the device time ran out, so s50's change is kept as a patch:
 # bench/results/s41_patches/s50_hs_push_eager_head.patch.txt. Build the tree, cp build-gpu/ctrain
 # /tmp/base/ctrain, git apply the patch, EXTRA="/tmp/base/ctrain=build-gpu/ctrain-base"
@@ -897,8 +897,9 @@ for part in "$@"; do
       # session 40: the whole-MLP L2 hint (ogud) the default from 8 rows (ctrain, with the patch;
       # ctrain-base, the tree without it; CT_DECODE_PREFETCH=0 turns it off): the decode tests and
       # ids, two interleaved rounds at batches 1-64, then s48's eager-step A/B and null-kernel steps.
-      # The change is bench/results/s41_2026-12-07_H100_e5e30a5+pf/pf_default.patch.txt (not in the tree: no device
-      # came in session 40 to measure it): build and copy build-gpu/ctrain to /tmp/base/ctrain, git
+      # The change is bench/results/s41_2026-12-07_H100_e5e30a5+pf/pf_default.patch.txt (not in
+      # the tree: no device came in session 40 to measure it; session 41 ran s49 and kept it out):
+      # build and copy build-gpu/ctrain to /tmp/base/ctrain, git
       # apply the patch, then EXTRA="/tmp/base/ctrain=build-gpu/ctrain-base" bench/gpu_pack.sh ctrain
       # tests/test_decode_cuda. If it lands, README's CT_DECODE_PREFETCH paragraph, ops.h's l2_hint
       # comment and decode.cu's "Opt-in" line say the new default and the batches it was measured at.
