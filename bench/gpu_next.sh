@@ -276,6 +276,9 @@
 # /tmp/base/ctrain, git apply the patch, EXTRA="/tmp/base/ctrain=build-gpu/ctrain-base"
 # bench/gpu_pack.sh ctrain tests/test_decode_cuda, run s50; land the patch if its tests pass and
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
+#   s51      session 42: s50 (ctrain-s50) and s50 + the GEMVs' unused norm paths out of line (ctrain)
+#            against the tree (ctrain-base), three interleaved rounds; on an H200 then the issue's
+#            benchmark (~4 min, ~9 with the benchmark)
 #   s50      session 41: attention's heads split with its push known when compiled (ctrain; 46 KB of
 #            SASS instead of 74, the pull merge no longer between the split math and the push
 #            merge) against the tree without it (ctrain-base): the decode tests, ids, three
@@ -921,6 +924,27 @@ for part in "$@"; do
           ab "null $e" ctrain qwen3-0.6b 1,1,8 $e
         done
       echo "-- eager + null done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
+    s51)
+      # session 42: s50's change alone (ctrain-s50), and with the GEMV's never-taken norm paths out
+      # of line (ctrain), against the tree without either (ctrain-base); then, on an H200 and with
+      # time left, the issue's benchmark with ctrain
+      t0=$SECONDS
+      dec_tests || echo "(the decode tests failed: the A/B still runs)"
+      echo "ids qwen3: gv $(ids ctrain) s50 $(ids ctrain-s50) base $(ids ctrain-base) gv eager $(DG="$DG --cuda_graphs off" ids ctrain) (0b1cea1e507a before)"
+      for r in 1 2 3; do
+        ab base_$r ctrain-base qwen3-0.6b 1,1,1,8
+        ab s50_$r ctrain-s50 qwen3-0.6b 1,1,1,8
+        ab gv_$r ctrain qwen3-0.6b 1,1,1,8
+      done
+      for r in 1 2; do
+        DG="$DG --cuda_graphs off" ab eager_gv_$r ctrain qwen3-0.6b 1,1
+        DG="$DG --cuda_graphs off" ab eager_ham1_$r ctrain qwen3-0.6b 1,1 CT_DECODE_HEAD_ARGMAX=1
+      done
+      ab llama_base ctrain-base llama3.2-1b 1,1
+      ab llama_s50 ctrain-s50 llama3.2-1b 1,1
+      ab llama_gv ctrain llama3.2-1b 1,1
+      echo "-- s51 A/B done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err"
+      if [ $((SECONDS - t0)) -lt 240 ]; then decode_if_h200 "1 8 64" 100 300; fi ;;
     s50)
       t0=$SECONDS
       dec_tests || echo "(the decode tests failed: the A/B still runs)"
