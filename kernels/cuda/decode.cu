@@ -186,7 +186,9 @@
 // 1,023.7 against 1,025.5): the ~3 us the argmax kernel took after its release went to the head's
 // last block merging 528 partials. With CUDA graphs off it decoded 20-33% faster (1,110-1,228
 // against 905-930 tokens/s, two rounds), far more than one launch's ~5 us; why is not yet known.
-// Kept (the default; CT_DECODE_HEAD_ARGMAX=0 the two kernels): the same bits either way.
+// Kept (the default; CT_DECODE_HEAD_ARGMAX=0 the two kernels): the same bits either way. Since
+// session 41 only inside CUDA graphs (cu_norm_matmul_argmax): eager, the two kernels were faster
+// again (+15 to +29%).
 // The fusions that lost before lose on today's code too: norm + qkv inside attention's cluster
 // (CT_DECODE_QKV_ATT=1) -21% at batch 1, the output projection inside it (CT_DECODE_OPROJ=1)
 // -36% (-36% at batch 8), and L2 hints filling the DRAM time attention leaves idle -6 to -8% at
@@ -213,13 +215,22 @@
 // instructions, ~19 KB, with local-memory spills) inline between the split math's pushes and the
 // push merge, behind a branch on `late & 4` that the heads split always takes. With the push known
 // when compiled (HS) the kernel is 46 KB instead of 74 and its post-wait path contiguous (~17 KB);
-// that change, and the one-kernel head only inside graphs, are the unmeasured patch
-// bench/results/s41_patches/s50_hs_push_eager_head.patch.txt (gpu_next.sh part s50). Null-kernel
+// that change, and the one-kernel head only inside graphs, were session 41's patch s50. Null-kernel
 // steps there (batch 1, tokens/s): 1,621-1,639 as built, 10,193-10,323 with every decode kernel a
 // null kernel, 6,470-6,638 with the GEMVs null, 1,841-1,877 with the fused attention null: of a
 // ~613 us step the GEMVs take ~458 us, attention ~70 (2.5 a layer), launches and replay ~98.
 // The whole-MLP L2 hint as the default from 8 rows (ogud): +1.7% at 8 rows, -3.1 to -3.3% at 16,
 // even at 32 and 64, so it stays opt-in (the patch is in those results).
+// Session 42 (2026-12-07, one H100, bench/results/s42_2026-12-07_H100_88984a4+s51, three
+// interleaved rounds, the same ids every way, test_decode_cuda 8,598 checks, 0 failed): s50 alone
+// +0.3% at batch 1 (1,645 against 1,640 tokens/s, the mean of each round's warm runs) and +0.1% at
+// 8; with the GEMVs' never-taken norm paths moved out of line as well (gv_rms_row_v1, gv_zero_row:
+// before, they sat between every GEMV's wait and its multiply) +1.3% at batch 1 (1,661; every
+// round 1,655-1,663 against 1,636-1,642) and +0.5% at 8 (7,043 against 7,010); Llama-3.2-1B even.
+// Both landed. Moving code that does not run off the post-wait path pays, which supports the
+// instruction-fetch lead. The eager head was mixed this time (two kernels 1,046-1,053 and 900-907,
+// the one kernel 932-1,195 and 977-1,042); the default stays as session 41 left it. Null-kernel
+// steps: 1,659 as built, 11,071 all null, 6,675 GEMVs null, 1,868 attention null.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -935,8 +946,9 @@ __device__ __forceinline__ void st_async2(uint32_t addr, float a, float b, uint3
 // hd + 4 floats at push + (sp * G + g) * (hd + 4) floats), counted on its mbarrier pbar. q0: the G
 // query heads of kv head kv, hd apart (global memory read through L2, or with QSHARED shared
 // memory). gt / h0 (the heads-split attention): the kv head has gt query heads and these G are
-// its heads h0 .. h0 + G - 1 (their rows' places). Warp-level; shared with decode_layers_kernel.
-template <typename T, int LK, int G, bool QSHARED = false>
+// its heads h0 .. h0 + G - 1 (their rows' places). PUSHED: the caller always pushes (push != 0),
+// so the other stores are not compiled. Warp-level; shared with decode_layers_kernel.
+template <typename T, int LK, int G, bool QSHARED = false, bool PUSHED = false>
 __device__ __forceinline__ void att_split_math(float *part, const T *q0,
                                                const uint4 (&kr)[DEC_CHUNK / (32 / LK)],
                                                const uint4 (&vr)[DEC_CHUNK / (32 / LK)], int n,
@@ -1043,7 +1055,7 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
 #pragma unroll
       for (int e = 0; e < 8; e++) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
     }
-  if (ks == 0 && push) { // the rows into the merging block's shared memory (split-major, as dst)
+  if (ks == 0 && (PUSHED || push)) { // the rows into block 0's shared memory (split-major, as dst)
 #pragma unroll
     for (int g = 0; g < G; g++) {
       const uint32_t o = push + (uint32_t)((sp * gt + h0 + g) * PS) * 4u + (uint32_t)ch * 32u;
@@ -1051,7 +1063,7 @@ __device__ __forceinline__ void att_split_math(float *part, const T *q0,
       st_async4(o + 16u, acc[g][4], acc[g][5], acc[g][6], acc[g][7], pbar);
       if (ch == 0) st_async2(o + (uint32_t)hd * 4u, m[g], l[g], pbar);
     }
-  } else if (ks == 0) {
+  } else if (!PUSHED && ks == 0) {
 #pragma unroll
     for (int g = 0; g < G; g++) {
       float *o = dst ? dst + g * PS : part + (((long)n * H + kv * gt + h0 + g) * splits + sp) * PS;
@@ -1376,6 +1388,25 @@ __host__ __device__ constexpr int gv_np(int norm, int vn) { return vn != 2 || !n
 // memory (gv_norm_weight), or NULL. The layer norm holds its row in registers as norm_rows_kernel
 // does (lane l the 16-byte chunks l, l + 32, ..., IC up to 2048) and sums in its order (the mean
 // first, then the squares of the differences), so its values are the bits of layernorm_rows_fwd's.
+// gv_x_rows' paths that a decode step's kernels never take (the first round's norm,
+// CT_DECODE_V2=0, and the zero rows past nr of a batch padded to N) are functions of their own,
+// out of line: inline they sat between the wait and the multiply in every GEMV's code, and an
+// instruction fetched after the wait is on the critical path (the notes on code size).
+template <typename T>
+__device__ __noinline__ void gv_rms_row_v1(T *xo, const T *x, const T *nw, int IC, float eps) {
+  const int lane = threadIdx.x & 31; // as rmsnorm_fwd: lane sums c = lane, lane + 32, ...
+  float ss = 0.0f;
+  for (int c = lane; c < IC; c += 32) {
+    float v = ldf(x + c);
+    ss += v * v;
+  }
+  const float r = 1.0f / sqrtf(warp_sum(ss) / IC + eps);
+  for (int c = lane; c < IC; c += 32) stf(xo + c, ldf(x + c) * r * ldf(nw + c));
+}
+template <typename T> __device__ __noinline__ void gv_zero_row(T *xo, int nchunk) {
+  for (int c = threadIdx.x & 31; c < nchunk; c += 32) *(uint4 *)(xo + (long)c * 8) = make_uint4(0, 0, 0, 0);
+}
+
 template <typename T, int N, int NORM>
 __device__ __forceinline__ void gv_x_rows(T *xs, const T *inp, const T *nw, const T *nb, int nr, int IC,
                                           float eps, int vnorm, const T *nws = NULL) {
@@ -1425,15 +1456,8 @@ __device__ __forceinline__ void gv_x_rows(T *xs, const T *inp, const T *nw, cons
           for (int e = 0; e < 8; e++) y[e] = (v[k][e] - mean) * r * g[e] + bb[e];
           *(uint4 *)(xo + (long)c * 8) = pack8<T>(y);
         }
-      } else if (n < nr && !vnorm) { // as rmsnorm_fwd: lane sums c = lane, lane + 32, ...
-        const T *x = inp + (long)n * IC;
-        float ss = 0.0f;
-        for (int c = lane; c < IC; c += 32) {
-          float v = ldf(x + c);
-          ss += v * v;
-        }
-        const float r = 1.0f / sqrtf(warp_sum(ss) / IC + eps);
-        for (int c = lane; c < IC; c += 32) stf(xo + c, ldf(x + c) * r * ldf(nw + c));
+      } else if (n < nr && !vnorm) {
+        gv_rms_row_v1(xo, inp + (long)n * IC, nw, IC, eps);
       } else if (n < nr) { // 16-byte chunks lane, lane + 32, ...: a few rounds of loads
         const T *x = inp + (long)n * IC;
         float ss = 0.0f;
@@ -1456,7 +1480,7 @@ __device__ __forceinline__ void gv_x_rows(T *xs, const T *inp, const T *nw, cons
           *(uint4 *)(xo + (long)c * 8) = pack8<T>(y);
         }
       } else {
-        for (int c = lane; c < nchunk; c += 32) *(uint4 *)(xo + (long)c * 8) = make_uint4(0, 0, 0, 0);
+        gv_zero_row(xo, nchunk);
       }
     }
   } else {
@@ -2335,7 +2359,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && 
   __shared__ __align__(16) float ps[CL ? DEC_WARPS : 1][G][hd + 4]; // CL: the splits' rows
   __shared__ __align__(16) T om[OP ? G * hd : 8];                    // OP: the merged heads
   __shared__ int last;
-  const bool push = CL && !OP && (late & 4); // the split rows pushed to block 0 (att_push_on)
+  // the split rows pushed to block 0 (att_push_on; HS always, known when compiled, so its code
+  // holds no pull merge)
+  const bool push = HS || (CL && !OP && (late & 4));
   const bool relax = CL && !OP && (late & 8); // the pull merge's 2nd barrier relaxed (att_relax_on)
   const bool pf_after = late & 2; // the L2 hint after the wait (CT_DECODE_PF_AFTER), not now
   late &= 1;
@@ -2377,7 +2403,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && 
     att_rope_split<T, LK, GW, G>(q, kr, vr, raw + (long)n * (H + 2 * KV) * hd, qnw, knw, Kc, Vc, H,
                                  KV, kv, k0, p, theta, eps, cs_, sn_, lane, hg * GW);
     TL_PHASE(0);
-    att_split_math<T, LK, GW, true>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
+    att_split_math<T, LK, GW, true, HS>(part, &q[0][0], kr, vr, n, kv, sp, k0, len, H, splits, scale,
                                     lane, CL ? &ps[CL ? ws : 0][hg * GW][0] : nullptr, pdst, pbar,
                                     G, hg * GW);
     TL_PHASE(1);
@@ -4380,8 +4406,20 @@ void cu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, co
 // release to the id stored took ~3 us on an H100, beside the kernel boundary before it). The
 // head's shapes of gemv_shape (R 4 / 2, U 4 / 8: one round of a row up to 2048 wide). 1 where it
 // does not apply: CT_DECODE_HEAD_ARGMAX=0, another row count or table, the shapes, more blocks
-// than the merge takes, or a scratch buffer that would grow during a capture. Read at every call.
+// than the merge takes, or a scratch buffer that would grow during a capture; and by default
+// outside a graph capture. Read at every call.
+// Only in graphs by default (CT_DECODE_HEAD_ARGMAX=1 everywhere): with CUDA graphs it runs even
+// with the two kernels, without them the two kernels decode faster, the same ids either way (H100,
+// batch 1, Qwen3-0.6B shape, --cuda_graphs off: 905-930 against 1,110-1,228 tokens/s in session 38,
+// 901-1,007 against 1,157-1,169 in session 41; bench/results/s41_2026-12-07_H100_e5e30a5+pf). Why
+// is not known: the op profile (events around every kernel) times the two ways alike. The scratch
+// is grown either way, so the uncaptured step before a capture leaves it big enough.
 long head_argmax_launches; // GV_ARGMAX launches (tests)
+bool stream_capturing() {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream(), &cs) != cudaSuccess) cudaGetLastError();
+  return cs == cudaStreamCaptureStatusActive;
+}
 template <typename T>
 int cu_norm_matmul_argmax(void *logits, const void *inp, const void *nw, const void *w, int IC,
                           int OC, float eps, int32_t *out, int32_t *tok, int32_t *pos,
@@ -4395,7 +4433,7 @@ int cu_norm_matmul_argmax(void *logits, const void *inp, const void *nw, const v
       return 1;
     char *buf = (char *)grow_scratch(split_bufs, SPLIT_COUNT_BYTES + (size_t)GV_AM_MAX_BLOCKS * 8,
                                      SPLIT_COUNT_BYTES, "norm_matmul_argmax", true);
-    if (!buf) return 1;
+    if (!buf || (!env_on("CT_DECODE_HEAD_ARGMAX") && !stream_capturing())) return 1;
     float *pv = (float *)(buf + SPLIT_COUNT_BYTES);
     gv_am am{out, tok, pos, hid, pv, (int *)(pv + GV_AM_MAX_BLOCKS),
              (unsigned *)(buf + SPLIT_COUNT_BYTES) - ARGMAX_MAX_ROWS, V};

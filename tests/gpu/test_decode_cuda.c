@@ -1376,7 +1376,9 @@ static void test_attention_qkv(void) {
  * position and host id. Each shape runs three times: random weights; the best row copied to a
  * lower index (a tie: the lower index wins); and a padding row (past V) made the largest (not
  * taken). A shape of 40,000 outputs has more blocks than run at once (warps loop over tasks and
- * the last block merges every block's partial); 2048 wide takes the other task shape. */
+ * the last block merges every block's partial); 2048 wide takes the other task shape. The fused
+ * op applies by default only inside a graph capture: round 1 captures it, rounds 0 and 2 check that
+ * an eager call is not applied, then force it (CT_DECODE_HEAD_ARGMAX=1). */
 static void head_argmax_case(const ct_ops *o, int IC, int OC, int V, int advance) {
   char what[128];
   snprintf(what, sizeof what, "%s norm_matmul_argmax IC %d OC %d V %d%s", o->name, IC, OC, V,
@@ -1407,13 +1409,34 @@ static void head_argmax_case(const ct_ops *o, int IC, int OC, int V, int advance
     o->to_host(&pb, dp, 4);
     if (hmap) hb = hmap[((pos0 + 1) & 1)], hmap[0] = hmap[1] = -1;
     down(o, lb, dlb, OC);
-    /* the fused op */
+    /* the fused op: by default only while a graph is captured (round 1 captures it and replays
+     * the graph); rounds 0 and 2 run it eagerly with CT_DECODE_HEAD_ARGMAX=1, after checking that
+     * without it the eager call is not applied (rc 1: the caller runs the two ops) */
     o->to_device(dt, &tok0, 4);
     o->to_device(dp, &pos0, 4);
     o->zero(dla, (size_t)OC * o->act_bytes);
     const long n0 = ct_cuda_head_argmax_launches();
-    const int rc = o->norm_matmul_argmax(dla, dx, dg, dw, IC, OC, 1e-6f, dia, advance ? dt : NULL,
-                                         advance ? dp : NULL, advance ? (int32_t *)dmap : NULL, V);
+#define HEAD_AM() \
+  o->norm_matmul_argmax(dla, dx, dg, dw, IC, OC, 1e-6f, dia, advance ? dt : NULL, \
+                        advance ? dp : NULL, advance ? (int32_t *)dmap : NULL, V)
+    int rc;
+    if (round == 1) {
+      o->graph_begin();
+      rc = HEAD_AM();
+      void *gr = o->graph_end();
+      CHECK_MSG(gr != NULL, "%s: the capture failed", what);
+      if (gr) {
+        o->graph_launch(gr);
+        o->graph_destroy(gr);
+      }
+    } else {
+      CHECK_MSG(HEAD_AM() == 1 && ct_cuda_head_argmax_launches() == n0,
+                "%s round %d: applied outside a graph capture by default", what, round);
+      setenv("CT_DECODE_HEAD_ARGMAX", "1", 1);
+      rc = HEAD_AM();
+      unsetenv("CT_DECODE_HEAD_ARGMAX");
+    }
+#undef HEAD_AM
     CHECK_MSG(rc == 0 && ct_cuda_head_argmax_launches() == n0 + 1,
               "%s round %d: rc %d, %ld launches", what, round, rc,
               ct_cuda_head_argmax_launches() - n0);
