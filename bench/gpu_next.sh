@@ -276,6 +276,8 @@
 # /tmp/base/ctrain, git apply the patch, EXTRA="/tmp/base/ctrain=build-gpu/ctrain-base"
 # bench/gpu_pack.sh ctrain tests/test_decode_cuda, run s50; land the patch if its tests pass and
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
+#   s53      session 42: s52 with the one-task form only where two blocks fit a multiprocessor and
+#            the L2 hints inline; Qwen3-0.6B and Llama-3.2-1B each round (~3 min)
 #   s52      session 42: the one-row GEMVs' one-task form + the L2 hints out of line (ctrain) against
 #            the landed s51 code (ctrain-base) and CT_DECODE_GV_ONE=0; on an H200 the benchmark
 #   s51      session 42: s50 (ctrain-s50) and s50 + the GEMVs' unused norm paths out of line (ctrain)
@@ -926,6 +928,23 @@ for part in "$@"; do
           ab "null $e" ctrain qwen3-0.6b 1,1,8 $e
         done
       echo "-- eager + null done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
+    s53)
+      # session 42: s52 with the one-task form only where two of its blocks fit a multiprocessor's
+      # registers and the L2 hints inline again (ctrain) against the landed code (ctrain-base) and
+      # CT_DECODE_GV_ONE=0, the Qwen3-0.6B and Llama-3.2-1B shapes in each round
+      t0=$SECONDS
+      dec_tests || echo "(the decode tests failed: the A/B still runs)"
+      echo "ids qwen3: new $(ids ctrain) one0 $(ids ctrain CT_DECODE_GV_ONE=0) base $(ids ctrain-base) (0b1cea1e507a before)"
+      for r in 1 2 3; do
+        ab base_$r ctrain-base qwen3-0.6b 1,1,1,8
+        ab new_$r ctrain qwen3-0.6b 1,1,1,8
+        ab one0_$r ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_GV_ONE=0
+        ab llama_base_$r ctrain-base llama3.2-1b 1,1
+        ab llama_new_$r ctrain llama3.2-1b 1,1
+        ab llama_one0_$r ctrain llama3.2-1b 1,1 CT_DECODE_GV_ONE=0
+      done
+      echo "-- s53 A/B done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err"
+      if [ $((SECONDS - t0)) -lt 200 ]; then decode_if_h200 "1 8 64" 100 300; fi ;;
     s52)
       # session 42: the one-row GEMVs' one-task form (MULTI false) and the L2 hints' work out of
       # line (ctrain) against the landed s51 build (ctrain-base, 3eefe97's code) and against
