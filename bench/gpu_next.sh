@@ -276,6 +276,7 @@
 # /tmp/base/ctrain, git apply the patch, EXTRA="/tmp/base/ctrain=build-gpu/ctrain-base"
 # bench/gpu_pack.sh ctrain tests/test_decode_cuda, run s50; land the patch if its tests pass and
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
+#   s54      session 42: s53 with the L2 hints out of line again, two rounds of both shapes (~2 min)
 #   s53      session 42: s52 with the one-task form only where two blocks fit a multiprocessor and
 #            the L2 hints inline; Qwen3-0.6B and Llama-3.2-1B each round (~3 min)
 #   s52      session 42: the one-row GEMVs' one-task form + the L2 hints out of line (ctrain) against
@@ -928,6 +929,19 @@ for part in "$@"; do
           ab "null $e" ctrain qwen3-0.6b 1,1,8 $e
         done
       echo "-- eager + null done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
+    s54)
+      # session 42: s53 with the L2 hints' work out of line again (s52's form, the one-task GEMV
+      # only where two blocks fit), against the landed code, two rounds of both shapes (~2 min)
+      t0=$SECONDS
+      dec_tests || echo "(the decode tests failed: the A/B still runs)"
+      echo "ids qwen3: new $(ids ctrain) base $(ids ctrain-base) (0b1cea1e507a before)"
+      for r in 1 2; do
+        ab base_$r ctrain-base qwen3-0.6b 1,1,1,8
+        ab new_$r ctrain qwen3-0.6b 1,1,1,8
+        ab llama_base_$r ctrain-base llama3.2-1b 1,1
+        ab llama_new_$r ctrain llama3.2-1b 1,1
+      done
+      echo "-- s54 done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
     s53)
       # session 42: s52 with the one-task form only where two of its blocks fit a multiprocessor's
       # registers and the L2 hints inline again (ctrain) against the landed code (ctrain-base) and

@@ -231,6 +231,17 @@
 // instruction-fetch lead. The eager head was mixed this time (two kernels 1,046-1,053 and 900-907,
 // the one kernel 932-1,195 and 977-1,042); the default stays as session 41 left it. Null-kernel
 // steps: 1,659 as built, 11,071 all null, 6,675 GEMVs null, 1,868 attention null.
+// Then (calls s52-s54, bench/results/s42_2026-12-07_H100_3eefe97+s52 .. +s54, H100): the one-row
+// GEMVs' one-task form (gemv_kernel's MULTI false: no code for further rounds or tasks where a
+// row fits one round and the grid has a task a warp) and the L2 hints' work out of line
+// (l2_prefetch_run). Together, with the form wherever it applies: +2.3% at batch 1 on the
+// Qwen3-0.6B shape but -7.5% on Llama-3.2-1B, whose 2048-wide norm + qkv and norm + gate/up then
+// hold 147 registers (94-98 in the general form), one 256-thread block a multiprocessor. With the
+// form only where two blocks fit (gv_one_fits): +2.3% (1,698 against 1,660 tokens/s, two rounds,
+// s54) and Llama-3.2-1B +0.6%, batch 8 even, the same ids; landed. The parts apart show that
+// the gain is layout and scheduling, not fewer instructions: the hints out of line with the
+// general form -1.7%, the one-task form with the hints inline +0.2% (s52, s53). From session 42's
+// start the Qwen3-0.6B shape is ~3.6% faster at batch 1 (1,640 -> 1,698 on the H100).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -673,10 +684,11 @@ __device__ __forceinline__ uint4 ld_stream(const void *p) {
 }
 
 // This block's slice of `bytes` bytes at p into L2 (sm_90 bulk prefetch; nothing elsewhere, and
-// nothing for p NULL): the grid's blocks (all three dimensions) split the range.
-__device__ __forceinline__ void l2_prefetch_slice(const void *p, size_t bytes) {
+// nothing for p NULL): the grid's blocks (all three dimensions) split the range. The hints are
+// opt-in, so the work (~1.5 KB of SASS with its 64-bit divisions) is a function of its own: inline
+// it sat in every decode kernel's code, in attention's after its wait.
+__device__ __noinline__ void l2_prefetch_run(const void *p, size_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x != 0 || !p) return;
   const size_t nb = (size_t)gridDim.x * gridDim.y * gridDim.z;
   const size_t id = blockIdx.x + (size_t)gridDim.x * (blockIdx.y + (size_t)gridDim.y * blockIdx.z);
   const size_t per = ((bytes + nb - 1) / nb + 15) & ~(size_t)15;
@@ -694,6 +706,9 @@ __device__ __forceinline__ void l2_prefetch_slice(const void *p, size_t bytes) {
 #else
   (void)p, (void)bytes;
 #endif
+}
+__device__ __forceinline__ void l2_prefetch_slice(const void *p, size_t bytes) {
+  if (p && threadIdx.x == 0) l2_prefetch_run(p, bytes);
 }
 
 // Eight 16-bit values (one uint4) as floats.
@@ -1500,7 +1515,10 @@ template <int MODE, int U> constexpr int gv_minb() { return MODE == GV_RESID && 
 #else
 #define GV_BOUNDS __launch_bounds__(GV_WARPS * 32)
 #endif
-template <typename T, int N, int R, int U, int NORM, int MODE>
+// MULTI false: the launch has one task a warp at most and a row fits one round (IC <= 8 * 32 *
+// U), so the code for further rounds and tasks, never run there, is not compiled in (it sat
+// between the wait and the multiply); gemv_go picks it for one row.
+template <typename T, int N, int R, int U, int NORM, int MODE, bool MULTI = true>
 __global__ void GV_BOUNDS
     gemv_kernel(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res,
                 int nr, int IC, int OC, float eps, int vnorm, const void *pf, size_t pfb,
@@ -1551,8 +1569,8 @@ __global__ void GV_BOUNDS
     for (int rr = 0; rr < RR; rr++)
 #pragma unroll
       for (int n = 0; n < N; n++) acc[rr][n] = 0.0f;
-    for (int c0 = 0; c0 < nchunk; c0 += U * 32) {
-      if (c0 > 0) load_round(t, c0);
+    for (int c0 = 0; c0 < (MULTI ? nchunk : 1); c0 += U * 32) {
+      if (MULTI && c0 > 0) load_round(t, c0);
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const int c = c0 + u * 32 + lane;
@@ -1574,7 +1592,7 @@ __global__ void GV_BOUNDS
     }
     // prefetch the next task's first round before the reductions
     const int tn = t + stride;
-    if (tn < tasks) load_round(tn, 0);
+    if (MULTI && tn < tasks) load_round(tn, 0);
 #pragma unroll
     for (int rr = 0; rr < RR; rr++)
 #pragma unroll
@@ -3912,6 +3930,31 @@ bool gemv_mma(T *out, const T *inp, const T *nw, const T *nb, const T *w, const 
   return true;
 }
 
+long gv_one_launches; // gemv_kernel launches in the one-task form (MULTI false; tests)
+// Whether two blocks of gemv_kernel's one-task form fit a multiprocessor's registers. Compiled
+// without the code for further rounds, the form holds more registers than the general one (on
+// sm_90 with nvcc 13.0, the Qwen3-0.6B shape's batch-1 GEMVs 79-114 against 56-70; Llama-3.2-1B's
+// 2048-wide norm + qkv and norm + gate/up 147 against 94-98); at 147 one block fills a
+// multiprocessor and the next kernel's blocks find no room to load their weights early: with the
+// form there the Llama-3.2-1B shape decoded 7.5% slower at batch 1, with this check 0.6% faster
+// (H100, session 42, bench/results/s42_2026-12-07_H100_3eefe97+s52 and +s54). Asked once per
+// instantiation.
+template <typename T, int R, int U, int NORM, int MODE> bool gv_one_fits() {
+  static int fits = -1;
+  if (fits < 0) {
+    cudaFuncAttributes a;
+    int dev = 0, regs = 65536;
+    if (cudaFuncGetAttributes(&a, (const void *)gemv_kernel<T, 1, R, U, NORM, MODE, false>) != cudaSuccess ||
+        cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&regs, cudaDevAttrMaxRegistersPerMultiprocessor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      fits = 0;
+    } else {
+      fits = 2L * a.numRegs * GV_WARPS * 32 <= (long)regs;
+    }
+  }
+  return fits == 1;
+}
 template <typename T, int N, int NORM, int MODE, int R, int U>
 void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res, int nr,
              int IC, int OC, float eps, gv_am am = gv_am{}) {
@@ -3927,10 +3970,23 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T
   // vnorm: 0 the first round's norm, 1 the second's, 2 the second's with the norm weight copied
   // to shared memory first (where that still fits the 48 KB)
   const int vn = !v2_on() ? 0 : NORM && (size_t)(N + gv_np(NORM, 2)) * IC * sizeof(T) <= 48 * 1024 ? 2 : 1;
-  launch("decode gemv", "gemv_kernel", gemv_kernel<T, N, R, U, NORM, MODE>, blocks, GV_WARPS * 32,
-         apart_gemv_smem((const void *)gemv_kernel<T, N, R, U, NORM, MODE>,
-                         (size_t)(N + gv_np(NORM, vn)) * IC * sizeof(T)),
-         out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn, h.p, h.bytes, am);
+  const size_t xsb = (size_t)(N + gv_np(NORM, vn)) * IC * sizeof(T);
+  auto go = [&](auto k) {
+    launch("decode gemv", "gemv_kernel", k, blocks, GV_WARPS * 32, apart_gemv_smem((const void *)k, xsb),
+           out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn, h.p, h.bytes, am);
+  };
+  // one row, one round, a task a warp (every GEMV of a batch-1 step but the head): MULTI false,
+  // where two of its blocks fit a multiprocessor's registers (gv_one_fits); CT_DECODE_GV_ONE=0
+  // keeps the general form (for comparisons)
+  if constexpr (N == 1 && MODE != GV_ARGMAX) {
+    if (IC / 8 <= 32 * U && (long)tasks <= (long)blocks * GV_WARPS &&
+        gv_one_fits<T, R, U, NORM, MODE>() && !env_off("CT_DECODE_GV_ONE")) {
+      go(gemv_kernel<T, N, R, U, NORM, MODE, false>);
+      gv_one_launches++;
+      return;
+    }
+  }
+  go(gemv_kernel<T, N, R, U, NORM, MODE>);
 }
 
 // Rows per warp task (R) and 16-byte chunks per lane and round (U): one round covers a row of
@@ -5329,3 +5385,4 @@ extern "C" long ct_cuda_attention_blk_launches(void) { return ab_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }
 extern "C" long ct_cuda_head_argmax_launches(void) { return head_argmax_launches; }
+extern "C" long ct_cuda_gemv_one_launches(void) { return gv_one_launches; }

@@ -315,9 +315,10 @@ static void test_fused(const ct_ops *o, double tol) {
       free(rstd);
     }
     int gok = 0;
-    const long gr_before = ct_cuda_gemm_rows_launches();
+    const long gr_before = ct_cuda_gemm_rows_launches(), one_before = ct_cuda_gemv_one_launches();
     fused_run(o, fc, x, nw, nb, w, b, res, got, &gok);
     const int gr_ran = ct_cuda_gemm_rows_launches() > gr_before;
+    const int one_ran = ct_cuda_gemv_one_launches() > one_before;
     snprintf(what, sizeof what, "%s %s N=%d IC=%d OC=%d%s", o->name, name, N, IC, OC,
              fc->bias ? " +bias" : "");
     ct_check_close(what, got, ref, on, tol, 1e-6);
@@ -358,6 +359,19 @@ static void test_fused(const ct_ops *o, double tol) {
       free(solo);
       free(xin);
       free(rin);
+    }
+    /* one row in the GEMV's one-task form (a row in one round, a task a warp): the same bits as
+     * its general form (CT_DECODE_GV_ONE=0), which must not take it */
+    if (one_ran) {
+      float *gen = malloc(on * 4);
+      int gok2 = 0;
+      setenv("CT_DECODE_GV_ONE", "0", 1);
+      const long n1 = ct_cuda_gemv_one_launches();
+      fused_run(o, fc, x, nw, nb, w, b, res, gen, &gok2);
+      CHECK_MSG(ct_cuda_gemv_one_launches() == n1, "%s: CT_DECODE_GV_ONE=0 took the one-task form", what);
+      unsetenv("CT_DECODE_GV_ONE");
+      CHECK_MSG(!memcmp(gen, got, on * 4), "%s: the one-task GEMV differs from the general one", what);
+      free(gen);
     }
     /* with CT_DECODE_GR=1, past the tensor-core GEMV up to 64 rows, the 16-bit products go to
      * gemm_rows_kernel (IC a multiple of 64, outputs narrower than a vocabulary, its shared
@@ -1593,10 +1607,11 @@ int main(void) {
    * 256), then on the CUDA cores (CT_DECODE_MMA=0): both against the CPU, a batch's last row
    * against its run in another batch (test_fused) */
   const long mma0 = ct_cuda_gemv_mma_launches(), skd = ct_cuda_splitk_launches();
-  const long gr_off = ct_cuda_gemm_rows_launches();
+  const long gr_off = ct_cuda_gemm_rows_launches(), one0 = ct_cuda_gemv_one_launches();
   test_fused(ct_ops_cuda_bf16(), 2e-2);
   test_fused(ct_ops_cuda_fp16(), 2e-2);
   CHECK_MSG(ct_cuda_gemv_mma_launches() > mma0, "no tensor-core GEMV ran");
+  CHECK_MSG(ct_cuda_gemv_one_launches() > one0, "no one-row GEMV ran in its one-task form");
   CHECK_MSG(ct_cuda_gemm_rows_launches() == gr_off, "gemm_rows ran without CT_DECODE_GR=1");
   /* split-K partials are the default for 64-128 rows (the 64-row residual products above) */
   CHECK_MSG(ct_cuda_splitk_launches() > skd, "64-row residual products: no split-K product ran");
