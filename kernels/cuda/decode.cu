@@ -227,8 +227,9 @@
 // 8; with the GEMVs' never-taken norm paths moved out of line as well (gv_rms_row_v1, gv_zero_row:
 // before, they sat between every GEMV's wait and its multiply) +1.3% at batch 1 (1,661; every
 // round 1,655-1,663 against 1,636-1,642) and +0.5% at 8 (7,043 against 7,010); Llama-3.2-1B even.
-// Both landed. Moving code that does not run off the post-wait path pays, which supports the
-// instruction-fetch lead. The eager head was mixed this time (two kernels 1,046-1,053 and 900-907,
+// Both landed. Moving code that does not run off the post-wait path paid here; whether through
+// instruction fetch or through how the compiler then lays out and schedules the rest, these runs
+// do not separate (the one-task form below says it is not the instruction count). The eager head was mixed this time (two kernels 1,046-1,053 and 900-907,
 // the one kernel 932-1,195 and 977-1,042); the default stays as session 41 left it. Null-kernel
 // steps: 1,659 as built, 11,071 all null, 6,675 GEMVs null, 1,868 attention null.
 // Then (calls s52-s54, bench/results/s42_2026-12-07_H100_3eefe97+s52 .. +s54, H100): the one-row
@@ -1517,7 +1518,8 @@ template <int MODE, int U> constexpr int gv_minb() { return MODE == GV_RESID && 
 #endif
 // MULTI false: the launch has one task a warp at most and a row fits one round (IC <= 8 * 32 *
 // U), so the code for further rounds and tasks, never run there, is not compiled in (it sat
-// between the wait and the multiply); gemv_go picks it for one row.
+// between the wait and the multiply); gemv_go picks it for one row where two of its blocks fit a
+// multiprocessor (gv_one_fits).
 template <typename T, int N, int R, int U, int NORM, int MODE, bool MULTI = true>
 __global__ void GV_BOUNDS
     gemv_kernel(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res,

@@ -369,6 +369,7 @@ static void test_fused(const ct_ops *o, double tol) {
       const long n1 = ct_cuda_gemv_one_launches();
       fused_run(o, fc, x, nw, nb, w, b, res, gen, &gok2);
       CHECK_MSG(ct_cuda_gemv_one_launches() == n1, "%s: CT_DECODE_GV_ONE=0 took the one-task form", what);
+      CHECK_MSG(gok2, "%s: the general form wrote past its output", what);
       unsetenv("CT_DECODE_GV_ONE");
       CHECK_MSG(!memcmp(gen, got, on * 4), "%s: the one-task GEMV differs from the general one", what);
       free(gen);
