@@ -276,6 +276,8 @@
 # /tmp/base/ctrain, git apply the patch, EXTRA="/tmp/base/ctrain=build-gpu/ctrain-base"
 # bench/gpu_pack.sh ctrain tests/test_decode_cuda, run s50; land the patch if its tests pass and
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
+#   s55      session 42's last call: the landed tree's tests and ids, batch 1 against Transformers on
+#            an H200 (else two batch-1 runs)
 #   s54      session 42: s53 with the L2 hints out of line again, two rounds of both shapes (~2 min)
 #   s53      session 42: s52 with the one-task form only where two blocks fit a multiprocessor and
 #            the L2 hints inline; Qwen3-0.6B and Llama-3.2-1B each round (~3 min)
@@ -929,6 +931,17 @@ for part in "$@"; do
           ab "null $e" ctrain qwen3-0.6b 1,1,8 $e
         done
       echo "-- eager + null done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
+    s55)
+      # session 42's last call: the landed tree's decode tests and ids; on an H200 the issue's
+      # benchmark at batch 1 (against Transformers), else two batch-1 runs (~1-3 min)
+      dec_tests || echo "(the decode tests failed)"
+      echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        decode_all "1" 100 170
+      else
+        ab qwen_1 ctrain qwen3-0.6b 1,1,8
+        ab llama_1 ctrain llama3.2-1b 1,1
+      fi ;;
     s54)
       # session 42: s53 with the L2 hints' work out of line again (s52's form, the one-task GEMV
       # only where two blocks fit), against the landed code, two rounds of both shapes (~2 min)
