@@ -276,6 +276,8 @@
 # /tmp/base/ctrain, git apply the patch, EXTRA="/tmp/base/ctrain=build-gpu/ctrain-base"
 # bench/gpu_pack.sh ctrain tests/test_decode_cuda, run s50; land the patch if its tests pass and
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
+# Session 42 measured that patch in s51 (beside the GEMVs' norm paths out of line) and landed
+# both, so part s50, which never ran, is gone.
 #   s55      session 42's last call: the landed tree's tests and ids, batch 1 against Transformers on
 #            an H200 (else two batch-1 runs)
 #   s54      session 42: s53 with the L2 hints out of line again, two rounds of both shapes (~2 min)
@@ -286,11 +288,6 @@
 #   s51      session 42: s50 (ctrain-s50) and s50 + the GEMVs' unused norm paths out of line (ctrain)
 #            against the tree (ctrain-base), three interleaved rounds; on an H200 then the issue's
 #            benchmark (~4 min, ~9 with the benchmark)
-#   s50      session 41: attention's heads split with its push known when compiled (ctrain; 46 KB of
-#            SASS instead of 74, the pull merge no longer between the split math and the push
-#            merge) against the tree without it (ctrain-base): the decode tests, ids, three
-#            interleaved rounds at batches 1 and 8, the eager step with the head's two kernels
-#            (the new eager default) against the one, Llama-3.2-1B at 1 (~3 min; any card)
 #   s49      session 40: the whole-MLP L2 hint as the default from 8 rows against the tree without
 #            it (ctrain-base), rounds at batches 1-64, then s48's eager and null-kernel steps (~6 min)
 #   s48      the eager step with / without the one-kernel head (A/B, op profile, nsys), null-kernel
@@ -371,6 +368,18 @@ ab() {
   env X=1 "$@" timeout 60 build-gpu/$bin $DG --model configs/$m.toml --batch $b 2>"$OUT/ab.err" >/dev/null
   echo "$tag: $(grep '^stats' "$OUT/ab.err" | grep -oE "decode_tok_s=[0-9.]+" | tr '\n' ' ')"
   grep -iE "error|fail" "$OUT/ab.err" | head -3
+}
+# ab_rounds N "TAG BIN MODEL BATCHES [ENV...]" ...: N interleaved rounds of those ab runs, each
+# TAG suffixed _ROUND (parts s51-s54)
+ab_rounds() {
+  local n=$1 r s a
+  shift
+  for r in $(seq "$n"); do
+    for s in "$@"; do
+      read -ra a <<< "$s"
+      ab "${a[0]}_$r" "${a[@]:1}"
+    done
+  done
 }
 # The eager step (--cuda_graphs off) with the one-kernel head (base) and the two kernels (ham0,
 # CT_DECODE_HEAD_ARGMAX=0): two interleaved rounds, both without early launches, then each under
@@ -948,12 +957,8 @@ for part in "$@"; do
       t0=$SECONDS
       dec_tests || echo "(the decode tests failed: the A/B still runs)"
       echo "ids qwen3: new $(ids ctrain) base $(ids ctrain-base) (0b1cea1e507a before)"
-      for r in 1 2; do
-        ab base_$r ctrain-base qwen3-0.6b 1,1,1,8
-        ab new_$r ctrain qwen3-0.6b 1,1,1,8
-        ab llama_base_$r ctrain-base llama3.2-1b 1,1
-        ab llama_new_$r ctrain llama3.2-1b 1,1
-      done
+      ab_rounds 2 "base ctrain-base qwen3-0.6b 1,1,1,8" "new ctrain qwen3-0.6b 1,1,1,8" \
+        "llama_base ctrain-base llama3.2-1b 1,1" "llama_new ctrain llama3.2-1b 1,1"
       echo "-- s54 done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
     s53)
       # session 42: s52 with the one-task form only where two of its blocks fit a multiprocessor's
@@ -962,14 +967,9 @@ for part in "$@"; do
       t0=$SECONDS
       dec_tests || echo "(the decode tests failed: the A/B still runs)"
       echo "ids qwen3: new $(ids ctrain) one0 $(ids ctrain CT_DECODE_GV_ONE=0) base $(ids ctrain-base) (0b1cea1e507a before)"
-      for r in 1 2 3; do
-        ab base_$r ctrain-base qwen3-0.6b 1,1,1,8
-        ab new_$r ctrain qwen3-0.6b 1,1,1,8
-        ab one0_$r ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_GV_ONE=0
-        ab llama_base_$r ctrain-base llama3.2-1b 1,1
-        ab llama_new_$r ctrain llama3.2-1b 1,1
-        ab llama_one0_$r ctrain llama3.2-1b 1,1 CT_DECODE_GV_ONE=0
-      done
+      ab_rounds 3 "base ctrain-base qwen3-0.6b 1,1,1,8" "new ctrain qwen3-0.6b 1,1,1,8" \
+        "one0 ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_GV_ONE=0" "llama_base ctrain-base llama3.2-1b 1,1" \
+        "llama_new ctrain llama3.2-1b 1,1" "llama_one0 ctrain llama3.2-1b 1,1 CT_DECODE_GV_ONE=0"
       echo "-- s53 A/B done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err"
       if [ $((SECONDS - t0)) -lt 200 ]; then decode_if_h200 "1 8 64" 100 300; fi ;;
     s52)
@@ -979,11 +979,8 @@ for part in "$@"; do
       t0=$SECONDS
       dec_tests || echo "(the decode tests failed: the A/B still runs)"
       echo "ids qwen3: new $(ids ctrain) one0 $(ids ctrain CT_DECODE_GV_ONE=0) base $(ids ctrain-base) (0b1cea1e507a before)"
-      for r in 1 2 3; do
-        ab base_$r ctrain-base qwen3-0.6b 1,1,1,8
-        ab new_$r ctrain qwen3-0.6b 1,1,1,8
-        ab one0_$r ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_GV_ONE=0
-      done
+      ab_rounds 3 "base ctrain-base qwen3-0.6b 1,1,1,8" "new ctrain qwen3-0.6b 1,1,1,8" \
+        "one0 ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_GV_ONE=0"
       ab llama_base ctrain-base llama3.2-1b 1,1
       ab llama_new ctrain llama3.2-1b 1,1
       echo "-- s52 A/B done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err"
@@ -995,36 +992,15 @@ for part in "$@"; do
       t0=$SECONDS
       dec_tests || echo "(the decode tests failed: the A/B still runs)"
       echo "ids qwen3: gv $(ids ctrain) s50 $(ids ctrain-s50) base $(ids ctrain-base) gv eager $(DG="$DG --cuda_graphs off" ids ctrain) (0b1cea1e507a before)"
-      for r in 1 2 3; do
-        ab base_$r ctrain-base qwen3-0.6b 1,1,1,8
-        ab s50_$r ctrain-s50 qwen3-0.6b 1,1,1,8
-        ab gv_$r ctrain qwen3-0.6b 1,1,1,8
-      done
-      for r in 1 2; do
-        DG="$DG --cuda_graphs off" ab eager_gv_$r ctrain qwen3-0.6b 1,1
-        DG="$DG --cuda_graphs off" ab eager_ham1_$r ctrain qwen3-0.6b 1,1 CT_DECODE_HEAD_ARGMAX=1
-      done
+      ab_rounds 3 "base ctrain-base qwen3-0.6b 1,1,1,8" "s50 ctrain-s50 qwen3-0.6b 1,1,1,8" \
+        "gv ctrain qwen3-0.6b 1,1,1,8"
+      DG="$DG --cuda_graphs off" ab_rounds 2 "eager_gv ctrain qwen3-0.6b 1,1" \
+        "eager_ham1 ctrain qwen3-0.6b 1,1 CT_DECODE_HEAD_ARGMAX=1"
       ab llama_base ctrain-base llama3.2-1b 1,1
       ab llama_s50 ctrain-s50 llama3.2-1b 1,1
       ab llama_gv ctrain llama3.2-1b 1,1
       echo "-- s51 A/B done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err"
       if [ $((SECONDS - t0)) -lt 240 ]; then decode_if_h200 "1 8 64" 100 300; fi ;;
-    s50)
-      t0=$SECONDS
-      dec_tests || echo "(the decode tests failed: the A/B still runs)"
-      echo "ids qwen3: new $(ids ctrain) base $(ids ctrain-base) new eager $(DG="$DG --cuda_graphs off" ids ctrain) (0b1cea1e507a before)"
-      for r in 1 2 3; do
-        ab base_$r ctrain-base qwen3-0.6b 1,1,1,8
-        ab new_$r ctrain qwen3-0.6b 1,1,1,8
-      done
-      # the eager step: the one-kernel head now only in graphs (=1 forces it, as before)
-      for r in 1 2; do
-        DG="$DG --cuda_graphs off" ab eager_new_$r ctrain qwen3-0.6b 1,1
-        DG="$DG --cuda_graphs off" ab eager_ham1_$r ctrain qwen3-0.6b 1,1 CT_DECODE_HEAD_ARGMAX=1
-      done
-      ab llama_base ctrain-base llama3.2-1b 1,1
-      ab llama_new ctrain llama3.2-1b 1,1
-      echo "-- s50 done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
     h200)
       # the issue's benchmark when the lent card is an H200 (the tests and ids first); on any other
       # card only its name, so a call that gets an H100 costs little device time

@@ -275,6 +275,17 @@ template <> __device__ __forceinline__ void stf<bf16>(bf16 *p, float v) { *p = _
 template <> __device__ __forceinline__ void stf<f16>(f16 *p, float v) { *p = __float2half_rn(v); }
 
 cudaStream_t stream() { return (cudaStream_t)ct_cuda_stream(); }
+// The current stream's capture status (None where the query fails; its error is cleared), and
+// whether a graph is being captured on it now.
+cudaStreamCaptureStatus capture_status() {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream(), &cs) != cudaSuccess) {
+    cudaGetLastError();
+    cs = cudaStreamCaptureStatusNone;
+  }
+  return cs;
+}
+bool stream_capturing() { return capture_status() == cudaStreamCaptureStatusActive; }
 
 bool ck(cudaError_t e, const char *op, const char *call, int line) {
   if (e == cudaSuccess) return true;
@@ -563,9 +574,7 @@ bool nulled(const char *name) {
 std::vector<std::string> tl_names;
 void tl_note(const char *name) {
   static bool in_capture = false;
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream(), &cs) != cudaSuccess) cudaGetLastError();
-  if (cs != cudaStreamCaptureStatusActive) {
+  if (!stream_capturing()) {
     in_capture = false;
     return;
   }
@@ -2714,9 +2723,7 @@ float *grow_scratch(grow_buf (&bufs)[16], size_t bytes, size_t zero, const char 
   if (dev < 0 || dev >= 16) return NULL;
   grow_buf *b = &bufs[dev];
   if (bytes <= b->bytes) return b->p;
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  cudaStreamIsCapturing(stream(), &cs);
-  if (cs != cudaStreamCaptureStatusNone) {
+  if (capture_status() != cudaStreamCaptureStatusNone) {
     if (!quiet)
       ct_cuda_report(op, "scratch buffer", "would grow during graph capture (run one uncaptured"
                      " step of this shape first)", __FILE__, __LINE__);
@@ -3313,9 +3320,7 @@ int cu_decode_layers(void *x, void *res2, void *raw, void *qkv, void *atty, void
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 16) return 1;
     if (!bar_bufs[dev]) { // allocated outside graph capture (the first, uncaptured step)
-      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-      cudaStreamIsCapturing(stream(), &cs);
-      if (cs != cudaStreamCaptureStatusNone) return 1;
+      if (capture_status() != cudaStreamCaptureStatusNone) return 1;
       unsigned long long *b = NULL;
       if (!CKD("decode_layers", cudaMalloc((void **)&b, 2 * sizeof *b))) return -1;
       if (!CKD("decode_layers", cudaMemsetAsync(b, 0, 2 * sizeof *b, stream()))) return -1;
@@ -4473,11 +4478,6 @@ void cu_norm_matmul_fwd(void *out, void *ln, const void *inp, const void *nw, co
 // is not known: the op profile (events around every kernel) times the two ways alike. The scratch
 // is grown either way, so the uncaptured step before a capture leaves it big enough.
 long head_argmax_launches; // GV_ARGMAX launches (tests)
-bool stream_capturing() {
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream(), &cs) != cudaSuccess) cudaGetLastError();
-  return cs == cudaStreamCaptureStatusActive;
-}
 template <typename T>
 int cu_norm_matmul_argmax(void *logits, const void *inp, const void *nw, const void *w, int IC,
                           int OC, float eps, int32_t *out, int32_t *tok, int32_t *pos,
