@@ -940,6 +940,24 @@ for part in "$@"; do
           ab "null $e" ctrain qwen3-0.6b 1,1,8 $e
         done
       echo "-- eager + null done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
+    s56)
+      # session 43: norm + qkv + attention in one grid (CT_DECODE_QKV_ATT=2, the tail form: each
+      # kv head's last projection blocks go on as its attention, no kernel boundary between them)
+      # against the default in the same binary (and with CT_DECODE_QT_FLAGS 1: the cached keys into L2
+      # before the wait, 2: the spin without a sleep): the decode tests, the ids, three interleaved rounds
+      # on the Qwen3-0.6B shape (batch 1, 1, 1, 8); on an H200 then the issue's benchmark (the default; its
+      # copy bandwidth gives the tail form's fraction of the bound from the rounds)
+      t0=$SECONDS
+      dec_tests || echo "(the decode tests failed: the A/B still runs)"
+      grep -E "tail form" "$OUT/test_decode.txt" | head -4
+      echo "ids qwen3: default $(ids ctrain) tail $(ids ctrain CT_DECODE_QKV_ATT=2) (0b1cea1e507a before)"
+      ab_rounds 3 "base ctrain qwen3-0.6b 1,1,1,8" "tail ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_QKV_ATT=2" \
+        "tail_pf ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_QKV_ATT=2 CT_DECODE_QT_FLAGS=1" \
+        "tail_spin ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_QKV_ATT=2 CT_DECODE_QT_FLAGS=2"
+      echo "-- s56 A/B done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err"
+      if [ $((SECONDS - t0)) -lt 200 ] && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        decode_all "1" 100 170
+      fi ;;
     s55)
       # session 42's last call: the landed tree's decode tests and ids; on an H200 the issue's
       # benchmark at batch 1 (against Transformers), else two batch-1 runs (~1-3 min)

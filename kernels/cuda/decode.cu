@@ -2605,6 +2605,150 @@ __global__ void __launch_bounds__(QA_WARPS * 32, 1)
 #endif
 }
 
+// norm_matmul_fwd (inp -> raw) and attention_decode_rope for one row in one grid with no grid-wide
+// wait between them (attention_decode_qkv's tail form, qkv_att_mode 2): the GEMV's blocks are
+// grouped by kv head (BPG blocks a head own its G query heads' rows, its k head's and its v head's;
+// gemv_kernel's one-task arithmetic, a warp R rows, the norm by gv_x_rows, so raw gets the same
+// bits), and each block counts its head's arrivals when its rows are stored. The last tb arrivals
+// of a head (tb = its splits over SPB, a block's splits) go on as attention: each loads its splits'
+// cached keys, waits until the head's last block has arrived (a spin by one thread on the count:
+// the blocks it waits for are already running or will start, since at most KV * (tb - 1) blocks
+// spin and the host keeps that under the multiprocessors' count), then makes the heads-split
+// attention's rope and split math (att_rope_split, att_split_math: the same bits), writes its rows
+// to part, and the last of the tb blocks (a second count) merges them in split order (the bits of
+// the cluster merge). Each head's attention starts when its own 32 blocks are done, not when the
+// whole projection and a kernel boundary are, and overlaps the other heads' projection. Counters
+// cnt[kv] and cnt[KV + kv] are zero between launches (the merging block resets them).
+#define QT_WARPS GV_WARPS
+__device__ __forceinline__ unsigned ld_acquire32(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+template <typename T, int R, int U, int LK, int G>
+__global__ void __launch_bounds__(QT_WARPS * 32, 2)
+    qkv_att_tail_kernel(T *out, T *raw, const T *inp, const T *nw, const T *w, const T *bias,
+                        const T *qnw, const T *knw, T *kc, T *vc, const int32_t *slot,
+                        const int32_t *pos, float *part, unsigned *cnt, int IC, int H, int KV,
+                        int max_T, int splits, float scale, float theta, float eps, int vn,
+                        int flags) {
+  constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL, RT = (G + 2) * hd;
+  constexpr int BPG = RT / (QT_WARPS * R); // blocks a kv head
+  constexpr int WPS = G > 1 ? 2 : 1, GW = G / WPS, SPB = QT_WARPS / WPS; // the heads split
+  constexpr int MP = QT_WARPS / G < hd / 32 ? QT_WARPS / G : hd / 32;    // merge warps a head
+  static_assert(hd % (QT_WARPS * R) == 0, "a block's rows lie in one head");
+  extern __shared__ uint4 qt_smem[];
+  T *xs = (T *)qt_smem;
+  T *nws = vn == 2 ? xs + IC : NULL;
+  __shared__ float cs_[hd / 2], sn_[hd / 2];
+  __shared__ __align__(16) T qs[QT_WARPS][GW + 2][hd];
+  __shared__ unsigned arrival;
+  __shared__ int last;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kv = (int)blockIdx.x / BPG, lr0 = ((int)blockIdx.x % BPG * QT_WARPS + warp) * R;
+  auto grow = [&](int i) -> long { // the head's projection row i: its row of w and raw
+    return i < G * hd         ? (long)kv * G * hd + i
+           : i < (G + 1) * hd ? (long)H * hd + (long)kv * hd + (i - G * hd)
+                              : (long)(H + KV) * hd + (long)kv * hd + (i - (G + 1) * hd);
+  };
+  const int nchunk = IC / 8;
+  uint4 wv[R][U];
+#pragma unroll
+  for (int rr = 0; rr < R; rr++) {
+    const T *wr = w + grow(lr0 + rr) * IC;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int c = u * 32 + lane;
+      wv[rr][u] = c < nchunk ? ld_stream(wr + (long)c * 8) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  if (nws) gv_norm_weight(nws, nw, IC);
+  if (flags & 1) { // the head's cached keys (K and V rows before the newest) into L2, a share a block
+    const long s0 = slot ? slot[0] : 0;
+    const long lines = (long)pos[0] * hd * (long)sizeof(T) / 128; // a cache's 128-byte lines
+    const char *kb = (const char *)(kc + ((s0 * KV + kv) * max_T) * (long)hd);
+    const char *vb = (const char *)(vc + ((s0 * KV + kv) * max_T) * (long)hd);
+    for (long i = (long)(blockIdx.x % BPG) * blockDim.x + threadIdx.x; i < 2 * lines;
+         i += (long)BPG * blockDim.x) {
+      const char *a = i < lines ? kb + i * 128 : vb + (i - lines) * 128;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    }
+  }
+  pdl_trigger();
+  pdl_wait();
+  gv_x_rows<T, 1, GV_RMS>(xs, inp, nw, NULL, 1, IC, eps, vn, nws);
+  __syncthreads();
+  float acc[R];
+#pragma unroll
+  for (int rr = 0; rr < R; rr++) acc[rr] = 0.0f;
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int c = u * 32 + lane;
+    if (c < nchunk) {
+      float wf[R][8], xf[8];
+#pragma unroll
+      for (int rr = 0; rr < R; rr++) cvt8<T>(wv[rr][u], wf[rr]);
+      cvt8<T>(*(const uint4 *)(xs + (long)c * 8), xf);
+#pragma unroll
+      for (int rr = 0; rr < R; rr++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[rr] = fmaf(wf[rr][e], xf[e], acc[rr]);
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < R; rr++) acc[rr] = warp_sum(acc[rr]);
+  if (lane == 0) {
+#pragma unroll
+    for (int rr = 0; rr < R; rr++) {
+      const long o = grow(lr0 + rr);
+      stf(raw + o, acc[rr] + (bias ? ldf(bias + o) : 0.0f));
+    }
+  }
+  // the head's arrivals: the last tb blocks go on as its attention
+  const int p = pos[0], len = p + 1;
+  const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK), tb = (used + SPB - 1) / SPB;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) arrival = atomicAdd(cnt + kv, 1u);
+  __syncthreads();
+  const int a = (int)arrival - (BPG - tb); // this block's place among the attention blocks
+  if (a < 0) return;
+  const int ws = warp / WPS, hg = warp % WPS, sp = a * SPB + ws, k0 = sp * DEC_CHUNK;
+  const bool active = sp < used;
+  const long s = slot ? slot[0] : 0;
+  T *Kc = kc + ((s * KV + kv) * max_T) * (long)hd, *Vc = vc + ((s * KV + kv) * max_T) * (long)hd;
+  uint4 kr[JK], vr[JK];
+  att_old_keys<T, LK>(kr, vr, Kc, Vc, k0, len, active, lane);
+  rope_table(cs_, sn_, hd, p, theta);
+  if (threadIdx.x == 0)
+    while (ld_acquire32(cnt + kv) < (unsigned)BPG)
+      if (!(flags & 2)) __nanosleep(32);
+  __syncthreads(); // the head's raw rows stored (the count's release) and the table made
+  if (active) {
+    T(*q)[hd] = qs[warp];
+    att_rope_split<T, LK, GW, G>(q, kr, vr, raw, qnw, knw, Kc, Vc, H, KV, kv, k0, p, theta, eps,
+                                 cs_, sn_, lane, hg * GW);
+    att_split_math<T, LK, GW, true>(part, &q[0][0], kr, vr, 0, kv, sp, k0, len, H, splits, scale,
+                                    lane, nullptr, 0, 0, G, hg * GW);
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(cnt + KV + kv, 1u) == (unsigned)tb - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (warp < G * MP) {
+    const int g = warp / MP, h = kv * G + g;
+    const float *ph = part + (long)h * splits * (hd + 4);
+    auto ldp = [&](int s_, int i) { return __ldcg(ph + (long)s_ * (hd + 4) + i); };
+    att_merge_core<T, hd, decltype(ldp), MP>(out + (long)h * hd, ldp, used, lane, warp % MP);
+  }
+  if (threadIdx.x == 0) {
+    cnt[kv] = 0;
+    cnt[KV + kv] = 0;
+  }
+}
+
 // argmax over many blocks: grid (B, N); block b scans a slice of row n, writes its (value,
 // index), and the last block of the row (a counter, reset by it) takes the best of the B. Ties
 // go to the lowest index, as argmax_rows_kernel.
@@ -5095,8 +5239,70 @@ int cu_attention_decode_oproj(void *out, const void *raw, const void *qnw, const
 // H200, see the kernel's STATUS); 1 otherwise (the caller runs norm_matmul_fwd and
 // attention_decode_rope). Read at every call, so a test can compare both paths in one process.
 #define QA_SMEM_MAX (200 * 1024)
-bool qkv_att_on() { return env_on("CT_DECODE_QKV_ATT"); }
+// CT_DECODE_QKV_ATT: 1 the cluster kernel (attention_decode_qkv_kernel), 2 the tail form
+// (qkv_att_tail_kernel), 0 neither; read at every call.
+int qkv_att_mode() { return env_int("CT_DECODE_QKV_ATT", 0); }
+bool qkv_att_on() { return qkv_att_mode() == 1; }
 long qa_launches; // attention_decode_qkv kernels launched (or recorded into a graph)
+long qt_launches; // of them, in the tail form
+
+// attention_decode_qkv as qkv_att_tail_kernel: one row, 16-bit tables, rows up to 1024 wide (a
+// warp's two projection rows in one round, gemv_kernel's <1, 2, 4> shape), head dims 64 / 128, 1, 2
+// or 4 query heads a kv head; 1 where it does not apply.
+template <typename T>
+int qkv_tail_launch(void *out, void *raw, const void *inp, const void *nw, const void *w,
+                    const void *bias, const void *qnw, const void *knw, void *kc, void *vc,
+                    const int32_t *slot, const int32_t *pos, int N, int C, int H, int KV, int hd,
+                    int max_T, float theta, float eps) {
+  if (N != 1 || !fused_att_on(N) || oproj_on() || !gemv_on() || !v2_on() || (hd != 64 && hd != 128) ||
+      KV <= 0 || H % KV || C <= 0 || C % 8 || C > 1024 || !raw || !out)
+    return 1;
+  const int G = H / KV, splits = (max_T + DEC_CHUNK - 1) / DEC_CHUNK;
+  if ((G != 1 && G != 2 && G != 4) || !aligned16(kc) || !aligned16(vc) || !aligned16(inp) ||
+      !aligned16(w) || !aligned16(nw))
+    return 1;
+  // attention blocks a kv head at most (the splits of a full cache) within the head's blocks, and
+  // all heads' spinning ones fewer than the multiprocessors (so every block of the grid can start)
+  const int spb = G > 1 ? QT_WARPS / 2 : QT_WARPS, tb = (splits + spb - 1) / spb;
+  const int bpg = (G + 2) * hd / (QT_WARPS * 2);
+  const size_t counters = (size_t)(2 * KV + ARGMAX_MAX_ROWS) * sizeof(unsigned);
+  if (tb > bpg || (long)KV * tb > num_sms() || counters > SPLIT_COUNT_BYTES) return 1;
+  const size_t part_floats = (size_t)H * splits * (hd + 4);
+  char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + sizeof(float) * part_floats);
+  if (!buf) return -1;
+  float *part = (float *)(buf + SPLIT_COUNT_BYTES);
+  unsigned *cnt = (unsigned *)buf;
+  // gemv_go's norm (the same bits): 2 = the norm weight into shared memory first
+  const int vn = (size_t)2 * C * sizeof(T) <= 48 * 1024 ? 2 : 1;
+  const size_t smem = (size_t)(vn == 2 ? 2 : 1) * C * sizeof(T);
+  const float sc = 1.0f / sqrtf((float)hd);
+  take_hint(); // its weights are loaded before it waits: an L2 hint adds nothing
+  // measurement switches (CT_DECODE_QT_FLAGS): 1 the cached keys into L2 before the wait, 2 the
+  // spin without a sleep
+  const int flags = env_int("CT_DECODE_QT_FLAGS", 0);
+  T *o = (T *)out, *r = (T *)raw, *K = (T *)kc, *V = (T *)vc;
+  const T *x = (const T *)inp, *g = (const T *)nw, *W = (const T *)w, *b = (const T *)bias,
+          *gq = (const T *)qnw, *gk = (const T *)knw;
+  bool ok = false;
+#define QT(LK, G_)                                                                                \
+  ok = launch("attention_decode_qkv", "qkv_att_tail_kernel", qkv_att_tail_kernel<T, 2, 4, LK, G_>, \
+              dim3((unsigned)(KV * bpg)), QT_WARPS * 32, smem, o, r, x, g, W, b, gq, gk, K, V,    \
+              slot, pos, part, cnt, C, H, KV, max_T, splits, sc, theta, eps, vn, flags)
+  if (hd == 64) {
+    if (G == 1) QT(8, 1);
+    else if (G == 2) QT(8, 2);
+    else QT(8, 4);
+  } else {
+    if (G == 1) QT(16, 1);
+    else if (G == 2) QT(16, 2);
+    else QT(16, 4);
+  }
+#undef QT
+  if (!ok) return -1;
+  qa_launches++;
+  qt_launches++;
+  return 0;
+}
 
 template <typename T>
 int cu_attention_decode_qkv(void *out, void *raw, const void *inp, const void *nw, const void *w,
@@ -5106,6 +5312,9 @@ int cu_attention_decode_qkv(void *out, void *raw, const void *inp, const void *n
   if constexpr (sizeof(T) != 2) {
     return 1;
   } else {
+    if (qkv_att_mode() == 2)
+      return qkv_tail_launch<T>(out, raw, inp, nw, w, bias, qnw, knw, kc, vc, slot, pos, N, C, H,
+                                KV, hd, max_T, theta, eps);
     // CT_DECODE_FUSED_ATT=0 (no fused attention) and CT_DECODE_OPROJ=1 (attention with the
     // output projection) keep their kernels
     if (N != 1 || !qkv_att_on() || !fused_att_on(N) || oproj_on() || !gemv_on() || !v2_on() ||
@@ -5386,5 +5595,6 @@ extern "C" long ct_cuda_attention_hs_launches(void) { return hs_launches; }
 extern "C" long ct_cuda_attention_blk_launches(void) { return ab_launches; }
 extern "C" long ct_cuda_attention_oproj_launches(void) { return oproj_launches; }
 extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }
+extern "C" long ct_cuda_attention_qkv_tail_launches(void) { return qt_launches; }
 extern "C" long ct_cuda_head_argmax_launches(void) { return head_argmax_launches; }
 extern "C" long ct_cuda_gemv_one_launches(void) { return gv_one_launches; }

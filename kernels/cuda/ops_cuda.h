@@ -150,6 +150,8 @@ long ct_cuda_gemm_rows_launches(void);
 long ct_cuda_attention_oproj_launches(void);
 /* How many attention_decode_qkv kernels were launched or recorded into graphs (tests). */
 long ct_cuda_attention_qkv_launches(void);
+/* Of them, in the tail form (CT_DECODE_QKV_ATT=2: qkv_att_tail_kernel). */
+long ct_cuda_attention_qkv_tail_launches(void);
 /* How many head GEMVs with the argmax in their tail (norm_matmul_argmax) were launched or
  * recorded into graphs (tests). */
 long ct_cuda_head_argmax_launches(void);

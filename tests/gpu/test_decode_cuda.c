@@ -1334,8 +1334,9 @@ static void test_attention_oproj(void) {
 }
 
 /* attention_decode_qkv (the norm + qkv projection inside the cluster attention kernel for one row,
- * opt-in: CT_DECODE_QKV_ATT=1) gives the separate projection's and attention
- * kernel's logits bit for bit, with CUDA graphs and without: GQA 1, 2 and 4, head dims 64 and 128,
+ * opt-in: CT_DECODE_QKV_ATT=1; and its tail form, CT_DECODE_QKV_ATT=2: the projection's blocks
+ * grouped by kv head, the last ones of each going on as its attention) gives the separate
+ * projection's and attention kernel's logits bit for bit, with CUDA graphs and without: GQA 1, 2 and 4, head dims 64 and 128,
  * with and without qk norm, with a (zero) qkv bias; a 14-token prompt then 8 steps (3 splits),
  * 70 then 12 (clusters with idle blocks), and 490 then 12 in a 512-position cache (every split of
  * the 8-block cluster busy, the largest max_T it takes) */
@@ -1371,6 +1372,22 @@ static void test_attention_qkv(void) {
       size_t diff = 0;
       for (size_t i = 0; i < n; i++) diff += memcmp(&b[i], &c[i], 4) != 0;
       CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ between graphs and no graphs", what, diff, n);
+      /* the tail form (CT_DECODE_QKV_ATT=2): the same bits as the separate kernels, graphs or not */
+      char tw[224];
+      snprintf(tw, sizeof tw, "%s, tail form", what);
+      setenv("CT_DECODE_QKV_ATT", "2", 1);
+      const long tail0 = ct_cuda_attention_qkv_tail_launches();
+      memset(b, 0, n * 4);
+      memset(c, 0, n * 4);
+      engine_logits_seq(m, ct_ops_cuda_bf16(), b, L[li][0], L[li][0], L[li][1], L[li][2]);
+      g_graphs = 0;
+      engine_logits_seq(m, ct_ops_cuda_bf16(), c, L[li][0], L[li][0], L[li][1], L[li][2]);
+      g_graphs = 1;
+      unsetenv("CT_DECODE_QKV_ATT");
+      same_bits(tw, a, b, n, ct_cuda_attention_qkv_tail_launches() - tail0, "launches");
+      diff = 0;
+      for (size_t i = 0; i < n; i++) diff += memcmp(&b[i], &c[i], 4) != 0;
+      CHECK_MSG(diff == 0, "%s: %zu of %zu logits differ between graphs and no graphs", tw, diff, n);
       free(a);
       free(b);
       free(c);
