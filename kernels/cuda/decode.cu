@@ -2674,7 +2674,10 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
       asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
     }
   }
-  pdl_trigger();
+  const int p = pos[0], len = p + 1;
+  if (flags & 8) rope_table(cs_, sn_, hd, p, theta); // (every block, before the wait)
+  if (flags & 4) tl_start(); // the dependents launched after the projection (below), not now
+  else pdl_trigger();
   pdl_wait();
   gv_x_rows<T, 1, GV_RMS>(xs, inp, nw, NULL, 1, IC, eps, vn, nws);
   __syncthreads();
@@ -2705,12 +2708,12 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
     }
   }
   // the head's arrivals: the last tb blocks go on as its attention
-  const int p = pos[0], len = p + 1;
   const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK), tb = (used + SPB - 1) / SPB;
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) arrival = atomicAdd(cnt + kv, 1u);
   __syncthreads();
+  if (flags & 4) pdl_launch_dependents();
   const int a = (int)arrival - (BPG - tb); // this block's place among the attention blocks
   if (a < 0) return;
   const int ws = warp / WPS, hg = warp % WPS, sp = a * SPB + ws, k0 = sp * DEC_CHUNK;
@@ -2719,7 +2722,7 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
   T *Kc = kc + ((s * KV + kv) * max_T) * (long)hd, *Vc = vc + ((s * KV + kv) * max_T) * (long)hd;
   uint4 kr[JK], vr[JK];
   att_old_keys<T, LK>(kr, vr, Kc, Vc, k0, len, active, lane);
-  rope_table(cs_, sn_, hd, p, theta);
+  if (!(flags & 8)) rope_table(cs_, sn_, hd, p, theta);
   if (threadIdx.x == 0)
     while (ld_acquire32(cnt + kv) < (unsigned)BPG)
       if (!(flags & 2)) __nanosleep(32);
@@ -5278,7 +5281,8 @@ int qkv_tail_launch(void *out, void *raw, const void *inp, const void *nw, const
   const float sc = 1.0f / sqrtf((float)hd);
   take_hint(); // its weights are loaded before it waits: an L2 hint adds nothing
   // measurement switches (CT_DECODE_QT_FLAGS): 1 the cached keys into L2 before the wait, 2 the
-  // spin without a sleep
+  // spin without a sleep, 4 the dependents launched once a block's projection rows are stored
+  // (attention's late trigger), 8 the rope table made by every block before the wait
   const int flags = env_int("CT_DECODE_QT_FLAGS", 0);
   T *o = (T *)out, *r = (T *)raw, *K = (T *)kc, *V = (T *)vc;
   const T *x = (const T *)inp, *g = (const T *)nw, *W = (const T *)w, *b = (const T *)bias,
