@@ -956,6 +956,10 @@ for part in "$@"; do
         "tail_a ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_QKV_ATT=2 CT_DECODE_QT_FLAGS=${QT1:-1}" \
         "tail_b ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_QKV_ATT=2 CT_DECODE_QT_FLAGS=${QT2:-2}"
       echo "-- s56 A/B done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err"
+      if [ -x build-gpu/ctrain-tl ]; then # the timelines of both (a CT_DECODE_TIMELINE build)
+        dec_tl base X=1
+        dec_tl tail CT_DECODE_QKV_ATT=2 CT_DECODE_QT_FLAGS=${QT1:-1}
+      fi
       if [ $((SECONDS - t0)) -lt 200 ] && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         decode_all "1" 100 170
       fi ;;

@@ -2709,9 +2709,14 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
   }
   // the head's arrivals: the last tb blocks go on as its attention
   const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK), tb = (used + SPB - 1) / SPB;
-  __threadfence();
+  // the counters: a 128-byte line each with flags & 32
+  unsigned *arr = cnt + (flags & 32 ? kv * 32 : kv), *mrg = cnt + (flags & 32 ? (KV + kv) * 32 : KV + kv);
+  if (!(flags & 16)) __threadfence(); // (16: one fence, by the thread that counts, after the barrier)
   __syncthreads();
-  if (threadIdx.x == 0) arrival = atomicAdd(cnt + kv, 1u);
+  if (threadIdx.x == 0) {
+    if (flags & 16) __threadfence();
+    arrival = atomicAdd(arr, 1u);
+  }
   __syncthreads();
   if (flags & 4) pdl_launch_dependents();
   const int a = (int)arrival - (BPG - tb); // this block's place among the attention blocks
@@ -2724,7 +2729,7 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
   att_old_keys<T, LK>(kr, vr, Kc, Vc, k0, len, active, lane);
   if (!(flags & 8)) rope_table(cs_, sn_, hd, p, theta);
   if (threadIdx.x == 0)
-    while (ld_acquire32(cnt + kv) < (unsigned)BPG)
+    while (ld_acquire32(arr) < (unsigned)BPG)
       if (!(flags & 2)) __nanosleep(32);
   __syncthreads(); // the head's raw rows stored (the count's release) and the table made
   if (active) {
@@ -2734,9 +2739,12 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
     att_split_math<T, LK, GW, true>(part, &q[0][0], kr, vr, 0, kv, sp, k0, len, H, splits, scale,
                                     lane, nullptr, 0, 0, G, hg * GW);
   }
-  __threadfence();
+  if (!(flags & 16)) __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(cnt + KV + kv, 1u) == (unsigned)tb - 1;
+  if (threadIdx.x == 0) {
+    if (flags & 16) __threadfence();
+    last = atomicAdd(mrg, 1u) == (unsigned)tb - 1;
+  }
   __syncthreads();
   if (!last) return;
   __threadfence();
@@ -2747,8 +2755,8 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
     att_merge_core<T, hd, decltype(ldp), MP>(out + (long)h * hd, ldp, used, lane, warp % MP);
   }
   if (threadIdx.x == 0) {
-    cnt[kv] = 0;
-    cnt[KV + kv] = 0;
+    *arr = 0;
+    *mrg = 0;
   }
 }
 
@@ -5268,7 +5276,7 @@ int qkv_tail_launch(void *out, void *raw, const void *inp, const void *nw, const
   // all heads' spinning ones fewer than the multiprocessors (so every block of the grid can start)
   const int spb = G > 1 ? QT_WARPS / 2 : QT_WARPS, tb = (splits + spb - 1) / spb;
   const int bpg = (G + 2) * hd / (QT_WARPS * 2);
-  const size_t counters = (size_t)(2 * KV + ARGMAX_MAX_ROWS) * sizeof(unsigned);
+  const size_t counters = (size_t)(2 * KV * 32 + ARGMAX_MAX_ROWS) * sizeof(unsigned);
   if (tb > bpg || (long)KV * tb > num_sms() || counters > SPLIT_COUNT_BYTES) return 1;
   const size_t part_floats = (size_t)H * splits * (hd + 4);
   char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + sizeof(float) * part_floats);
@@ -5282,7 +5290,8 @@ int qkv_tail_launch(void *out, void *raw, const void *inp, const void *nw, const
   take_hint(); // its weights are loaded before it waits: an L2 hint adds nothing
   // measurement switches (CT_DECODE_QT_FLAGS): 1 the cached keys into L2 before the wait, 2 the
   // spin without a sleep, 4 the dependents launched once a block's projection rows are stored
-  // (attention's late trigger), 8 the rope table made by every block before the wait
+  // (attention's late trigger), 8 the rope table made by every block before the wait, 16 one
+  // fence a block before each count (not one a thread), 32 each counter in a line of its own
   const int flags = env_int("CT_DECODE_QT_FLAGS", 0);
   T *o = (T *)out, *r = (T *)raw, *K = (T *)kc, *V = (T *)vc;
   const T *x = (const T *)inp, *g = (const T *)nw, *W = (const T *)w, *b = (const T *)bias,
