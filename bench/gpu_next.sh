@@ -940,6 +940,18 @@ for part in "$@"; do
           ab "null $e" ctrain qwen3-0.6b 1,1,8 $e
         done
       echo "-- eager + null done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
+    s57)
+      # session 43: which batch-1 GEMVs take the one-task form (CT_DECODE_GV_ONE, gv_one_mask: 1
+      # norm + qkv, 2 the output projection, 4 norm + gate/up, 8 the down projection): the general
+      # form holds fewer registers (gate/up 60 against 80, down 70 against 114), so with it one down
+      # block fits beside three gate/up blocks; MASKS interleaved rounds on the Qwen3-0.6B shape
+      t0=$SECONDS
+      dec_tests || echo "(the decode tests failed: the A/B still runs)"
+      echo "ids qwen3: default $(ids ctrain) 19 $(ids ctrain CT_DECODE_GV_ONE=19) (0b1cea1e507a before)"
+      cfgs=()
+      for m in ${MASKS:-31 27 23 19 28}; do cfgs+=("m$m ctrain qwen3-0.6b 1,1,1 CT_DECODE_GV_ONE=$m"); done
+      ab_rounds "${ROUNDS:-2}" "${cfgs[@]}"
+      echo "-- s57 A/B done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
     s56)
       # session 43: norm + qkv + attention in one grid (CT_DECODE_QKV_ATT=2, the tail form: each
       # kv head's last projection blocks go on as its attention, no kernel boundary between them)

@@ -4093,6 +4093,13 @@ bool gemv_mma(T *out, const T *inp, const T *nw, const T *nb, const T *w, const 
 }
 
 long gv_one_launches; // gemv_kernel launches in the one-task form (MULTI false; tests)
+// Which GEMVs may take the one-task form (CT_DECODE_GV_ONE, a mask read at every call; default
+// all, 0 none): 1 GV_PLAIN (norm + qkv), 2 GV_RESID in one or two rounds' width (the output
+// projection), 4 GV_SWIGLU (norm + gate/up), 8 GV_RESID at U 12 (the down projection), 16 GV_GELU.
+int gv_one_mask() { return env_int("CT_DECODE_GV_ONE", 31); }
+constexpr int gv_one_bit(int mode, int u) {
+  return mode == GV_PLAIN ? 1 : mode == GV_RESID ? (u >= 12 ? 8 : 2) : mode == GV_SWIGLU ? 4 : 16;
+}
 // Whether two blocks of gemv_kernel's one-task form fit a multiprocessor's registers. Compiled
 // without the code for further rounds, the form holds more registers than the general one (on
 // sm_90 with nvcc 13.0, the Qwen3-0.6B shape's batch-1 GEMVs 79-114 against 56-70; Llama-3.2-1B's
@@ -4138,11 +4145,11 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T
            out, inp, nw, nb, w, bias, res, nr, IC, OC, eps, vn, h.p, h.bytes, am);
   };
   // one row, one round, a task a warp (every GEMV of a batch-1 step but the head): MULTI false,
-  // where two of its blocks fit a multiprocessor's registers (gv_one_fits); CT_DECODE_GV_ONE=0
-  // keeps the general form (for comparisons)
+  // where two of its blocks fit a multiprocessor's registers (gv_one_fits); CT_DECODE_GV_ONE
+  // (gv_one_mask) keeps the general form for some or all (for comparisons)
   if constexpr (N == 1 && MODE != GV_ARGMAX) {
     if (IC / 8 <= 32 * U && (long)tasks <= (long)blocks * GV_WARPS &&
-        gv_one_fits<T, R, U, NORM, MODE>() && !env_off("CT_DECODE_GV_ONE")) {
+        gv_one_fits<T, R, U, NORM, MODE>() && (gv_one_mask() & gv_one_bit(MODE, U))) {
       go(gemv_kernel<T, N, R, U, NORM, MODE, false>);
       gv_one_launches++;
       return;
