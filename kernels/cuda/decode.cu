@@ -243,6 +243,23 @@
 // the gain is layout and scheduling, not fewer instructions: the hints out of line with the
 // general form -1.7%, the one-task form with the hints inline +0.2% (s52, s53). From session 42's
 // start the Qwen3-0.6B shape is ~3.6% faster at batch 1 (1,640 -> 1,698 on the H100).
+// Session 43 (2026-12-07, H100s only; bench/results/s43_2026-12-07_H100_*): norm + qkv and
+// attention in one grid with no boundary between them (qkv_att_tail_kernel, CT_DECODE_QKV_ATT=2:
+// the projection's blocks grouped by kv head, each head's last arrivals going on as its attention
+// after a spin on the head's count, partials in global memory, a last-block merge) gives the two
+// kernels' bits but decodes ~19% slower at batch 1 on the Qwen3-0.6B shape (1,355-1,368 against
+// 1,662-1,698 tokens/s in three calls); its late trigger, the rope table before the wait, one
+// fence a block and counters a line apart win back ~1.5% (1,376-1,390). The timeline (s56 in
+// 7a12061's results) says why: the fused kernel takes 12.3 us from its release to the output
+// projection's, against 3.9 + 4.5 for the two kernels. The boundary it removes (the qkv GEMV's
+// completion to attention's release) costs ~1.5 us, while its own chain (an atomic count, the
+// cached keys' loads only then, a spin, q from L2, the split math, partials stored and fenced, a
+// second count, the merge's loads from L2) has more dependent round trips than the cluster
+// kernel's, whose blocks wait resident with their keys in registers and merge in shared memory.
+// Opt-in, as a measured form. Which GEMVs take the one-task form (CT_DECODE_GV_ONE as a mask, s57):
+// all four (the default) 1,690-1,692 tokens/s; gate/up in the general form 1,676 (-0.9%), down
+// 1,613-1,620 (-4.4%), both 1,606-1,609 (-5.0%; one down block then fits beside three gate/up
+// blocks, which does not pay), qkv and the output projection 1,630-1,640 (-3.3%).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -2631,7 +2648,10 @@ __global__ void __launch_bounds__(QA_WARPS * 32, 1)
 // to part, and the last of the tb blocks (a second count) merges them in split order (the bits of
 // the cluster merge). Each head's attention starts when its own 32 blocks are done, not when the
 // whole projection and a kernel boundary are, and overlaps the other heads' projection. Counters
-// cnt[kv] and cnt[KV + kv] are zero between launches (the merging block resets them).
+// cnt[kv] and cnt[KV + kv] (32 apart with flags & 32) are zero between launches (the merging
+// block resets them).
+// STATUS (session 43, H100; the file comment's notes): ~19% slower at batch 1 on the Qwen3-0.6B
+// shape than the two kernels it replaces, with the same bits and ids; opt-in.
 #define QT_WARPS GV_WARPS
 __device__ __forceinline__ unsigned ld_acquire32(const unsigned *p) {
   unsigned v;
