@@ -940,16 +940,6 @@ for part in "$@"; do
           ab "null $e" ctrain qwen3-0.6b 1,1,8 $e
         done
       echo "-- eager + null done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
-    s58)
-      # session 43: the one-row GEMVs without a norm (the output and down projections) loading
-      # their input straight into registers (CT_DECODE_GV_XD=1) against the default, interleaved
-      # rounds of both shapes
-      t0=$SECONDS
-      dec_tests || echo "(the decode tests failed: the A/B still runs)"
-      echo "ids qwen3: default $(ids ctrain) xd $(ids ctrain CT_DECODE_GV_XD=1) (0b1cea1e507a before)"
-      ab_rounds "${ROUNDS:-3}" "base ctrain qwen3-0.6b 1,1,1" "xd ctrain qwen3-0.6b 1,1,1 CT_DECODE_GV_XD=1" \
-        "llama_base ctrain llama3.2-1b 1,1" "llama_xd ctrain llama3.2-1b 1,1 CT_DECODE_GV_XD=1"
-      echo "-- s58 A/B done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err" ;;
     s57)
       # session 43: which batch-1 GEMVs take the one-task form (CT_DECODE_GV_ONE, gv_one_mask: 1
       # norm + qkv, 2 the output projection, 4 norm + gate/up, 8 the down projection): the general

@@ -259,7 +259,11 @@
 // Opt-in, as a measured form. Which GEMVs take the one-task form (CT_DECODE_GV_ONE as a mask, s57):
 // all four (the default) 1,690-1,692 tokens/s; gate/up in the general form 1,676 (-0.9%), down
 // 1,613-1,620 (-4.4%), both 1,606-1,609 (-5.0%; one down block then fits beside three gate/up
-// blocks, which does not pay), qkv and the output projection 1,630-1,640 (-3.3%).
+// blocks, which does not pay), qkv and the output projection 1,630-1,640 (-3.3%). The output and
+// down projections loading their input straight into registers (no copy into shared memory, no
+// barrier) compiled to 144 and 213 registers (80 and 114 now: every input chunk stays live beside
+// the weights), one block a multiprocessor, the shape that cost Llama-3.2-1B 7.5% in session 42; it
+// was taken back before a device call could time it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -1546,16 +1550,12 @@ template <int MODE, int U> constexpr int gv_minb() { return MODE == GV_RESID && 
 // U), so the code for further rounds and tasks, never run there, is not compiled in (it sat
 // between the wait and the multiply); gemv_go picks it for one row where two of its blocks fit a
 // multiprocessor (gv_one_fits).
-// XD (with MULTI false, one row, no norm): each lane loads its input chunks from global memory
-// into registers after the wait instead of the block copying the row into shared memory behind a
-// barrier (the same values, so the same bits).
-template <typename T, int N, int R, int U, int NORM, int MODE, bool MULTI = true, bool XD = false>
+template <typename T, int N, int R, int U, int NORM, int MODE, bool MULTI = true>
 __global__ void GV_BOUNDS
     gemv_kernel(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T *bias, const T *res,
                 int nr, int IC, int OC, float eps, int vnorm, const void *pf, size_t pfb,
                 gv_am am) {
   static_assert(MODE != GV_ARGMAX || N == 1, "GV_ARGMAX takes one row");
-  static_assert(!XD || (N == 1 && !NORM && !MULTI), "XD: one row, no norm, one task");
   constexpr int RR = MODE == GV_SWIGLU ? 2 * R : R;
   float bv = -INFINITY; // GV_ARGMAX: lane 0's best output so far, and its index
   int bi = 0x7fffffff;
@@ -1593,17 +1593,8 @@ __global__ void GV_BOUNDS
   l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
   pdl_trigger();
   pdl_wait();
-  uint4 xd[XD ? U : 1]; // XD: the lane's input chunks
-  if constexpr (XD) {
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int c = u * 32 + lane;
-      xd[u] = c < nchunk ? __ldcg((const uint4 *)(inp + (long)c * 8)) : make_uint4(0, 0, 0, 0);
-    }
-  } else {
-    gv_x_rows<T, N, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
-    __syncthreads();
-  }
+  gv_x_rows<T, N, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
+  __syncthreads();
   for (; t < tasks; t += stride) {
     float acc[RR][N];
 #pragma unroll
@@ -1622,7 +1613,7 @@ __global__ void GV_BOUNDS
 #pragma unroll
           for (int n = 0; n < N; n++) {
             float xf[8];
-            cvt8<T>(XD ? xd[u] : *(const uint4 *)(xs + (long)n * IC + (long)c * 8), xf);
+            cvt8<T>(*(const uint4 *)(xs + (long)n * IC + (long)c * 8), xf);
 #pragma unroll
             for (int rr = 0; rr < RR; rr++)
 #pragma unroll
@@ -4126,7 +4117,6 @@ bool gemv_mma(T *out, const T *inp, const T *nw, const T *nb, const T *w, const 
 }
 
 long gv_one_launches; // gemv_kernel launches in the one-task form (MULTI false; tests)
-long gv_xd_launches;  // of them, with the input straight into registers (XD)
 // Which GEMVs may take the one-task form (CT_DECODE_GV_ONE, a mask read at every call; default
 // all, 0 none): 1 GV_PLAIN (norm + qkv), 2 GV_RESID in one or two rounds' width (the output
 // projection), 4 GV_SWIGLU (norm + gate/up), 8 GV_RESID at U 12 (the down projection), 16 GV_GELU.
@@ -4184,13 +4174,7 @@ void gemv_go(T *out, const T *inp, const T *nw, const T *nb, const T *w, const T
   if constexpr (N == 1 && MODE != GV_ARGMAX) {
     if (IC / 8 <= 32 * U && (long)tasks <= (long)blocks * GV_WARPS &&
         gv_one_fits<T, R, U, NORM, MODE>() && (gv_one_mask() & gv_one_bit(MODE, U))) {
-      // without a norm, the input straight into registers (XD) unless CT_DECODE_GV_XD=0
-      if (!NORM && env_switch("CT_DECODE_GV_XD", false)) {
-        go(gemv_kernel<T, N, R, U, NORM, MODE, false, !NORM>);
-        gv_xd_launches++;
-      } else {
-        go(gemv_kernel<T, N, R, U, NORM, MODE, false>);
-      }
+      go(gemv_kernel<T, N, R, U, NORM, MODE, false>);
       gv_one_launches++;
       return;
     }
@@ -5658,4 +5642,3 @@ extern "C" long ct_cuda_attention_qkv_launches(void) { return qa_launches; }
 extern "C" long ct_cuda_attention_qkv_tail_launches(void) { return qt_launches; }
 extern "C" long ct_cuda_head_argmax_launches(void) { return head_argmax_launches; }
 extern "C" long ct_cuda_gemv_one_launches(void) { return gv_one_launches; }
-extern "C" long ct_cuda_gemv_xd_launches(void) { return gv_xd_launches; }

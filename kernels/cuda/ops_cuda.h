@@ -158,8 +158,6 @@ long ct_cuda_head_argmax_launches(void);
 /* How many one-row GEMVs ran in their one-task form (a row in one round, a task a warp; gemv_kernel
  * with MULTI false) (tests). */
 long ct_cuda_gemv_one_launches(void);
-/* Of them, with the input loaded straight into registers (CT_DECODE_GV_XD). */
-long ct_cuda_gemv_xd_launches(void);
 /* How many attention_decode_rope kernels ran as thread block clusters (CT_DECODE_CLUSTER=1; tests). */
 long ct_cuda_attention_cluster_launches(void);
 /* How many attention_decode_rope kernels were launched with their blocks alone on their
