@@ -955,22 +955,19 @@ for part in "$@"; do
     s56)
       # session 43: norm + qkv + attention in one grid (CT_DECODE_QKV_ATT=2, the tail form: each
       # kv head's last projection blocks go on as its attention, no kernel boundary between them)
-      # against the default in the same binary, three forms (CT_DECODE_QT_FLAGS QT0 / QT1 / QT2,
-      # default 0 / 1 / 2; see qkv_tail_launch): the decode tests, the ids, three interleaved rounds
-      # on the Qwen3-0.6B shape (batch 1, 1, 1, 8); on an H200 then the benchmark (the default; its
-      # copy bandwidth gives the tail form's fraction of the bound from the rounds)
+      # against the default in the same binary (7a12061 had switches for variants of it): the
+      # decode tests, the ids, three interleaved rounds on the Qwen3-0.6B shape (batch 1, 1, 1, 8);
+      # on an H200 then the benchmark (the default; its copy bandwidth gives the tail
+      # form's fraction of the bound from the rounds)
       t0=$SECONDS
       dec_tests || echo "(the decode tests failed: the A/B still runs)"
       grep -E "tail form" "$OUT/test_decode.txt" | head -4
       echo "ids qwen3: default $(ids ctrain) tail $(ids ctrain CT_DECODE_QKV_ATT=2) (0b1cea1e507a before)"
-      ab_rounds ${ROUNDS:-3} "base ctrain qwen3-0.6b 1,1,1,8" \
-        "tail ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_QKV_ATT=2 CT_DECODE_QT_FLAGS=${QT0:-0}" \
-        "tail_a ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_QKV_ATT=2 CT_DECODE_QT_FLAGS=${QT1:-1}" \
-        "tail_b ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_QKV_ATT=2 CT_DECODE_QT_FLAGS=${QT2:-2}"
+      ab_rounds "${ROUNDS:-3}" "base ctrain qwen3-0.6b 1,1,1,8" "tail ctrain qwen3-0.6b 1,1,1,8 CT_DECODE_QKV_ATT=2"
       echo "-- s56 A/B done ($((SECONDS - t0)) s)"; rm -f "$OUT/ab.err"
       if [ -x build-gpu/ctrain-tl ]; then # the timelines of both (a CT_DECODE_TIMELINE build)
         dec_tl base X=1
-        dec_tl tail CT_DECODE_QKV_ATT=2 CT_DECODE_QT_FLAGS=${QT1:-1}
+        dec_tl tail CT_DECODE_QKV_ATT=2
       fi
       if [ $((SECONDS - t0)) -lt 200 ] && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         decode_all "1" 100 170

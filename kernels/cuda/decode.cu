@@ -256,7 +256,8 @@
 // cached keys' loads only then, a spin, q from L2, the split math, partials stored and fenced, a
 // second count, the merge's loads from L2) has more dependent round trips than the cluster
 // kernel's, whose blocks wait resident with their keys in registers and merge in shared memory.
-// Opt-in, as a measured form. Which GEMVs take the one-task form (CT_DECODE_GV_ONE as a mask, s57):
+// Opt-in, as a measured form (the variants' switches, CT_DECODE_QT_FLAGS, are in 7a12061).
+// Which GEMVs take the one-task form (CT_DECODE_GV_ONE as a mask, s57):
 // all four (the default) 1,690-1,692 tokens/s; gate/up in the general form 1,676 (-0.9%), down
 // 1,613-1,620 (-4.4%), both 1,606-1,609 (-5.0%; one down block then fits beside three gate/up
 // blocks, which does not pay), qkv and the output projection 1,630-1,640 (-3.3%). The output and
@@ -2639,8 +2640,7 @@ __global__ void __launch_bounds__(QA_WARPS * 32, 1)
 // to part, and the last of the tb blocks (a second count) merges them in split order (the bits of
 // the cluster merge). Each head's attention starts when its own 32 blocks are done, not when the
 // whole projection and a kernel boundary are, and overlaps the other heads' projection. Counters
-// cnt[kv] and cnt[KV + kv] (32 apart with flags & 32) are zero between launches (the merging
-// block resets them).
+// cnt[kv] and cnt[KV + kv] are zero between launches (the merging block resets them).
 // STATUS (session 43, H100; the file comment's notes): ~19% slower at batch 1 on the Qwen3-0.6B
 // shape than the two kernels it replaces, with the same bits and ids; opt-in.
 #define QT_WARPS GV_WARPS
@@ -2654,8 +2654,7 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
     qkv_att_tail_kernel(T *out, T *raw, const T *inp, const T *nw, const T *w, const T *bias,
                         const T *qnw, const T *knw, T *kc, T *vc, const int32_t *slot,
                         const int32_t *pos, float *part, unsigned *cnt, int IC, int H, int KV,
-                        int max_T, int splits, float scale, float theta, float eps, int vn,
-                        int flags) {
+                        int max_T, int splits, float scale, float theta, float eps, int vn) {
   constexpr int hd = 8 * LK, KPL = 32 / LK, JK = DEC_CHUNK / KPL, RT = (G + 2) * hd;
   constexpr int BPG = RT / (QT_WARPS * R); // blocks a kv head
   constexpr int WPS = G > 1 ? 2 : 1, GW = G / WPS, SPB = QT_WARPS / WPS; // the heads split
@@ -2687,21 +2686,7 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
     }
   }
   if (nws) gv_norm_weight(nws, nw, IC);
-  if (flags & 1) { // the head's cached keys (K and V rows before the newest) into L2, a share a block
-    const long s0 = slot ? slot[0] : 0;
-    const long lines = (long)pos[0] * hd * (long)sizeof(T) / 128; // a cache's 128-byte lines
-    const char *kb = (const char *)(kc + ((s0 * KV + kv) * max_T) * (long)hd);
-    const char *vb = (const char *)(vc + ((s0 * KV + kv) * max_T) * (long)hd);
-    for (long i = (long)(blockIdx.x % BPG) * blockDim.x + threadIdx.x; i < 2 * lines;
-         i += (long)BPG * blockDim.x) {
-      const char *a = i < lines ? kb + i * 128 : vb + (i - lines) * 128;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-    }
-  }
-  const int p = pos[0], len = p + 1;
-  if (flags & 8) rope_table(cs_, sn_, hd, p, theta); // (every block, before the wait)
-  if (flags & 4) tl_start(); // the dependents launched after the projection (below), not now
-  else pdl_trigger();
+  pdl_trigger();
   pdl_wait();
   gv_x_rows<T, 1, GV_RMS>(xs, inp, nw, NULL, 1, IC, eps, vn, nws);
   __syncthreads();
@@ -2732,17 +2717,12 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
     }
   }
   // the head's arrivals: the last tb blocks go on as its attention
+  const int p = pos[0], len = p + 1;
   const int used = min(splits, (len + DEC_CHUNK - 1) / DEC_CHUNK), tb = (used + SPB - 1) / SPB;
-  // the counters: a 128-byte line each with flags & 32
-  unsigned *arr = cnt + (flags & 32 ? kv * 32 : kv), *mrg = cnt + (flags & 32 ? (KV + kv) * 32 : KV + kv);
-  if (!(flags & 16)) __threadfence(); // (16: one fence, by the thread that counts, after the barrier)
+  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    if (flags & 16) __threadfence();
-    arrival = atomicAdd(arr, 1u);
-  }
+  if (threadIdx.x == 0) arrival = atomicAdd(cnt + kv, 1u);
   __syncthreads();
-  if (flags & 4) pdl_launch_dependents();
   const int a = (int)arrival - (BPG - tb); // this block's place among the attention blocks
   if (a < 0) return;
   const int ws = warp / WPS, hg = warp % WPS, sp = a * SPB + ws, k0 = sp * DEC_CHUNK;
@@ -2751,10 +2731,9 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
   T *Kc = kc + ((s * KV + kv) * max_T) * (long)hd, *Vc = vc + ((s * KV + kv) * max_T) * (long)hd;
   uint4 kr[JK], vr[JK];
   att_old_keys<T, LK>(kr, vr, Kc, Vc, k0, len, active, lane);
-  if (!(flags & 8)) rope_table(cs_, sn_, hd, p, theta);
+  rope_table(cs_, sn_, hd, p, theta);
   if (threadIdx.x == 0)
-    while (ld_acquire32(arr) < (unsigned)BPG)
-      if (!(flags & 2)) __nanosleep(32);
+    while (ld_acquire32(cnt + kv) < (unsigned)BPG) __nanosleep(32);
   __syncthreads(); // the head's raw rows stored (the count's release) and the table made
   if (active) {
     T(*q)[hd] = qs[warp];
@@ -2763,12 +2742,9 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
     att_split_math<T, LK, GW, true>(part, &q[0][0], kr, vr, 0, kv, sp, k0, len, H, splits, scale,
                                     lane, nullptr, 0, 0, G, hg * GW);
   }
-  if (!(flags & 16)) __threadfence();
+  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    if (flags & 16) __threadfence();
-    last = atomicAdd(mrg, 1u) == (unsigned)tb - 1;
-  }
+  if (threadIdx.x == 0) last = atomicAdd(cnt + KV + kv, 1u) == (unsigned)tb - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
@@ -2779,8 +2755,8 @@ __global__ void __launch_bounds__(QT_WARPS * 32, 2)
     att_merge_core<T, hd, decltype(ldp), MP>(out + (long)h * hd, ldp, used, lane, warp % MP);
   }
   if (threadIdx.x == 0) {
-    *arr = 0;
-    *mrg = 0;
+    cnt[kv] = 0;
+    cnt[KV + kv] = 0;
   }
 }
 
@@ -5307,7 +5283,7 @@ int qkv_tail_launch(void *out, void *raw, const void *inp, const void *nw, const
   // all heads' spinning ones fewer than the multiprocessors (so every block of the grid can start)
   const int spb = G > 1 ? QT_WARPS / 2 : QT_WARPS, tb = (splits + spb - 1) / spb;
   const int bpg = (G + 2) * hd / (QT_WARPS * 2);
-  const size_t counters = (size_t)(2 * KV * 32 + ARGMAX_MAX_ROWS) * sizeof(unsigned);
+  const size_t counters = (size_t)(2 * KV + ARGMAX_MAX_ROWS) * sizeof(unsigned);
   if (tb > bpg || (long)KV * tb > num_sms() || counters > SPLIT_COUNT_BYTES) return 1;
   const size_t part_floats = (size_t)H * splits * (hd + 4);
   char *buf = (char *)split_scratch(SPLIT_COUNT_BYTES + sizeof(float) * part_floats);
@@ -5319,11 +5295,6 @@ int qkv_tail_launch(void *out, void *raw, const void *inp, const void *nw, const
   const size_t smem = (size_t)(vn == 2 ? 2 : 1) * C * sizeof(T);
   const float sc = 1.0f / sqrtf((float)hd);
   take_hint(); // its weights are loaded before it waits: an L2 hint adds nothing
-  // measurement switches (CT_DECODE_QT_FLAGS): 1 the cached keys into L2 before the wait, 2 the
-  // spin without a sleep, 4 the dependents launched once a block's projection rows are stored
-  // (attention's late trigger), 8 the rope table made by every block before the wait, 16 one
-  // fence a block before each count (not one a thread), 32 each counter in a line of its own
-  const int flags = env_int("CT_DECODE_QT_FLAGS", 0);
   T *o = (T *)out, *r = (T *)raw, *K = (T *)kc, *V = (T *)vc;
   const T *x = (const T *)inp, *g = (const T *)nw, *W = (const T *)w, *b = (const T *)bias,
           *gq = (const T *)qnw, *gk = (const T *)knw;
@@ -5331,7 +5302,7 @@ int qkv_tail_launch(void *out, void *raw, const void *inp, const void *nw, const
 #define QT(LK, G_)                                                                                \
   ok = launch("attention_decode_qkv", "qkv_att_tail_kernel", qkv_att_tail_kernel<T, 2, 4, LK, G_>, \
               dim3((unsigned)(KV * bpg)), QT_WARPS * 32, smem, o, r, x, g, W, b, gq, gk, K, V,    \
-              slot, pos, part, cnt, C, H, KV, max_T, splits, sc, theta, eps, vn, flags)
+              slot, pos, part, cnt, C, H, KV, max_T, splits, sc, theta, eps, vn)
   if (hd == 64) {
     if (G == 1) QT(8, 1);
     else if (G == 2) QT(8, 2);
