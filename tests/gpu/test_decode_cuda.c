@@ -1336,8 +1336,8 @@ static void test_attention_oproj(void) {
 /* attention_decode_qkv (the norm + qkv projection inside the cluster attention kernel for one row,
  * opt-in: CT_DECODE_QKV_ATT=1; and its tail form, CT_DECODE_QKV_ATT=2: the projection's blocks
  * grouped by kv head, the last ones of each going on as its attention) gives the separate
- * projection's and attention kernel's logits bit for bit, with CUDA graphs and without: GQA 1, 2 and 4, head dims 64 and 128,
- * with and without qk norm, with a (zero) qkv bias; a 14-token prompt then 8 steps (3 splits),
+ * projection's and attention kernel's logits bit for bit, with CUDA graphs and without: GQA 1, 2
+ * and 4, head dims 64 and 128, with and without qk norm, with a (zero) qkv bias; a 14-token prompt then 8 steps (3 splits),
  * 70 then 12 (clusters with idle blocks), and 490 then 12 in a 512-position cache (every split of
  * the 8-block cluster busy, the largest max_T it takes) */
 static void test_attention_qkv(void) {
