@@ -248,8 +248,10 @@
 // the projection's blocks grouped by kv head, each head's last arrivals going on as its attention
 // after a spin on the head's count, partials in global memory, a last-block merge) gives the two
 // kernels' bits but decodes ~19% slower at batch 1 on the Qwen3-0.6B shape (1,355-1,368 against
-// 1,662-1,698 tokens/s in three calls); its late trigger, the rope table before the wait, one
-// fence a block and counters a line apart win back ~1.5% (1,376-1,390). The timeline (s56 in
+// 1,662-1,698 tokens/s in three calls). Its variants: the cached keys prefetched into L2, the spin
+// without a sleep, or the late trigger alone changed nothing; the late trigger with the rope table
+// before the wait, or with one fence a block (and counters a line apart), ~1.5% (1,363-1,390).
+// The timeline (s56 in
 // 7a12061's results) says why: the fused kernel takes 12.3 us from its release to the output
 // projection's, against 3.9 + 4.5 for the two kernels. The boundary it removes (the qkv GEMV's
 // completion to attention's release) costs ~1.5 us, while its own chain (an atomic count, the
