@@ -853,6 +853,20 @@ __global__ void kv_append_kernel(T *kc, T *vc, const T *qkv, const int32_t *slot
   }
 }
 
+// M(LK, G_) for the 16-bit attention kernels' shapes: head dim hd 64 (LK 8) or 128 (LK 16), G 1, 2
+// or 4 query heads a kv head, from the hd and G in scope (the caller has checked them).
+#define LK_G_DISPATCH(M)         \
+  do {                           \
+    if (hd == 64) {              \
+      if (G == 1) M(8, 1);       \
+      else if (G == 2) M(8, 2);  \
+      else M(8, 4);              \
+    } else {                     \
+      if (G == 1) M(16, 1);      \
+      else if (G == 2) M(16, 2); \
+      else M(16, 4);             \
+    }                            \
+  } while (0)
 #define DEC_CHUNK 16     // keys per warp (one split)
 // DEC_WARPS: -DDEC_WARPS=N builds are measurements. On an H200 (bench/results/call47_72ab9c2.txt,
 // Qwen3-0.6B shape, the same ids): 8 or 12 warps a block ran 1% slower at 384 cached keys
@@ -3810,15 +3824,7 @@ void cu_attention_decode(void *out, const void *qkv, const void *kc, const void 
   launch("attention_decode", "attention_decode_vec_kernel", attention_decode_vec_kernel<T, LK, G_>, \
          g, DEC_WARPS * 32, 0, o, part, cnt, q, K, V, slot, pos, H, KV, max_T, splits, sc, h.p,  \
          h.bytes)
-      if (hd == 64) {
-        if (G == 1) ATT_VEC(8, 1);
-        else if (G == 2) ATT_VEC(8, 2);
-        else ATT_VEC(8, 4);
-      } else {
-        if (G == 1) ATT_VEC(16, 1);
-        else if (G == 2) ATT_VEC(16, 2);
-        else ATT_VEC(16, 4);
-      }
+      LK_G_DISPATCH(ATT_VEC);
 #undef ATT_VEC
       return;
     }
@@ -5205,15 +5211,7 @@ int att_rope_launch(void *out, const void *raw, const void *qnw, const void *knw
                   eps, h.p, h.bytes, op, late | pf_bit);                                          \
     }                                                                                             \
   } while (0)
-  if (hd == 64) {
-    if (G == 1) ATT_ROPE(8, 1);
-    else if (G == 2) ATT_ROPE(8, 2);
-    else ATT_ROPE(8, 4);
-  } else {
-    if (G == 1) ATT_ROPE(16, 1);
-    else if (G == 2) ATT_ROPE(16, 2);
-    else ATT_ROPE(16, 4);
-  }
+  LK_G_DISPATCH(ATT_ROPE);
 #undef ATT_ROPE
   if (!ok) return -1;
   fa_launches++;
@@ -5305,15 +5303,7 @@ int qkv_tail_launch(void *out, void *raw, const void *inp, const void *nw, const
   ok = launch("attention_decode_qkv", "qkv_att_tail_kernel", qkv_att_tail_kernel<T, 2, 4, LK, G_>, \
               dim3((unsigned)(KV * bpg)), QT_WARPS * 32, smem, o, r, x, g, W, b, gq, gk, K, V,    \
               slot, pos, part, cnt, C, H, KV, max_T, splits, sc, theta, eps, vn)
-  if (hd == 64) {
-    if (G == 1) QT(8, 1);
-    else if (G == 2) QT(8, 2);
-    else QT(8, 4);
-  } else {
-    if (G == 1) QT(16, 1);
-    else if (G == 2) QT(16, 2);
-    else QT(16, 4);
-  }
+  LK_G_DISPATCH(QT);
 #undef QT
   if (!ok) return -1;
   qa_launches++;
@@ -5355,7 +5345,7 @@ int cu_attention_decode_qkv(void *out, void *raw, const void *inp, const void *n
     const dim3 grid(QA_CS, KV, 1);
     bool ok = false;
 #define QA(LK, G_)                                                                                \
-  {                                                                                               \
+  do {                                                                                            \
     auto k = attention_decode_qkv_kernel<T, LK, G_>;                                              \
     static kernel_list raised;                                                                    \
     bool in;                                                                                      \
@@ -5370,12 +5360,8 @@ int cu_attention_decode_qkv(void *out, void *raw, const void *inp, const void *n
     ok = launch_cl("attention_decode_qkv", "attention_decode_qkv_kernel", k, grid,                \
                    QA_WARPS * 32, smem, QA_CS, o, r, x, g, W, b, gq, gk, K, V, slot, pos, C, H,   \
                    KV, max_T, splits, rpb, sc, theta, eps, vn);                                   \
-  }
-    if (hd == 64) {
-      if (G == 1) QA(8, 1) else if (G == 2) QA(8, 2) else QA(8, 4)
-    } else {
-      if (G == 1) QA(16, 1) else if (G == 2) QA(16, 2) else QA(16, 4)
-    }
+  } while (0)
+    LK_G_DISPATCH(QA);
 #undef QA
     if (!ok) return -1;
     qa_launches++;
