@@ -278,6 +278,8 @@
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
 # Session 42 measured that patch in s51 (beside the GEMVs' norm paths out of line) and landed
 # both, so part s50, which never ran, is gone.
+#   s58      session 44: the instruction-cache probe (bench/icache), tests, ids, the issue's
+#            benchmark at batch 1 (1, 8, 64 on an H200) against Transformers
 #   s55      session 42's last call: the landed tree's tests and ids, batch 1 against Transformers on
 #            an H200 (else two batch-1 runs)
 #   s54      session 42: s53 with the L2 hints out of line again, two rounds of both shapes (~2 min)
@@ -972,6 +974,20 @@ for part in "$@"; do
       if [ $((SECONDS - t0)) -lt 200 ] && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         decode_all "1" 100 170
       fi ;;
+    s58)
+      # session 44's first call: the instruction-cache probe (bench/icache), the landed tree's
+      # decode tests and ids, then the issue's benchmark at batch 1 against Transformers on
+      # whatever card came (on an H200 at 1, 8 and 64) (~4-6 min)
+      t0=$SECONDS
+      timeout 120 build-gpu/bench/icache | tee "$OUT/icache.txt"
+      dec_tests || echo "(the decode tests failed)"
+      echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        decode_all "1 8 64" 100 330
+      else
+        decode_all "1" 100 200
+      fi
+      echo "-- s58 done ($((SECONDS - t0)) s)" ;;
     s55)
       # session 42's last call: the landed tree's decode tests and ids; on an H200 the issue's
       # benchmark at batch 1 (against Transformers), else two batch-1 runs (~1-3 min)
