@@ -982,6 +982,11 @@ for part in "$@"; do
       timeout 120 build-gpu/bench/icache | tee "$OUT/icache.txt"
       dec_tests || echo "(the decode tests failed)"
       echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
+      if [ -x build-gpu/ctrain-tl ]; then # the timeline with each kernel's last block end
+        dec_tl base X=1
+        sed -n '/last block end/,/completions/p' "$OUT/timeline_base.txt" | head -12
+        grep -E "completions|a step, release" "$OUT/timeline_base.txt"
+      fi
       if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         decode_all "1 8 64" 100 330
       else

@@ -489,7 +489,32 @@ __device__ long long tl_pc[TL_PHASES][TL_MAX], tl_c1[TL_MAX];
 // argmax_split_kernel's launch number (its block 0 leaves it for the last block, which notes in
 // tl_am when the id is stored)
 __device__ unsigned tl_am_slot;
+// When a kernel's last block ends (session 44): block 0 publishes its launch's ring slot in
+// tl_epoch when its wait returns, and lane 0 of every warp of every block notes %globaltimer in
+// tl_blkend[epoch][block] as it leaves the kernel (TL_END_GUARD, a destructor, so at every
+// return). Blocks of launch k end after k's block 0 was released and before k + 1's can be, so
+// the epoch they read is their own launch's. The latest of a launch's notes splits the "to next"
+// column into the kernel's own work (its release to its last block's end) and the completion (that
+// end to the next kernel's release), which graph_gap measures at 0.77-1.02 us between empty
+// kernels. A ring of the latest TL_END_RING launches (32 MB), blocks past TL_END_BLOCKS folded in.
+#define TL_END_RING 4096
+#define TL_END_BLOCKS 1024
+__device__ unsigned tl_epoch;
+__device__ unsigned long long tl_blkend[TL_END_RING][TL_END_BLOCKS];
+struct tl_end_guard {
+  __device__ ~tl_end_guard() {
+    if ((threadIdx.x & 31) == 0) {
+      const unsigned e = *(volatile unsigned *)&tl_epoch & (TL_END_RING - 1);
+      const unsigned b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+      tl_blkend[e][b & (TL_END_BLOCKS - 1)] = tl_now();
+    }
+  }
+};
+#define TL_END_GUARD tl_end_guard tl_end_guard_
 #else
+#define TL_END_GUARD \
+  do {               \
+  } while (0)
 #define TL_PHASE(k) \
   do {              \
   } while (0)
@@ -529,6 +554,7 @@ __device__ __forceinline__ void pdl_wait() {
   if (tl_block0()) {
     tl_t[1][tl_slot()] = tl_now();
     tl_c1[tl_slot()] = clock64();
+    *(volatile unsigned *)&tl_epoch = tl_slot();
   }
 #endif
 }
@@ -788,6 +814,7 @@ template <typename T> __device__ __forceinline__ float rounded(float v) {
 template <typename T>
 __global__ void embed_pos_kernel(T *out, const int32_t *tok, const int32_t *pos, const T *wte,
                                  const T *wpe, long N, int C) {
+  TL_END_GUARD;
   pdl_trigger();
   pdl_wait();
   for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < N * C;
@@ -1608,6 +1635,7 @@ __global__ void GV_BOUNDS
   T *nws = NORM && vnorm == 2 ? xs + (long)N * IC : NULL; // the norm weight's copy (gemv_go)
   if (nws) gv_norm_weight(nws, nw, IC, NORM == GV_LAYER ? nb : NULL);
   l2_prefetch_slice(pf, pfb); // a later kernel's weights (l2_hint), while this one streams
+  TL_END_GUARD;
   pdl_trigger();
   pdl_wait();
   gv_x_rows<T, N, NORM>(xs, inp, nw, nb, nr, IC, eps, vnorm, nws);
@@ -2433,6 +2461,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && 
   const bool pf_after = late & 2; // the L2 hint after the wait (CT_DECODE_PF_AFTER), not now
   late &= 1;
   if (!pf_after) l2_prefetch_slice(pf, pfb);
+  TL_END_GUARD;
   if (late) tl_start();
   else pdl_trigger();
   const int p = pos[n], len = p + 1, k0 = sp * DEC_CHUNK;
@@ -5488,6 +5517,39 @@ extern "C" void ct_cuda_decode_timeline(void) {
   }
   fprintf(stderr, "  a step, release to release: %.1f us (the last replay's last kernel counts 0)\n",
           step / 1e3);
+  { // "to next" split at each launch's last block end (tl_blkend), over the launches still in its
+    // ring (the latest TL_END_RING), for the kernels that note their ends (TL_END_GUARD)
+    std::vector<unsigned long long> be((size_t)TL_END_RING * TL_END_BLOCKS);
+    if (cudaMemcpyFromSymbol(be.data(), tl_blkend, be.size() * sizeof(unsigned long long)) !=
+        cudaSuccess) {
+      cudaGetLastError();
+    } else {
+      fprintf(stderr, "  each kernel's last block end (launches of the latest %d; us, means): its"
+              " release -> last end, last end -> next release\n", TL_END_RING);
+      double sw = 0, sc = 0;
+      for (size_t k = 0; k < K; k++) {
+        double a = 0, c = 0;
+        long m = 0;
+        for (size_t r = 0; r < M; r++) {
+          const size_t i = base + r * K + k, w = TL_MAX - 1;
+          if (i + TL_END_RING < n || i + 1 >= n) continue; // out of the ring, or no next
+          const unsigned long long *row = &be[(i & (TL_END_RING - 1)) * TL_END_BLOCKS];
+          unsigned long long last = 0;
+          for (int b = 0; b < TL_END_BLOCKS; b++) last = row[b] > last ? row[b] : last;
+          if (last < t1[i & w] || last > t1[(i + 1) & w]) continue; // no notes (or stale)
+          a += (double)last - (double)t1[i & w];
+          c += (double)t1[(i + 1) & w] - (double)last;
+          m++;
+        }
+        if (!m) continue;
+        fprintf(stderr, "  %-4zu %-34s %9.2f %9.2f   (%ld)\n", k, tl_names[k].c_str(), a / m / 1e3,
+                c / m / 1e3, m);
+        sw += a / m, sc += c / m;
+      }
+      fprintf(stderr, "  a step: %.1f us of kernels' work after their releases, %.1f us of"
+              " completions\n", sw / 1e3, sc / 1e3);
+    }
+  }
   // the attention kernels' phases (block 0 of the cluster of kv head 0), after their release
   std::vector<unsigned long long> ph(TL_MAX);
   std::vector<long long> pc((size_t)TL_PHASES * TL_MAX), c1(TL_MAX);
