@@ -278,6 +278,8 @@
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
 # Session 42 measured that patch in s51 (beside the GEMVs' norm paths out of line) and landed
 # both, so part s50, which never ran, is gone.
+#   s59      session 44: attention's registers capped at 96 (ctrain-r96) against the default,
+#            both timelines (ctrain-tl, ctrain-tl96) with attention's per-cluster block times
 #   s58      session 44: the instruction-cache probe (bench/icache), tests, ids, the issue's
 #            benchmark at batch 1 (1, 8, 64 on an H200) against Transformers
 #   s55      session 42's last call: the landed tree's tests and ids, batch 1 against Transformers on
@@ -974,6 +976,23 @@ for part in "$@"; do
       if [ $((SECONDS - t0)) -lt 200 ] && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         decode_all "1" 100 170
       fi ;;
+    s59)
+      # session 44: attention's registers capped at 96 (ctrain-r96, -DCT_ATT_MAXNREG=96: a block
+      # then fits beside two qkv GEMV blocks) against the default: ids, both timelines with the
+      # per-cluster starts and ends (ctrain-tl, ctrain-tl96), two interleaved A/B rounds (~2 min)
+      t0=$SECONDS
+      nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+      echo "ids qwen3: base $(ids ctrain) r96 $(ids ctrain-r96) (0b1cea1e507a before)"
+      for v in base r96; do
+        b=ctrain-tl; [ $v = r96 ] && b=ctrain-tl96
+        TLBIN=$b dec_tl $v X=1
+        echo "-- timeline $v"; grep -E "^stats|completions|a step, release|attention_decode_rope_kernel phases|kv [0-7]:|attention blocks" "$OUT/timeline_$v.txt"
+      done
+      ab_rounds 2 "base ctrain qwen3-0.6b 1,1,8" "r96 ctrain-r96 qwen3-0.6b 1,1,8" \
+        "llama_base ctrain llama3.2-1b 1,1" "llama_r96 ctrain-r96 llama3.2-1b 1,1"
+      rm -f "$OUT/ab.err"
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then decode_all "1" 100 170; fi
+      echo "-- s59 done ($((SECONDS - t0)) s)" ;;
     s58)
       # session 44's first call: the instruction-cache probe (bench/icache), the landed tree's
       # decode tests and ids, then the issue's benchmark at batch 1 against Transformers on

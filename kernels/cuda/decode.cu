@@ -497,16 +497,29 @@ __device__ unsigned tl_am_slot;
 // column into the kernel's own work (its release to its last block's end) and the completion (that
 // end to the next kernel's release), which graph_gap measures at 0.77-1.02 us between empty
 // kernels. A ring of the latest TL_END_RING launches (32 MB), blocks past TL_END_BLOCKS folded in.
+// Each block's start (its first warp's, noted when the guard is made) and multiprocessor go with
+// its end, for the per-cluster report of attention's launches.
 #define TL_END_RING 4096
-#define TL_END_BLOCKS 1024
+#define TL_END_BLOCKS 512
 __device__ unsigned tl_epoch;
 __device__ unsigned long long tl_blkend[TL_END_RING][TL_END_BLOCKS];
+__device__ unsigned long long tl_blkbeg[TL_END_RING][TL_END_BLOCKS];
+__device__ unsigned tl_blksm[TL_END_RING][TL_END_BLOCKS];
 struct tl_end_guard {
+  unsigned long long t0;
+  __device__ tl_end_guard() : t0(tl_now()) {}
   __device__ ~tl_end_guard() {
     if ((threadIdx.x & 31) == 0) {
       const unsigned e = *(volatile unsigned *)&tl_epoch & (TL_END_RING - 1);
-      const unsigned b = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-      tl_blkend[e][b & (TL_END_BLOCKS - 1)] = tl_now();
+      const unsigned b = ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) &
+                         (TL_END_BLOCKS - 1);
+      tl_blkend[e][b] = tl_now();
+      if (threadIdx.x == 0) {
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        tl_blkbeg[e][b] = t0;
+        tl_blksm[e][b] = sm;
+      }
     }
   }
 };
@@ -2435,8 +2448,16 @@ __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int use
 // of fewer heads a warp, so a shorter chain of dependent instructions), both loading the split's
 // keys; blocks of 2 * DEC_WARPS warps, all of which make block 0's merge. A head's arithmetic is
 // the same whichever warp makes it, so the same bits.
+// (a measurement build: -DCT_ATT_MAXNREG=N caps its registers at N instead, __maxnreg__, which
+// excludes __launch_bounds__: at 96 a heads-split block, 256 threads, fits beside two blocks of
+// the 80-register qkv GEMV, 2 x 20,480 + 24,576 = 65,536 registers)
+#ifdef CT_ATT_MAXNREG
+#define ATT_BOUNDS(threads, minb) __maxnreg__(CT_ATT_MAXNREG)
+#else
+#define ATT_BOUNDS(threads, minb) __launch_bounds__(threads, minb)
+#endif
 template <typename T, int LK, int G, bool CL = false, bool OP = false, bool HS = false>
-__global__ void __launch_bounds__(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && G > 1 ? 2 : 0)
+__global__ void ATT_BOUNDS(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && G > 1 ? 2 : 0)
     attention_decode_rope_kernel(T *out, float *part, unsigned *count, const T *raw,
                                  const T *qnw, const T *knw, T *kc, T *vc, const int32_t *slot,
                                  const int32_t *pos, int H, int KV, int max_T, int splits,
@@ -5548,6 +5569,53 @@ extern "C" void ct_cuda_decode_timeline(void) {
       }
       fprintf(stderr, "  a step: %.1f us of kernels' work after their releases, %.1f us of"
               " completions\n", sw / 1e3, sc / 1e3);
+      // attention's launches, by cluster (grid y: the kv head) and block (grid x): each block's
+      // start after the kernel before's release and its end after attention's release (means
+      // over the launches in the ring), and the multiprocessors of the latest launch
+      std::vector<unsigned long long> bb((size_t)TL_END_RING * TL_END_BLOCKS);
+      std::vector<unsigned> bs((size_t)TL_END_RING * TL_END_BLOCKS);
+      if (cudaMemcpyFromSymbol(bb.data(), tl_blkbeg, bb.size() * sizeof(unsigned long long)) ==
+              cudaSuccess &&
+          cudaMemcpyFromSymbol(bs.data(), tl_blksm, bs.size() * sizeof(unsigned)) == cudaSuccess) {
+        const int GX = 8, GY = 8; // what is printed at most: blocks a cluster, clusters
+        double st[GY][GX] = {{0}}, en[GY][GX] = {{0}};
+        long cn = 0;
+        unsigned sm_last[GY][GX] = {{0}};
+        for (size_t k = 1; k < K; k++) {
+          if (tl_names[k] != "attention_decode_rope_kernel") continue;
+          for (size_t r = 0; r < M; r++) {
+            const size_t i = base + r * K + k, w = TL_MAX - 1;
+            if (i + TL_END_RING < n || i + 1 >= n) continue;
+            const size_t row = (i & (TL_END_RING - 1)) * TL_END_BLOCKS;
+            bool ok = true;
+            for (int b = 0; b < 6 * GY && ok; b++) ok = be[row + b] >= t1[i & w] && be[row + b] <= t1[(i + 1) & w];
+            if (!ok) continue; // a grid of another shape, or notes of another launch
+            for (int y = 0; y < GY; y++)
+              for (int x = 0; x < GX; x++) {
+                const size_t b = row + (size_t)y * 6 + x; // the Qwen3-0.6B shape's 6 blocks a cluster
+                if (x >= 6) continue;
+                st[y][x] += (double)bb[b] - (double)t1[(i - 1) & w];
+                en[y][x] += (double)be[b] - (double)t1[i & w];
+                sm_last[y][x] = bs[b];
+              }
+            cn++;
+          }
+        }
+        if (cn) {
+          fprintf(stderr, "  attention blocks (6 a cluster, a cluster a kv head; means of %ld launches):"
+                  " start after the qkv GEMV's release / end after attention's release, us;"
+                  " [multiprocessors of the latest]\n", cn);
+          for (int y = 0; y < GY; y++) {
+            fprintf(stderr, "    kv %d:", y);
+            for (int x = 0; x < 6; x++)
+              fprintf(stderr, " %5.2f/%5.2f", st[y][x] / cn / 1e3, en[y][x] / cn / 1e3);
+            fprintf(stderr, "  [");
+            for (int x = 0; x < 6; x++) fprintf(stderr, "%u%s", sm_last[y][x], x < 5 ? " " : "]\n");
+          }
+        }
+      } else {
+        cudaGetLastError();
+      }
     }
   }
   // the attention kernels' phases (block 0 of the cluster of kv head 0), after their release
