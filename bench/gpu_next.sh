@@ -988,8 +988,8 @@ for part in "$@"; do
         TLBIN=$b dec_tl $v X=1
         echo "-- timeline $v"; grep -E "^stats|completions|a step, release|attention_decode_rope_kernel phases|kv [0-7]:|attention blocks" "$OUT/timeline_$v.txt"
       done
-      ab_rounds 2 "base ctrain qwen3-0.6b 1,1,8" "r96 ctrain-r96 qwen3-0.6b 1,1,8" \
-        "llama_base ctrain llama3.2-1b 1,1" "llama_r96 ctrain-r96 llama3.2-1b 1,1"
+      ab_rounds "${ROUNDS:-2}" "base ctrain qwen3-0.6b 1,1,8" "r96 ctrain-r96 qwen3-0.6b 1,1,8"
+      [ "${LLAMA:-1}" = 1 ] && ab_rounds 1 "llama_base ctrain llama3.2-1b 1,1" "llama_r96 ctrain-r96 llama3.2-1b 1,1"
       rm -f "$OUT/ab.err"
       if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then decode_all "1" 100 170; fi
       echo "-- s59 done ($((SECONDS - t0)) s)" ;;

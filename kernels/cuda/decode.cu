@@ -267,6 +267,25 @@
 // barrier) compiled to 144 and 213 registers (80 and 114 now: every input chunk stays live beside
 // the weights), one block a multiprocessor, the shape that cost Llama-3.2-1B 7.5% in session 42; it
 // was taken back before a device call could time it.
+// Session 44 (2026-12-07, one H100; bench/results/s44_2026-12-07_H100_8b75db4+s58):
+//  - How much code a multiprocessor keeps (bench/icache): a 16 KB probe of straight-line FFMAs
+//    runs its body in 1,140 cycles when run twice in a row, 1,527 with one other 16 KB kernel in
+//    between and ~2,550 with two or more (up to 384 KB); a 4 KB probe 396 warm, 406 after 16 KB,
+//    ~745 after 32 KB. So the instruction caches hold between 20 and 32 KB, with no larger level
+//    before L2, and code fetched cold costs ~88 cycles a KB, 2.2-2.9x the warm time. A
+//    batch-1 layer's five kernels are ~144 KB of .text (attention 44, norm + qkv 33, gate/up 33,
+//    down 18, the output projection 16), so every kernel runs its post-release path cold every
+//    layer: up to ~44 ns a KB (1.98 GHz) where the fetch is not hidden behind data stalls. That
+//    is why fewer bytes after the wait paid before (sessions 41-42), not a capacity to fit into.
+//  - Where "to next" goes (the timeline now notes each launch's last block end): a kernel's own
+//    work from its release to its last block's end, then the completion to the next release.
+//    Per layer: qkv 2.9-3.1 + 0.53-0.59 us, attention 3.9-4.25 + 0.80-0.90, the output projection
+//    1.8 + 0.80-0.88, gate/up 3.3-3.4 + 1.24-1.41 (down's blocks start only as gate/up's leave),
+//    down 2.8-3.1 + 0.93-1.04; a step 527.6 us of work and 136.4 of completions (653.5 us, the
+//    timeline build at 1,512 tokens/s against 1,673-1,688 without it). The boundary itself is
+//    0.5-0.9 us, as graph_gap measures between empty kernels (0.77-1.02); the rest is work after
+//    the release. Attention's last block ends ~1 us after block 0 of kv head 0's cluster has
+//    stored its merge (2.94 us): the slowest cluster sets attention's end.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
