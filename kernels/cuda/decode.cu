@@ -286,6 +286,15 @@
 //    0.5-0.9 us, as graph_gap measures between empty kernels (0.77-1.02); the rest is work after
 //    the release. Attention's last block ends ~1 us after block 0 of kv head 0's cluster has
 //    stored its merge (2.94 us): the slowest cluster sets attention's end.
+//  - Why attention's clusters may start late (a hypothesis for the next call): attention's block
+//    (116 registers x 256 threads = 29,696) does not fit beside two qkv GEMV blocks (80 x 256 x
+//    2 = 40,960) in 65,536 registers, and the qkv GEMV's 256 blocks sit two to a multiprocessor,
+//    so a cluster of six finds room only as qkv blocks leave (its block 0 starts 2.34 us after the
+//    qkv GEMV's release); the last clusters' cached keys may then still be in flight after
+//    attention's release. At 96 registers (-DCT_ATT_MAXNREG=96, 56 bytes of stack) a block fits
+//    exactly beside two. gpu_next.sh s59 times that build against the default, with both
+//    timelines' per-cluster starts and ends; it has not run (every device start after s58
+//    failed, and the session's device time went to those starts).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
