@@ -526,13 +526,15 @@ __device__ unsigned tl_am_slot;
 // end to the next kernel's release), which graph_gap measures at 0.77-1.02 us between empty
 // kernels. A ring of the latest TL_END_RING launches (32 MB), blocks past TL_END_BLOCKS folded in.
 // Each block's start (its first warp's, noted when the guard is made) and multiprocessor go with
-// its end, for the per-cluster report of attention's launches.
+// its end, and block 0 notes the grid's x and y, for the per-cluster report of attention's
+// launches.
 #define TL_END_RING 4096
 #define TL_END_BLOCKS 512
 __device__ unsigned tl_epoch;
 __device__ unsigned long long tl_blkend[TL_END_RING][TL_END_BLOCKS];
 __device__ unsigned long long tl_blkbeg[TL_END_RING][TL_END_BLOCKS];
 __device__ unsigned tl_blksm[TL_END_RING][TL_END_BLOCKS];
+__device__ uint2 tl_grid[TL_END_RING];
 struct tl_end_guard {
   unsigned long long t0;
   __device__ tl_end_guard() : t0(tl_now()) {}
@@ -547,6 +549,7 @@ struct tl_end_guard {
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         tl_blkbeg[e][b] = t0;
         tl_blksm[e][b] = sm;
+        if (b == 0) tl_grid[e] = make_uint2(gridDim.x, gridDim.y);
       }
     }
   }
@@ -5599,46 +5602,49 @@ extern "C" void ct_cuda_decode_timeline(void) {
               " completions\n", sw / 1e3, sc / 1e3);
       // attention's launches, by cluster (grid y: the kv head) and block (grid x): each block's
       // start after the kernel before's release and its end after attention's release (means
-      // over the launches in the ring), and the multiprocessors of the latest launch
+      // over the launches in the ring of the latest one's grid), and the multiprocessors of the
+      // latest launch; at most 8 x 8 blocks
       std::vector<unsigned long long> bb((size_t)TL_END_RING * TL_END_BLOCKS);
       std::vector<unsigned> bs((size_t)TL_END_RING * TL_END_BLOCKS);
+      std::vector<uint2> gd(TL_END_RING);
       if (cudaMemcpyFromSymbol(bb.data(), tl_blkbeg, bb.size() * sizeof(unsigned long long)) ==
               cudaSuccess &&
-          cudaMemcpyFromSymbol(bs.data(), tl_blksm, bs.size() * sizeof(unsigned)) == cudaSuccess) {
-        const int GX = 8, GY = 8; // what is printed at most: blocks a cluster, clusters
-        double st[GY][GX] = {{0}}, en[GY][GX] = {{0}};
+          cudaMemcpyFromSymbol(bs.data(), tl_blksm, bs.size() * sizeof(unsigned)) == cudaSuccess &&
+          cudaMemcpyFromSymbol(gd.data(), tl_grid, gd.size() * sizeof(uint2)) == cudaSuccess) {
+        double st[8][8] = {{0}}, en[8][8] = {{0}};
+        unsigned sm[8][8] = {{0}}, gx = 0, gy = 0;
         long cn = 0;
-        unsigned sm_last[GY][GX] = {{0}};
-        for (size_t k = 1; k < K; k++) {
-          if (tl_names[k] != "attention_decode_rope_kernel") continue;
-          for (size_t r = 0; r < M; r++) {
-            const size_t i = base + r * K + k, w = TL_MAX - 1;
+        for (size_t r = M; r-- > 0;) // the latest launch first: its grid is the one reported
+          for (size_t k = 1; k < K; k++) {
+            if (tl_names[k] != "attention_decode_rope_kernel") continue;
+            const size_t i = base + r * K + k, w = TL_MAX - 1, e = i & (TL_END_RING - 1);
             if (i + TL_END_RING < n || i + 1 >= n) continue;
-            const size_t row = (i & (TL_END_RING - 1)) * TL_END_BLOCKS;
-            bool ok = true;
-            for (int b = 0; b < 6 * GY && ok; b++) ok = be[row + b] >= t1[i & w] && be[row + b] <= t1[(i + 1) & w];
-            if (!ok) continue; // a grid of another shape, or notes of another launch
-            for (int y = 0; y < GY; y++)
-              for (int x = 0; x < GX; x++) {
-                const size_t b = row + (size_t)y * 6 + x; // the Qwen3-0.6B shape's 6 blocks a cluster
-                if (x >= 6) continue;
+            if (!gx) gx = gd[e].x, gy = gd[e].y;
+            if (gd[e].x != gx || gd[e].y != gy || gx > 8 || gy > 8) continue;
+            const size_t row = e * TL_END_BLOCKS;
+            bool ok = true; // every block's end noted by this launch
+            for (unsigned b = 0; b < gx * gy && ok; b++)
+              ok = be[row + b] >= t1[i & w] && be[row + b] <= t1[(i + 1) & w];
+            if (!ok) continue;
+            for (unsigned y = 0; y < gy; y++)
+              for (unsigned x = 0; x < gx; x++) {
+                const size_t b = row + y * gx + x;
                 st[y][x] += (double)bb[b] - (double)t1[(i - 1) & w];
                 en[y][x] += (double)be[b] - (double)t1[i & w];
-                sm_last[y][x] = bs[b];
+                if (!cn) sm[y][x] = bs[b];
               }
             cn++;
           }
-        }
         if (cn) {
-          fprintf(stderr, "  attention blocks (6 a cluster, a cluster a kv head; means of %ld launches):"
-                  " start after the qkv GEMV's release / end after attention's release, us;"
-                  " [multiprocessors of the latest]\n", cn);
-          for (int y = 0; y < GY; y++) {
-            fprintf(stderr, "    kv %d:", y);
-            for (int x = 0; x < 6; x++)
+          fprintf(stderr, "  attention blocks (%u a cluster, a cluster a kv head; means of %ld"
+                  " launches): start after the kernel before's release / end after attention's"
+                  " release, us; [multiprocessors of the latest]\n", gx, cn);
+          for (unsigned y = 0; y < gy; y++) {
+            fprintf(stderr, "    kv %u:", y);
+            for (unsigned x = 0; x < gx; x++)
               fprintf(stderr, " %5.2f/%5.2f", st[y][x] / cn / 1e3, en[y][x] / cn / 1e3);
             fprintf(stderr, "  [");
-            for (int x = 0; x < 6; x++) fprintf(stderr, "%u%s", sm_last[y][x], x < 5 ? " " : "]\n");
+            for (unsigned x = 0; x < gx; x++) fprintf(stderr, "%u%s", sm[y][x], x + 1 < gx ? " " : "]\n");
           }
         }
       } else {
