@@ -5578,14 +5578,19 @@ extern "C" void ct_cuda_decode_timeline(void) {
     } else {
       fprintf(stderr, "  each kernel's last block end (launches of the latest %d; us, means): its"
               " release -> last end, last end -> next release\n", TL_END_RING);
+      // launch i's row of block ends, or NULL where the ring no longer holds it or no launch
+      // follows it
+      auto ends_of = [&](size_t i) -> const unsigned long long * {
+        return i + TL_END_RING < n || i + 1 >= n ? NULL : &be[(i & (TL_END_RING - 1)) * TL_END_BLOCKS];
+      };
       double sw = 0, sc = 0;
       for (size_t k = 0; k < K; k++) {
         double a = 0, c = 0;
         long m = 0;
         for (size_t r = 0; r < M; r++) {
           const size_t i = base + r * K + k, w = TL_MAX - 1;
-          if (i + TL_END_RING < n || i + 1 >= n) continue; // out of the ring, or no next
-          const unsigned long long *row = &be[(i & (TL_END_RING - 1)) * TL_END_BLOCKS];
+          const unsigned long long *row = ends_of(i);
+          if (!row) continue;
           unsigned long long last = 0;
           for (int b = 0; b < TL_END_BLOCKS; b++) last = row[b] > last ? row[b] : last;
           if (last < t1[i & w] || last > t1[(i + 1) & w]) continue; // no notes (or stale)
@@ -5618,13 +5623,14 @@ extern "C" void ct_cuda_decode_timeline(void) {
           for (size_t k = 1; k < K; k++) {
             if (tl_names[k] != "attention_decode_rope_kernel") continue;
             const size_t i = base + r * K + k, w = TL_MAX - 1, e = i & (TL_END_RING - 1);
-            if (i + TL_END_RING < n || i + 1 >= n) continue;
+            const unsigned long long *ends = ends_of(i);
+            if (!ends) continue;
             if (!gx) gx = gd[e].x, gy = gd[e].y;
             if (gd[e].x != gx || gd[e].y != gy || gx > 8 || gy > 8) continue;
             const size_t row = e * TL_END_BLOCKS;
             bool ok = true; // every block's end noted by this launch
             for (unsigned b = 0; b < gx * gy && ok; b++)
-              ok = be[row + b] >= t1[i & w] && be[row + b] <= t1[(i + 1) & w];
+              ok = ends[b] >= t1[i & w] && ends[b] <= t1[(i + 1) & w];
             if (!ok) continue;
             for (unsigned y = 0; y < gy; y++)
               for (unsigned x = 0; x < gx; x++) {
