@@ -980,22 +980,23 @@ for part in "$@"; do
         decode_all "1" 100 170
       fi ;;
     s60)
-      # session 45: which register caps let the next kernel's blocks in early: attention at 96
-      # (r96: beside two qkv blocks), the down projection at 80 (d3, CT_GV_DOWN_MINB=3: beside
+      # session 45: which register caps let the next kernel's blocks in early: attention's batch-1
+      # form at 96 (hs96, -DCT_ATT_HS_MAXNREG=96: beside two qkv blocks; the timeline's r96 build
+      # caps every form), the down projection at 80 (d3, CT_GV_DOWN_MINB=3: beside
       # two qkv blocks; a build with both did not fit the 64 MiB a call sends); ids, timelines of
       # the default and of r96, two interleaved A/B rounds, the Llama-1B shape once; on an H200 the benchmark (~5 min)
       t0=$SECONDS
       nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-      echo "ids qwen3: base $(ids ctrain) r96 $(ids ctrain-r96) d3 $(ids ctrain-d3) (0b1cea1e507a before)"
+      echo "ids qwen3: base $(ids ctrain) hs96 $(ids ctrain-hs96) d3 $(ids ctrain-d3) (0b1cea1e507a before)"
       for v in base r96; do
         b=ctrain-tl; [ $v = r96 ] && b=ctrain-tl96
         [ -x build-gpu/$b ] || continue
         TLBIN=$b dec_tl $v X=1
         echo "-- timeline $v"; grep -E "^stats|a step|attention_decode_rope_kernel phases|kv [0-9]+:|attention blocks" "$OUT/timeline_$v.txt"
       done
-      ab_rounds "${ROUNDS:-2}" "base ctrain qwen3-0.6b 1,1,8" "r96 ctrain-r96 qwen3-0.6b 1,1,8" \
+      ab_rounds "${ROUNDS:-2}" "base ctrain qwen3-0.6b 1,1,8" "hs96 ctrain-hs96 qwen3-0.6b 1,1,8" \
         "d3 ctrain-d3 qwen3-0.6b 1,1,8"
-      [ "${LLAMA:-1}" = 1 ] && ab_rounds 1 "llama_base ctrain llama3.2-1b 1,1" "llama_r96 ctrain-r96 llama3.2-1b 1,1" "llama_d3 ctrain-d3 llama3.2-1b 1,1"
+      [ "${LLAMA:-1}" = 1 ] && ab_rounds 1 "llama_base ctrain llama3.2-1b 1,1" "llama_hs96 ctrain-hs96 llama3.2-1b 1,1" "llama_d3 ctrain-d3 llama3.2-1b 1,1"
       rm -f "$OUT/ab.err"
       if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then decode_all "1" 100 170; fi
       echo "-- s60 done ($((SECONDS - t0)) s)" ;;

@@ -2482,8 +2482,15 @@ __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int use
 // (a measurement build: -DCT_ATT_MAXNREG=N caps its registers at N instead, __maxnreg__, which
 // excludes __launch_bounds__: at 96 a heads-split block, 256 threads, fits beside two blocks of
 // the 80-register qkv GEMV, 2 x 20,480 + 24,576 = 65,536 registers)
+// -DCT_ATT_HS_MAXNREG=N caps only the heads-split form with two warps a split (the batch-1
+// form) at N or below, through its bounds: a maximum of 65,536 / (2 N) threads, in whole warps
+// (ptxas rounds up to them), with two blocks a multiprocessor leaves at most N registers a
+// thread (96 at N = 96: 320 threads), while the launch stays at 256 threads (__maxnreg__ on
+// every form would change the others: ptxas then gives the batch-8 forms up to 219).
 #ifdef CT_ATT_MAXNREG
 #define ATT_BOUNDS(threads, minb) __maxnreg__(CT_ATT_MAXNREG)
+#elif defined(CT_ATT_HS_MAXNREG)
+#define ATT_BOUNDS(threads, minb) __launch_bounds__((minb) == 2 ? 65536 / (2 * CT_ATT_HS_MAXNREG) / 32 * 32 : (threads), minb)
 #else
 #define ATT_BOUNDS(threads, minb) __launch_bounds__(threads, minb)
 #endif
