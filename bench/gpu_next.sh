@@ -278,6 +278,9 @@
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
 # Session 42 measured that patch in s51 (beside the GEMVs' norm paths out of line) and landed
 # both, so part s50, which never ran, is gone.
+#   s61      session 45: attention's block 0 leaving without the cluster barrier's last wait
+#            (ctrain-nw, -DCT_ATT_B0_NOWAIT) against the default: ids, both timelines
+#            (ctrain-tl, ctrain-tlnw), two A/B rounds; on an H200 the issue's benchmark
 #   s60      session 45: s59 with the down projection capped at 80 registers as another variant
 #            (ctrain-d3: one down block then fits beside two qkv GEMV blocks); timelines of the
 #            default and of attention at 96 (ctrain-tl, ctrain-tl96); on an H200 the issue's benchmark
@@ -979,6 +982,24 @@ for part in "$@"; do
       if [ $((SECONDS - t0)) -lt 200 ] && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         decode_all "1" 100 170
       fi ;;
+    s61)
+      # session 45: s60's timeline put attention's block 0 (the merge) ending ~0.45 us after its
+      # merge's stores and ~0.7 us after the other blocks; without the barrier's last wait in
+      # block 0 (nw) it leaves when its warps are done. ids, timelines, A/B (~3 min)
+      t0=$SECONDS
+      nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+      echo "ids qwen3: base $(ids ctrain) nw $(ids ctrain-nw) (0b1cea1e507a before)"
+      for v in base nw; do
+        b=ctrain-tl; [ $v = nw ] && b=ctrain-tlnw
+        TLBIN=$b dec_tl $v X=1 > /dev/null
+        echo "-- timeline $v"; grep -E "^stats|a step|attention_decode_rope_kernel phases|kv [0-9]+:|attention blocks" "$OUT/timeline_$v.txt"
+        sed -n '/last block end/,/a step:/p' "$OUT/timeline_$v.txt" | sed -n '2,7p'
+      done
+      ab_rounds "${ROUNDS:-2}" "base ctrain qwen3-0.6b 1,1,8" "nw ctrain-nw qwen3-0.6b 1,1,8"
+      [ "${LLAMA:-1}" = 1 ] && ab_rounds 1 "llama_base ctrain llama3.2-1b 1,1" "llama_nw ctrain-nw llama3.2-1b 1,1"
+      rm -f "$OUT/ab.err"
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then decode_all "1" 100 170; fi
+      echo "-- s61 done ($((SECONDS - t0)) s)" ;;
     s60)
       # session 45: which register caps let the next kernel's blocks in early: attention's batch-1
       # form at 96 (hs96, -DCT_ATT_HS_MAXNREG=96: beside two qkv blocks; the timeline's r96 build

@@ -295,6 +295,20 @@
 //    exactly beside two. gpu_next.sh s59 times that build against the default, with both
 //    timelines' per-cluster starts and ends; it has not run (every device start after s58
 //    failed, and the session's device time went to those starts).
+// Session 45 (2026-12-07, one H100, bench/results/s45_2026-12-07_H100_77e0b5e+s60, two
+// interleaved rounds, the same ids every way): the register hypothesis is wrong. Attention's
+// clusters start 1.6-2.3 us after the qkv GEMV's release whether or not a block fits beside two
+// qkv blocks (1.56-2.07 at 96 registers): what they wait for is the PDL launch after the last qkv
+// blocks start and trigger (those sit out the down projection's blocks: 114 + 2 x 80 registers do
+// not fit), and they are early enough (block 0 waits 1.6-2.2 us for its release). Capped at 96,
+// attention's own phases lengthen (rope 0.86 -> 1.20 us after the release, the other blocks' end
+// 2.54 -> 3.50): the batch-1 form alone at 96 (-DCT_ATT_HS_MAXNREG=96, no spill) 1,632-1,654
+// against 1,666-1,693 tokens/s (-2.3%), batch 8 and Llama-3.2-1B even. The down projection at 80
+// registers so one of its blocks fits beside two qkv blocks (-DCT_GV_DOWN_MINB=3: 176 bytes of
+// spill) -20% (1,333-1,370), Llama-1B even. Neither is kept. What the per-cluster times show
+// instead: the five blocks that push their rows leave ~0.4 us after block 0 has them (2.54 us
+// after the release), and block 0 leaves ~0.45 us after its merge's stores (3.2-3.5 us), which
+// sets attention's end; the clusters of kv heads 6 and 7 start 0.3-0.7 us after the others.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -1626,7 +1640,8 @@ __device__ __forceinline__ void gv_x_rows(T *xs, const T *inp, const T *nw, cons
 }
 
 // (a measurement build: -DCT_GV_DOWN_MINB=4 caps the 3072-wide residual GEMV, the down
-// projection, at 64 registers so one of its blocks fits beside three gate/up blocks)
+// projection, at 64 registers so one of its blocks fits beside three gate/up blocks; =3 at 80,
+// beside two qkv blocks: -20% at batch 1 from its spills, Session 45)
 #ifdef CT_GV_DOWN_MINB
 // (0 for the others: no minimum, so they compile as in the default build; 1 would change them)
 template <int MODE, int U> constexpr int gv_minb() { return MODE == GV_RESID && U == 12 ? CT_GV_DOWN_MINB : 0; }
@@ -2481,7 +2496,7 @@ __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int use
 // the same whichever warp makes it, so the same bits.
 // (a measurement build: -DCT_ATT_MAXNREG=N caps its registers at N instead, __maxnreg__, which
 // excludes __launch_bounds__: at 96 a heads-split block, 256 threads, fits beside two blocks of
-// the 80-register qkv GEMV, 2 x 20,480 + 24,576 = 65,536 registers)
+// the 80-register qkv GEMV, 2 x 20,480 + 24,576 = 65,536 registers; slower, see Session 45)
 // -DCT_ATT_HS_MAXNREG=N caps only the heads-split form with two warps a split (the batch-1
 // form) at N or below, through its bounds: a maximum of 65,536 / (2 N) threads, in whole warps
 // (ptxas rounds up to them), with two blocks a multiprocessor leaves at most N registers a
@@ -2575,6 +2590,11 @@ __global__ void ATT_BOUNDS(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && G > 1 ?
         att_local_merge<T, hd, G, NW>(out + (long)n * H * hd + (long)kv * G * hd,
                                       (const float *)att_dyn, used, w, lane);
         TL_PHASE(3);
+#ifdef CT_ATT_B0_NOWAIT
+        // (a measurement build: block 0 leaves without the barrier's wait, whose arrivals are
+        // all in: no block touches its shared memory once its rows have arrived)
+        return;
+#endif
       } else {
         cluster_arrive_relaxed();
       }
