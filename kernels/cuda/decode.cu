@@ -302,7 +302,7 @@
 // blocks start and trigger (those sit out the down projection's blocks: 114 + 2 x 80 registers do
 // not fit), and they are early enough (block 0 waits 1.6-2.2 us for its release). Capped at 96,
 // attention's own phases lengthen (rope 0.86 -> 1.20 us after the release, the other blocks' end
-// 2.54 -> 3.50): the batch-1 form alone at 96 (-DCT_ATT_HS_MAXNREG=96, no spill) 1,632-1,654
+// 2.54 -> 3.50): the batch-1 form alone at 96 (-DCT_ATT_HS_MAXNREG=96, no spill) 1,630-1,655
 // against 1,666-1,693 tokens/s (-2.3%), batch 8 and Llama-3.2-1B even. The down projection at 80
 // registers so one of its blocks fits beside two qkv blocks (-DCT_GV_DOWN_MINB=3: 176 bytes of
 // spill) -20% (1,333-1,370), Llama-1B even. Neither is kept. What the per-cluster times show
@@ -2591,8 +2591,8 @@ __global__ void ATT_BOUNDS(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && G > 1 ?
                                       (const float *)att_dyn, used, w, lane);
         TL_PHASE(3);
 #ifdef CT_ATT_B0_NOWAIT
-        // (a measurement build: block 0 leaves without the barrier's wait, whose arrivals are
-        // all in: no block touches its shared memory once its rows have arrived)
+        // (a measurement build: block 0 leaves without the barrier's wait, its own arrival
+        // made: no block touches its shared memory once its rows have arrived)
         return;
 #endif
       } else {
