@@ -309,6 +309,11 @@
 // instead: the five blocks that push their rows leave ~0.4 us after block 0 has them (2.54 us
 // after the release), and block 0 leaves ~0.45 us after its merge's stores (3.2-3.5 us), which
 // sets attention's end; the clusters of kv heads 6 and 7 start 0.3-0.7 us after the others.
+// That 0.45 us is not the cluster barrier's last wait: with block 0 leaving without it (s61,
+// bench/results/s45_2026-12-07_H100_9b78991+s61, the patch there; the same ids, no hang) its end
+// moved by 0-0.03 us and the step was even (1,643-1,672 against 1,649-1,681 tokens/s over three
+// more rounds at batch 1), so it is block 0's slower warps finishing their shares of the merge
+// (the phases note thread 0 only). Not kept.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -2590,11 +2595,6 @@ __global__ void ATT_BOUNDS(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && G > 1 ?
         att_local_merge<T, hd, G, NW>(out + (long)n * H * hd + (long)kv * G * hd,
                                       (const float *)att_dyn, used, w, lane);
         TL_PHASE(3);
-#ifdef CT_ATT_B0_NOWAIT
-        // (a measurement build: block 0 leaves without the barrier's wait, its own arrival
-        // made: no block touches its shared memory once its rows have arrived)
-        return;
-#endif
       } else {
         cluster_arrive_relaxed();
       }
