@@ -279,11 +279,13 @@
 # Session 42 measured that patch in s51 (beside the GEMVs' norm paths out of line) and landed
 # both, so part s50, which never ran, is gone.
 #   s61      session 45: attention's block 0 leaving without the cluster barrier's last wait
-#            (ctrain-nw, -DCT_ATT_B0_NOWAIT) against the default: ids, both timelines
-#            (ctrain-tl, ctrain-tlnw), two A/B rounds; on an H200 the issue's benchmark
-#   s60      session 45: s59 with the down projection capped at 80 registers as another variant
-#            (ctrain-d3: one down block then fits beside two qkv GEMV blocks); timelines of the
-#            default and of attention at 96 (ctrain-tl, ctrain-tl96); on an H200 the issue's benchmark
+#            (ctrain-nw, -DCT_ATT_B0_NOWAIT, which needs the patch in
+#            bench/results/s45_2026-12-07_H100_9b78991+s61: the code was taken out) against the
+#            default: ids, both timelines (ctrain-tl, ctrain-tlnw), two A/B rounds; on an H200
+#            the issue's benchmark
+#   s60      session 45: attention's batch-1 form at 96 registers (ctrain-hs96) and the down
+#            projection at 80 (ctrain-d3) against the default; timelines of the default and of
+#            every attention form at 96 (ctrain-tl, ctrain-tl96); on an H200 the issue's benchmark
 #   s59      session 44: attention's registers capped at 96 (ctrain-r96) against the default,
 #            both timelines (ctrain-tl, ctrain-tl96) with attention's per-cluster block times
 #   s58      session 44: the instruction-cache probe (bench/icache), tests, ids, the issue's
@@ -985,7 +987,8 @@ for part in "$@"; do
     s61)
       # session 45: s60's timeline put attention's block 0 (the merge) ending ~0.45 us after its
       # merge's stores and ~0.7 us after the other blocks; without the barrier's last wait in
-      # block 0 (nw) it leaves when its warps are done. ids, timelines, A/B (~3 min)
+      # block 0 (nw, built with the patch in s61's results) it leaves when its warps are done.
+      # ids, timelines, A/B (~3 min)
       t0=$SECONDS
       nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
       echo "ids qwen3: base $(ids ctrain) nw $(ids ctrain-nw) (0b1cea1e507a before)"
@@ -1001,11 +1004,12 @@ for part in "$@"; do
       if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then decode_all "1" 100 170; fi
       echo "-- s61 done ($((SECONDS - t0)) s)" ;;
     s60)
-      # session 45: which register caps let the next kernel's blocks in early: attention's batch-1
-      # form at 96 (hs96, -DCT_ATT_HS_MAXNREG=96: beside two qkv blocks; the timeline's r96 build
-      # caps every form), the down projection at 80 (d3, CT_GV_DOWN_MINB=3: beside
-      # two qkv blocks; a build with both did not fit the 64 MiB a call sends); ids, timelines of
-      # the default and of r96, two interleaved A/B rounds, the Llama-1B shape once; on an H200 the issue's benchmark (~5 min)
+      # session 45: which register caps let the next kernel's blocks in early: attention's
+      # batch-1 form at 96 (hs96, -DCT_ATT_HS_MAXNREG=96: beside two qkv blocks; the timeline's
+      # r96 build caps every form, -DCT_ATT_MAXNREG=96), the down projection at 80 (d3,
+      # -DCT_GV_DOWN_MINB=3: beside two qkv blocks; a build with both did not fit the 64 MiB a
+      # call sends); ids, timelines of the default and of r96, two interleaved A/B rounds, the
+      # Llama-1B shape once; on an H200 the issue's benchmark (~5 min)
       t0=$SECONDS
       nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
       echo "ids qwen3: base $(ids ctrain) hs96 $(ids ctrain-hs96) d3 $(ids ctrain-d3) (0b1cea1e507a before)"

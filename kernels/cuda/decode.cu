@@ -2510,7 +2510,8 @@ __device__ __forceinline__ void att_local_merge(T *out, const float *ps, int use
 #ifdef CT_ATT_MAXNREG
 #define ATT_BOUNDS(threads, minb) __maxnreg__(CT_ATT_MAXNREG)
 #elif defined(CT_ATT_HS_MAXNREG)
-#define ATT_BOUNDS(threads, minb) __launch_bounds__((minb) == 2 ? 65536 / (2 * CT_ATT_HS_MAXNREG) / 32 * 32 : (threads), minb)
+#define ATT_BOUNDS(threads, minb) \
+  __launch_bounds__((minb) == 2 ? 65536 / (2 * CT_ATT_HS_MAXNREG) / 32 * 32 : (threads), minb)
 #else
 #define ATT_BOUNDS(threads, minb) __launch_bounds__(threads, minb)
 #endif
