@@ -278,6 +278,9 @@
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
 # Session 42 measured that patch in s51 (beside the GEMVs' norm paths out of line) and landed
 # both, so part s50, which never ran, is gone.
+#   s62      the next session's first call: the landed tree's decode tests and ids, the timeline
+#            with attention's block 0 by warp (ctrain-tl), then the issue's benchmark (on an
+#            H200 at 1, 8 and 64; elsewhere at 1)
 #   s61      session 45: attention's block 0 leaving without the cluster barrier's last wait
 #            (ctrain-nw, -DCT_ATT_B0_NOWAIT, which needs the patch in
 #            bench/results/s45_2026-12-07_H100_9b78991+s61: the code was taken out) against the
@@ -984,6 +987,23 @@ for part in "$@"; do
       if [ $((SECONDS - t0)) -lt 200 ] && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         decode_all "1" 100 170
       fi ;;
+    s62)
+      # after session 45: tests, ids, the timeline with block 0's ends by warp (which of the merge's
+      # warps hold attention's end ~0.45 us past thread 0's stores), the issue's benchmark
+      # (~4-6 min)
+      t0=$SECONDS
+      dec_tests || echo "(the decode tests failed)"
+      echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
+      if [ -x build-gpu/ctrain-tl ]; then
+        dec_tl base X=1 > /dev/null
+        grep -E "^stats|a step|attention_decode_rope_kernel phases|kv [0-9]+:|attention blocks|by warp" "$OUT/timeline_base.txt"
+      fi
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        decode_all "1 8 64" 100 330
+      else
+        decode_all "1" 100 200
+      fi
+      echo "-- s62 done ($((SECONDS - t0)) s)" ;;
     s61)
       # session 45: s60's timeline put attention's block 0 (the merge) ending ~0.45 us after its
       # merge's stores and ~0.7 us after the other blocks; without the barrier's last wait in

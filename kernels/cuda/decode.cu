@@ -554,6 +554,9 @@ __device__ unsigned long long tl_blkend[TL_END_RING][TL_END_BLOCKS];
 __device__ unsigned long long tl_blkbeg[TL_END_RING][TL_END_BLOCKS];
 __device__ unsigned tl_blksm[TL_END_RING][TL_END_BLOCKS];
 __device__ uint2 tl_grid[TL_END_RING];
+// block 0's end by warp (session 45: attention's block 0, which makes the merge, ends ~0.45 us
+// after thread 0's merge stores; which warps are the late ones)
+__device__ unsigned long long tl_w0end[TL_END_RING][32];
 struct tl_end_guard {
   unsigned long long t0;
   __device__ tl_end_guard() : t0(tl_now()) {}
@@ -562,7 +565,9 @@ struct tl_end_guard {
       const unsigned e = *(volatile unsigned *)&tl_epoch & (TL_END_RING - 1);
       const unsigned b = ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) &
                          (TL_END_BLOCKS - 1);
-      tl_blkend[e][b] = tl_now();
+      const unsigned long long t = tl_now();
+      tl_blkend[e][b] = t;
+      if (b == 0 && threadIdx.x < 32 * 32) tl_w0end[e][threadIdx.x >> 5] = t;
       if (threadIdx.x == 0) {
         unsigned sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
@@ -5640,11 +5645,15 @@ extern "C" void ct_cuda_decode_timeline(void) {
       std::vector<unsigned long long> bb((size_t)TL_END_RING * TL_END_BLOCKS);
       std::vector<unsigned> bs((size_t)TL_END_RING * TL_END_BLOCKS);
       std::vector<uint2> gd(TL_END_RING);
+      std::vector<unsigned long long> we((size_t)TL_END_RING * 32);
       if (cudaMemcpyFromSymbol(bb.data(), tl_blkbeg, bb.size() * sizeof(unsigned long long)) ==
               cudaSuccess &&
           cudaMemcpyFromSymbol(bs.data(), tl_blksm, bs.size() * sizeof(unsigned)) == cudaSuccess &&
-          cudaMemcpyFromSymbol(gd.data(), tl_grid, gd.size() * sizeof(uint2)) == cudaSuccess) {
-        double st[8][8] = {{0}}, en[8][8] = {{0}};
+          cudaMemcpyFromSymbol(gd.data(), tl_grid, gd.size() * sizeof(uint2)) == cudaSuccess &&
+          cudaMemcpyFromSymbol(we.data(), tl_w0end, we.size() * sizeof(unsigned long long)) ==
+              cudaSuccess) {
+        double st[8][8] = {{0}}, en[8][8] = {{0}}, wn[32] = {0};
+        long wc[32] = {0}; // block 0's warps: the sum of their ends after the release, the count
         unsigned sm[8][8] = {{0}}, gx = 0, gy = 0;
         long cn = 0;
         for (size_t r = M; r-- > 0;) // the latest launch first: its grid is the one reported
@@ -5667,6 +5676,12 @@ extern "C" void ct_cuda_decode_timeline(void) {
                 en[y][x] += (double)be[b] - (double)t1[i & w];
                 if (!cn) sm[y][x] = bs[b];
               }
+            for (int v = 0; v < 32; v++) { // a warp's note from this launch (block 0 of kv 0)
+              const unsigned long long t = we[e * 32 + v];
+              if (t < t1[i & w] || t > t1[(i + 1) & w]) continue;
+              wn[v] += (double)t - (double)t1[i & w];
+              wc[v]++;
+            }
             cn++;
           }
         if (cn) {
@@ -5680,6 +5695,10 @@ extern "C" void ct_cuda_decode_timeline(void) {
             fprintf(stderr, "  [");
             for (unsigned x = 0; x < gx; x++) fprintf(stderr, "%u%s", sm[y][x], x + 1 < gx ? " " : "]\n");
           }
+          fprintf(stderr, "    block 0 of kv 0 by warp, end after attention's release, us:");
+          for (int v = 0; v < 32; v++)
+            if (wc[v]) fprintf(stderr, " %d:%.2f", v, wn[v] / wc[v] / 1e3);
+          fprintf(stderr, "\n");
         }
       } else {
         cudaGetLastError();
