@@ -286,11 +286,10 @@
 #            bench/results/s45_2026-12-07_H100_9b78991+s61: the code was taken out) against the
 #            default: ids, both timelines (ctrain-tl, ctrain-tlnw), two A/B rounds; on an H200
 #            the issue's benchmark
-#   s60      session 45: attention's batch-1 form at 96 registers (ctrain-hs96) and the down
+#   s60      session 45 (in place of session 44's s59, which never ran and is gone):
+#            attention's batch-1 form at 96 registers (ctrain-hs96) and the down
 #            projection at 80 (ctrain-d3) against the default; timelines of the default and of
 #            every attention form at 96 (ctrain-tl, ctrain-tl96); on an H200 the issue's benchmark
-#   s59      session 44: attention's registers capped at 96 (ctrain-r96) against the default,
-#            both timelines (ctrain-tl, ctrain-tl96) with attention's per-cluster block times
 #   s58      session 44: the instruction-cache probe (bench/icache), tests, ids, the issue's
 #            benchmark at batch 1 (1, 8, 64 on an H200) against Transformers
 #   s55      session 42's last call: the landed tree's tests and ids, batch 1 against Transformers on
@@ -433,6 +432,34 @@ decode_all() {
 decode_if_h200() {
   nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || return 0
   decode_all "$@"
+}
+# The default (ctrain) against measurement builds TAG:BIN ... (parts s60, s61): the ids of each,
+# the timelines TLS="TAG:TLBIN ..." with attention's per-cluster lines, ROUNDS (2) interleaved A/B
+# rounds on the Qwen3-0.6B shape at batch 1, 1, 8, the Llama-3.2-1B shape once (LLAMA=0 skips
+# it), and on an H200 the issue's benchmark at batch 1
+vs_default() {
+  local t0=$SECONDS v ids="base $(ids ctrain)" q=("base ctrain qwen3-0.6b 1,1,8")
+  local l=("llama_base ctrain llama3.2-1b 1,1")
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+  for v in "$@"; do
+    ids+=" ${v%%:*} $(ids "${v#*:}")"
+    q+=("${v%%:*} ${v#*:} qwen3-0.6b 1,1,8")
+    l+=("llama_${v%%:*} ${v#*:} llama3.2-1b 1,1")
+  done
+  echo "ids qwen3: $ids (0b1cea1e507a before)"
+  for v in ${TLS:-}; do
+    [ -x "build-gpu/${v#*:}" ] || continue
+    TLBIN=${v#*:} dec_tl "${v%%:*}" X=1 > /dev/null
+    echo "-- timeline ${v%%:*}"
+    grep -E "^stats|a step|attention_decode_rope_kernel phases|kv [0-9]+:|attention blocks|by warp" \
+      "$OUT/timeline_${v%%:*}.txt"
+    sed -n '/last block end/,/a step:/p' "$OUT/timeline_${v%%:*}.txt" | sed -n '2,7p'
+  done
+  ab_rounds "${ROUNDS:-2}" "${q[@]}"
+  [ "${LLAMA:-1}" = 1 ] && ab_rounds 1 "${l[@]}"
+  rm -f "$OUT/ab.err"
+  decode_if_h200 "1" 100 170
+  echo "-- done ($((SECONDS - t0)) s)"
 }
 # CT_DECODE_ATT_HS=1 (the heads split) against the same binary without it and ctrain-base: the
 # decode tests, the ids of all three, with HS_TL=1 both timelines, three interleaved rounds on the
@@ -1009,20 +1036,7 @@ for part in "$@"; do
       # merge's stores and ~0.7 us after the other blocks; without the barrier's last wait in
       # block 0 (nw, built with the patch in s61's results) it leaves when its warps are done.
       # ids, timelines, A/B (~3 min)
-      t0=$SECONDS
-      nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-      echo "ids qwen3: base $(ids ctrain) nw $(ids ctrain-nw) (0b1cea1e507a before)"
-      for v in base nw; do
-        b=ctrain-tl; [ $v = nw ] && b=ctrain-tlnw
-        TLBIN=$b dec_tl $v X=1 > /dev/null
-        echo "-- timeline $v"; grep -E "^stats|a step|attention_decode_rope_kernel phases|kv [0-9]+:|attention blocks" "$OUT/timeline_$v.txt"
-        sed -n '/last block end/,/a step:/p' "$OUT/timeline_$v.txt" | sed -n '2,7p'
-      done
-      ab_rounds "${ROUNDS:-2}" "base ctrain qwen3-0.6b 1,1,8" "nw ctrain-nw qwen3-0.6b 1,1,8"
-      [ "${LLAMA:-1}" = 1 ] && ab_rounds 1 "llama_base ctrain llama3.2-1b 1,1" "llama_nw ctrain-nw llama3.2-1b 1,1"
-      rm -f "$OUT/ab.err"
-      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then decode_all "1" 100 170; fi
-      echo "-- s61 done ($((SECONDS - t0)) s)" ;;
+      TLS="base:ctrain-tl nw:ctrain-tlnw" vs_default nw:ctrain-nw ;;
     s60)
       # session 45: which register caps let the next kernel's blocks in early: attention's
       # batch-1 form at 96 (hs96, -DCT_ATT_HS_MAXNREG=96: beside two qkv blocks; the timeline's
@@ -1030,38 +1044,7 @@ for part in "$@"; do
       # -DCT_GV_DOWN_MINB=3: beside two qkv blocks; a build with both did not fit the 64 MiB a
       # call sends); ids, timelines of the default and of r96, two interleaved A/B rounds, the
       # Llama-1B shape once; on an H200 the issue's benchmark (~5 min)
-      t0=$SECONDS
-      nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-      echo "ids qwen3: base $(ids ctrain) hs96 $(ids ctrain-hs96) d3 $(ids ctrain-d3) (0b1cea1e507a before)"
-      for v in base r96; do
-        b=ctrain-tl; [ $v = r96 ] && b=ctrain-tl96
-        [ -x build-gpu/$b ] || continue
-        TLBIN=$b dec_tl $v X=1
-        echo "-- timeline $v"; grep -E "^stats|a step|attention_decode_rope_kernel phases|kv [0-9]+:|attention blocks" "$OUT/timeline_$v.txt"
-      done
-      ab_rounds "${ROUNDS:-2}" "base ctrain qwen3-0.6b 1,1,8" "hs96 ctrain-hs96 qwen3-0.6b 1,1,8" \
-        "d3 ctrain-d3 qwen3-0.6b 1,1,8"
-      [ "${LLAMA:-1}" = 1 ] && ab_rounds 1 "llama_base ctrain llama3.2-1b 1,1" "llama_hs96 ctrain-hs96 llama3.2-1b 1,1" "llama_d3 ctrain-d3 llama3.2-1b 1,1"
-      rm -f "$OUT/ab.err"
-      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then decode_all "1" 100 170; fi
-      echo "-- s60 done ($((SECONDS - t0)) s)" ;;
-    s59)
-      # session 44: attention's registers capped at 96 (ctrain-r96, -DCT_ATT_MAXNREG=96: a block
-      # then fits beside two qkv GEMV blocks) against the default: ids, both timelines with the
-      # per-cluster starts and ends (ctrain-tl, ctrain-tl96), two interleaved A/B rounds (~2 min)
-      t0=$SECONDS
-      nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
-      echo "ids qwen3: base $(ids ctrain) r96 $(ids ctrain-r96) (0b1cea1e507a before)"
-      for v in base r96; do
-        b=ctrain-tl; [ $v = r96 ] && b=ctrain-tl96
-        TLBIN=$b dec_tl $v X=1
-        echo "-- timeline $v"; grep -E "^stats|completions|a step, release|attention_decode_rope_kernel phases|kv [0-7]:|attention blocks" "$OUT/timeline_$v.txt"
-      done
-      ab_rounds "${ROUNDS:-2}" "base ctrain qwen3-0.6b 1,1,8" "r96 ctrain-r96 qwen3-0.6b 1,1,8"
-      [ "${LLAMA:-1}" = 1 ] && ab_rounds 1 "llama_base ctrain llama3.2-1b 1,1" "llama_r96 ctrain-r96 llama3.2-1b 1,1"
-      rm -f "$OUT/ab.err"
-      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then decode_all "1" 100 170; fi
-      echo "-- s59 done ($((SECONDS - t0)) s)" ;;
+      TLS="base:ctrain-tl r96:ctrain-tl96" vs_default hs96:ctrain-hs96 d3:ctrain-d3 ;;
     s58)
       # session 44's first call: the instruction-cache probe (bench/icache), the landed tree's
       # decode tests and ids, then the issue's benchmark at batch 1 against Transformers on

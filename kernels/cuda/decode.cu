@@ -294,7 +294,7 @@
 //    attention's release. At 96 registers (-DCT_ATT_MAXNREG=96, 56 bytes of stack) a block fits
 //    exactly beside two. gpu_next.sh s59 times that build against the default, with both
 //    timelines' per-cluster starts and ends; it has not run (every device start after s58
-//    failed, and the session's device time went to those starts).
+//    failed, and the session's device time went to those starts); s60 took its place.
 // Session 45 (2026-12-07, one H100, bench/results/s45_2026-12-07_H100_77e0b5e+s60, two
 // interleaved rounds, the same ids every way): the register hypothesis is wrong. Attention's
 // clusters start 1.6-2.3 us after the qkv GEMV's release whether or not a block fits beside two
@@ -567,7 +567,7 @@ struct tl_end_guard {
                          (TL_END_BLOCKS - 1);
       const unsigned long long t = tl_now();
       tl_blkend[e][b] = t;
-      if (b == 0 && threadIdx.x < 32 * 32) tl_w0end[e][threadIdx.x >> 5] = t;
+      if (b == 0) tl_w0end[e][threadIdx.x >> 5] = t; // (blocks of 1,024 threads at most)
       if (threadIdx.x == 0) {
         unsigned sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
