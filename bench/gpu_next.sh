@@ -278,6 +278,8 @@
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
 # Session 42 measured that patch in s51 (beside the GEMVs' norm paths out of line) and landed
 # both, so part s50, which never ran, is gone.
+#   s63      s62's work for a short lease: the decode tests, the ids and the issue's benchmark
+#            first, the timeline last (same pack as s62)
 #   s62      the next session's first call: the landed tree's decode tests and ids, the timeline
 #            with attention's block 0 by warp (ctrain-tl), then the issue's benchmark (on an
 #            H200 at 1, 8 and 64; elsewhere at 1)
@@ -1014,6 +1016,23 @@ for part in "$@"; do
       if [ $((SECONDS - t0)) -lt 200 ] && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         decode_all "1" 100 170
       fi ;;
+    s63)
+      # s62's work ordered for a short lease (session 46: the device time went on failed starts):
+      # the decode tests, the ids and the issue's benchmark first, the timeline with block 0's
+      # ends by warp last (~4-5 min on an H200)
+      t0=$SECONDS
+      dec_tests || echo "(the decode tests failed)"
+      echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        decode_all "1 8 64" 90 240
+      else
+        decode_all "1" 90 170
+      fi
+      if [ -x build-gpu/ctrain-tl ]; then
+        dec_tl base X=1 > /dev/null
+        grep -E "^stats|a step|attention_decode_rope_kernel phases|kv [0-9]+:|attention blocks|by warp" "$OUT/timeline_base.txt"
+      fi
+      echo "-- s63 done ($((SECONDS - t0)) s)" ;;
     s62)
       # after session 45: tests, ids, the timeline with block 0's ends by warp (which of the merge's
       # warps hold attention's end ~0.45 us past thread 0's stores), the issue's benchmark
