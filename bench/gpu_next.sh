@@ -1024,9 +1024,9 @@ for part in "$@"; do
       dec_tests || echo "(the decode tests failed)"
       echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
       if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        decode_all "1 8 64" 90 240
+        decode_all "1 8 64" 100 250
       else
-        decode_all "1" 90 170
+        decode_all "1" 100 180
       fi
       if [ -x build-gpu/ctrain-tl ]; then
         dec_tl base X=1 > /dev/null
