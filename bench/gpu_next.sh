@@ -1019,12 +1019,12 @@ for part in "$@"; do
     s63)
       # s62's work ordered for a short lease (session 46: the device time went on failed starts):
       # the decode tests, the ids and the issue's benchmark first, the timeline with block 0's
-      # ends by warp last (~4-5 min on an H200)
+      # ends by warp last (~4-5 min on an H200; S63_BATCHES="1" for less)
       t0=$SECONDS
       dec_tests || echo "(the decode tests failed)"
       echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
       if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        decode_all "1 8 64" 100 250
+        decode_all "${S63_BATCHES:-1 8 64}" 100 250
       else
         decode_all "1" 100 180
       fi
