@@ -278,9 +278,10 @@
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
 # Session 42 measured that patch in s51 (beside the GEMVs' norm paths out of line) and landed
 # both, so part s50, which never ran, is gone.
-#   s63      s62's work for a short lease: the decode tests, the ids and the issue's benchmark
-#            first, the timeline last (same pack as s62)
-#   s62      the next session's first call: the landed tree's decode tests and ids, the timeline
+#   s63      the next session's first call (session 46's device time went on failed starts, so
+#            s62 never ran): s62's work for a short lease, the decode tests, the ids and the
+#            issue's benchmark first, the timeline last (same pack as s62)
+#   s62      session 45's plan for the next first call, replaced by s63: the landed tree's decode tests and ids, the timeline
 #            with attention's block 0 by warp (ctrain-tl), then the issue's benchmark (on an
 #            H200 at 1, 8 and 64; elsewhere at 1)
 #   s61      session 45: attention's block 0 leaving without the cluster barrier's last wait
