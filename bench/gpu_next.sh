@@ -278,12 +278,11 @@
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
 # Session 42 measured that patch in s51 (beside the GEMVs' norm paths out of line) and landed
 # both, so part s50, which never ran, is gone.
-#   s63      the next session's first call (session 46's device time went on failed starts, so
-#            s62 never ran): s62's work for a short lease, the decode tests, the ids and the
-#            issue's benchmark first, the timeline last (same pack as s62)
-#   s62      session 45's plan for the next first call, replaced by s63: the landed tree's decode tests and ids, the timeline
-#            with attention's block 0 by warp (ctrain-tl), then the issue's benchmark (on an
-#            H200 at 1, 8 and 64; elsewhere at 1)
+#   s63      the next session's first call: the landed tree's decode tests and ids, the issue's
+#            benchmark (on an H200 at 1, 8 and 64, S63_BATCHES to change; elsewhere at 1), then
+#            the timeline with attention's block 0 by warp (ctrain-tl). It replaces session 45's
+#            s62 (the same work, the timeline first), which never ran: session 46's device time
+#            went on failed starts
 #   s61      session 45: attention's block 0 leaving without the cluster barrier's last wait
 #            (ctrain-nw, -DCT_ATT_B0_NOWAIT, which needs the patch in
 #            bench/results/s45_2026-12-07_H100_9b78991+s61: the code was taken out) against the
@@ -1018,9 +1017,9 @@ for part in "$@"; do
         decode_all "1" 100 170
       fi ;;
     s63)
-      # s62's work ordered for a short lease (session 46: the device time went on failed starts):
-      # the decode tests, the ids and the issue's benchmark first, the timeline with block 0's
-      # ends by warp last (~4-5 min on an H200; S63_BATCHES="1" for less)
+      # the decode tests, the ids and the issue's benchmark first, so that a short lease still
+      # returns them, then the timeline with block 0's ends by warp (which of the merge's warps
+      # hold attention's end ~0.45 us past thread 0's stores); ~4-5 min on an H200
       t0=$SECONDS
       dec_tests || echo "(the decode tests failed)"
       echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
@@ -1034,23 +1033,6 @@ for part in "$@"; do
         grep -E "^stats|a step|attention_decode_rope_kernel phases|kv [0-9]+:|attention blocks|by warp" "$OUT/timeline_base.txt"
       fi
       echo "-- s63 done ($((SECONDS - t0)) s)" ;;
-    s62)
-      # after session 45: tests, ids, the timeline with block 0's ends by warp (which of the merge's
-      # warps hold attention's end ~0.45 us past thread 0's stores), the issue's benchmark
-      # (~4-6 min)
-      t0=$SECONDS
-      dec_tests || echo "(the decode tests failed)"
-      echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
-      if [ -x build-gpu/ctrain-tl ]; then
-        dec_tl base X=1 > /dev/null
-        grep -E "^stats|a step|attention_decode_rope_kernel phases|kv [0-9]+:|attention blocks|by warp" "$OUT/timeline_base.txt"
-      fi
-      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        decode_all "1 8 64" 100 330
-      else
-        decode_all "1" 100 200
-      fi
-      echo "-- s62 done ($((SECONDS - t0)) s)" ;;
     s61)
       # session 45: s60's timeline put attention's block 0 (the merge) ending ~0.45 us after its
       # merge's stores and ~0.7 us after the other blocks; without the barrier's last wait in
