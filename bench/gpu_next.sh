@@ -435,6 +435,11 @@ decode_if_h200() {
   nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || return 0
   decode_all "$@"
 }
+# A timeline's (dec_tl TAG's) step, attention's phases, its blocks by cluster and block 0's warps
+tl_lines() {
+  grep -E "^stats|a step|attention_decode_rope_kernel phases|kv [0-9]+:|attention blocks|by warp" \
+    "$OUT/timeline_$1.txt"
+}
 # The default (ctrain) against measurement builds TAG:BIN ... (parts s60, s61): the ids of each,
 # the timelines TLS="TAG:TLBIN ..." with attention's per-cluster lines, ROUNDS (2) interleaved A/B
 # rounds on the Qwen3-0.6B shape at batch 1, 1, 8, the Llama-3.2-1B shape once (LLAMA=0 skips
@@ -453,8 +458,7 @@ vs_default() {
     [ -x "build-gpu/${v#*:}" ] || continue
     TLBIN=${v#*:} dec_tl "${v%%:*}" X=1 > /dev/null
     echo "-- timeline ${v%%:*}"
-    grep -E "^stats|a step|attention_decode_rope_kernel phases|kv [0-9]+:|attention blocks|by warp" \
-      "$OUT/timeline_${v%%:*}.txt"
+    tl_lines "${v%%:*}"
     sed -n '/last block end/,/a step:/p' "$OUT/timeline_${v%%:*}.txt" | sed -n '2,7p'
   done
   ab_rounds "${ROUNDS:-2}" "${q[@]}"
@@ -1030,7 +1034,7 @@ for part in "$@"; do
       fi
       if [ -x build-gpu/ctrain-tl ]; then
         dec_tl base X=1 > /dev/null
-        grep -E "^stats|a step|attention_decode_rope_kernel phases|kv [0-9]+:|attention blocks|by warp" "$OUT/timeline_base.txt"
+        tl_lines base
       fi
       echo "-- s63 done ($((SECONDS - t0)) s)" ;;
     s61)
