@@ -467,6 +467,11 @@ vs_default() {
   decode_if_h200 "1" 100 170
   echo "-- done ($((SECONDS - t0)) s)"
 }
+# vs_default without its closing benchmark (the caller ran it already)
+vs_default_noh200() {
+  decode_if_h200() { :; }
+  vs_default "$@"
+}
 # CT_DECODE_ATT_HS=1 (the heads split) against the same binary without it and ctrain-base: the
 # decode tests, the ids of all three, with HS_TL=1 both timelines, three interleaved rounds on the
 # Qwen3 shape (batch 1, 1, 8) and the Llama-1B shape (batch 1, 1) each round (parts s41, s42)
@@ -1037,6 +1042,12 @@ for part in "$@"; do
         tl_lines base
       fi
       echo "-- s63 done ($((SECONDS - t0)) s)" ;;
+    s64)
+      # session 47, run after s63 (`gpu_next.sh s63 s64`): attention's block 0 merging with fewer
+      # warps (ctrain-m8 / ctrain-m4, -DCT_ATT_MERGE_NW=8 / 4: the batch-1 form's other warps of
+      # block 0 leave at once; the same bits) against the default: ids, the timeline of m8
+      # (ctrain-tlm8), two interleaved rounds at batch 1, 1, 8 (~3-4 min)
+      TLS="m8:ctrain-tlm8" LLAMA=0 vs_default_noh200 m8:ctrain-m8 m4:ctrain-m4 ;;
     s61)
       # session 45: s60's timeline put attention's block 0 (the merge) ending ~0.45 us after its
       # merge's stores and ~0.7 us after the other blocks; without the barrier's last wait in

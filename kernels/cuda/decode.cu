@@ -2598,8 +2598,14 @@ __global__ void ATT_BOUNDS(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && G > 1 ?
         mbar_wait(&rbar, 0);
         TL_PHASE(2);
         cluster_arrive_relaxed();
-        att_local_merge<T, hd, G, NW>(out + (long)n * H * hd + (long)kv * G * hd,
-                                      (const float *)att_dyn, used, w, lane);
+#ifdef CT_ATT_MERGE_NW // a measurement build: only the first MW warps merge (MW | NW, G | MW)
+        constexpr int MW = NW % CT_ATT_MERGE_NW == 0 && CT_ATT_MERGE_NW % G == 0 ? CT_ATT_MERGE_NW : NW;
+#else
+        constexpr int MW = NW;
+#endif
+        if (w < MW)
+          att_local_merge<T, hd, G, MW>(out + (long)n * H * hd + (long)kv * G * hd,
+                                        (const float *)att_dyn, used, w, lane);
         TL_PHASE(3);
       } else {
         cluster_arrive_relaxed();
