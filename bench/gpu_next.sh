@@ -278,6 +278,7 @@
 # it is not slower (its eager half on the rounds' data, the other on the rounds at batch 1).
 # Session 42 measured that patch in s51 (beside the GEMVs' norm paths out of line) and landed
 # both, so part s50, which never ran, is gone.
+#   s64      session 47, after s63 (`s63 s64`): block 0's merge by 4 or 2 of its warps against all 8
 #   s63      the next session's first call: the landed tree's decode tests and ids, the issue's
 #            benchmark (on an H200 at 1, 8 and 64, S63_BATCHES to change; elsewhere at 1), then
 #            the timeline with attention's block 0 by warp (ctrain-tl). It replaces session 45's
@@ -1044,10 +1045,11 @@ for part in "$@"; do
       echo "-- s63 done ($((SECONDS - t0)) s)" ;;
     s64)
       # session 47, run after s63 (`gpu_next.sh s63 s64`): attention's block 0 merging with fewer
-      # warps (ctrain-m8 / ctrain-m4, -DCT_ATT_MERGE_NW=8 / 4: the batch-1 form's other warps of
-      # block 0 leave at once; the same bits) against the default: ids, the timeline of m8
-      # (ctrain-tlm8), two interleaved rounds at batch 1, 1, 8 (~3-4 min)
-      TLS="m8:ctrain-tlm8" LLAMA=0 vs_default_noh200 m8:ctrain-m8 m4:ctrain-m4 ;;
+      # of its 8 warps (the batch-1 form: 4 splits a block, 2 warps a split; ctrain-m4 /
+      # ctrain-m2, -DCT_ATT_MERGE_NW=4 / 2: 2 or 4 adjacent outputs a lane, the other warps of
+      # block 0 leave at once; the same bits) against the default: ids, the timeline of m4
+      # (ctrain-tlm4) beside s63's, two interleaved rounds at batch 1, 1, 8 (~3-4 min)
+      TLS="m4:ctrain-tlm4" LLAMA=0 vs_default_noh200 m4:ctrain-m4 m2:ctrain-m2 ;;
     s61)
       # session 45: s60's timeline put attention's block 0 (the merge) ending ~0.45 us after its
       # merge's stores and ~0.7 us after the other blocks; without the barrier's last wait in

@@ -2598,7 +2598,7 @@ __global__ void ATT_BOUNDS(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && G > 1 ?
         mbar_wait(&rbar, 0);
         TL_PHASE(2);
         cluster_arrive_relaxed();
-#ifdef CT_ATT_MERGE_NW // a measurement build: only the first MW warps merge (MW | NW, G | MW)
+#ifdef CT_ATT_MERGE_NW // a measurement build: only the first MW of the NW warps merge (MW | NW, G | MW)
         constexpr int MW = NW % CT_ATT_MERGE_NW == 0 && CT_ATT_MERGE_NW % G == 0 ? CT_ATT_MERGE_NW : NW;
 #else
         constexpr int MW = NW;
