@@ -444,7 +444,7 @@ tl_lines() {
 # The default (ctrain) against measurement builds TAG:BIN ... (parts s60, s61): the ids of each,
 # the timelines TLS="TAG:TLBIN ..." with attention's per-cluster lines, ROUNDS (2) interleaved A/B
 # rounds on the Qwen3-0.6B shape at batch 1, 1, 8, the Llama-3.2-1B shape once (LLAMA=0 skips
-# it), and on an H200 the issue's benchmark at batch 1
+# it), and on an H200 the issue's benchmark at batch 1 (VS_BENCH=0 skips it)
 vs_default() {
   local t0=$SECONDS v ids="base $(ids ctrain)" q=("base ctrain qwen3-0.6b 1,1,8")
   local l=("llama_base ctrain llama3.2-1b 1,1")
@@ -465,13 +465,8 @@ vs_default() {
   ab_rounds "${ROUNDS:-2}" "${q[@]}"
   [ "${LLAMA:-1}" = 1 ] && ab_rounds 1 "${l[@]}"
   rm -f "$OUT/ab.err"
-  decode_if_h200 "1" 100 170
+  [ "${VS_BENCH:-1}" = 1 ] && decode_if_h200 "1" 100 170
   echo "-- done ($((SECONDS - t0)) s)"
-}
-# vs_default without its closing benchmark (the caller ran it already)
-vs_default_noh200() {
-  decode_if_h200() { :; }
-  vs_default "$@"
 }
 # CT_DECODE_ATT_HS=1 (the heads split) against the same binary without it and ctrain-base: the
 # decode tests, the ids of all three, with HS_TL=1 both timelines, three interleaved rounds on the
@@ -1049,7 +1044,7 @@ for part in "$@"; do
       # ctrain-m2, -DCT_ATT_MERGE_NW=4 / 2: 2 or 4 adjacent outputs a lane, the other warps of
       # block 0 leave at once; the same bits) against the default: ids, the timeline of m4
       # (ctrain-tlm4) beside s63's, two interleaved rounds at batch 1, 1, 8 (~3-4 min)
-      TLS="m4:ctrain-tlm4" LLAMA=0 vs_default_noh200 m4:ctrain-m4 m2:ctrain-m2 ;;
+      TLS="m4:ctrain-tlm4" LLAMA=0 VS_BENCH=0 vs_default m4:ctrain-m4 m2:ctrain-m2 ;;
     s61)
       # session 45: s60's timeline put attention's block 0 (the merge) ending ~0.45 us after its
       # merge's stores and ~0.7 us after the other blocks; without the barrier's last wait in
