@@ -279,6 +279,7 @@
 # Session 42 measured that patch in s51 (beside the GEMVs' norm paths out of line) and landed
 # both, so part s50, which never ran, is gone.
 #   s64      session 47, after s63 (`s63 s64`): block 0's merge by 4 or 2 of its warps against all 8
+#            (ran on an H100: -0.2 / -0.6%; the define's patch is in that call's results)
 #   s63      the next session's first call: the landed tree's decode tests and ids, the issue's
 #            benchmark (on an H200 at 1, 8 and 64, S63_BATCHES to change; elsewhere at 1), then
 #            the timeline with attention's block 0 by warp (ctrain-tl). It replaces session 45's
@@ -1043,7 +1044,8 @@ for part in "$@"; do
       # of its 8 warps (the batch-1 form: 4 splits a block, 2 warps a split; ctrain-m4 /
       # ctrain-m2, -DCT_ATT_MERGE_NW=4 / 2: 2 or 4 adjacent outputs a lane, the other warps of
       # block 0 leave at once; the same bits) against the default: ids, the timeline of m4
-      # (ctrain-tlm4) beside s63's, two interleaved rounds at batch 1, 1, 8 (~3-4 min)
+      # (ctrain-tlm4) beside s63's, two interleaved rounds at batch 1, 1, 8 (~3-4 min). The define
+      # needs the patch in bench/results/s47_2026-12-07_H100_6c275f4+s63s64 (taken out: it lost)
       TLS="m4:ctrain-tlm4" LLAMA=0 VS_BENCH=0 vs_default m4:ctrain-m4 m2:ctrain-m2 ;;
     s61)
       # session 45: s60's timeline put attention's block 0 (the merge) ending ~0.45 us after its

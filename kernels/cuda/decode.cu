@@ -314,6 +314,17 @@
 // moved by 0-0.03 us and the step was even (1,643-1,672 against 1,649-1,681 tokens/s over three
 // more rounds at batch 1), so it is block 0's slower warps finishing their shares of the merge
 // (the phases note thread 0 only). Not kept.
+// Session 47 (2026-12-07, one H100, bench/results/s47_2026-12-07_H100_6c275f4+s63s64; the same
+// ids every way, test_decode_cuda 9,330 checks, 0 failed) says otherwise: block 0's ends by warp
+// (kv head 0) are 3.44 us after attention's release for warps 1-7 and 3.51 for warp 0, so no warp
+// lags; with only 4 of its 8 warps merging (-DCT_ATT_MERGE_NW=4, 2 outputs a lane, the patch
+// there) the other 4 leave at 2.71 and the merging ones at 3.58, ~0.7 us after their stores (2.86).
+// So a warp that stores the merge leaves ~0.7 us after its stores whatever it shares, which fits
+// its exit waiting for its stores to be taken (the grid's completion waits for them anyway), not
+// its merge work. Fewer merging warps: 4 -0.2%, 2 -0.6% at batch 1 (1,681-1,697 and 1,677-1,692
+// against 1,683-1,701 tokens/s, two rounds), batch 8 even. Not kept. Attention's end is set by
+// kv head 7's cluster, which starts 0.7 us after kv head 0's (2.29 against 1.60 us after the qkv
+// GEMV's release; kv 6 at 1.93) and ends 0.16 us after it (3.67 against 3.51).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
@@ -2598,14 +2609,8 @@ __global__ void ATT_BOUNDS(DEC_WARPS * 32 * (HS && G > 1 ? 2 : 1), HS && G > 1 ?
         mbar_wait(&rbar, 0);
         TL_PHASE(2);
         cluster_arrive_relaxed();
-#ifdef CT_ATT_MERGE_NW // a measurement build: only the first MW of the NW warps merge (MW | NW, G | MW)
-        constexpr int MW = NW % CT_ATT_MERGE_NW == 0 && CT_ATT_MERGE_NW % G == 0 ? CT_ATT_MERGE_NW : NW;
-#else
-        constexpr int MW = NW;
-#endif
-        if (w < MW)
-          att_local_merge<T, hd, G, MW>(out + (long)n * H * hd + (long)kv * G * hd,
-                                        (const float *)att_dyn, used, w, lane);
+        att_local_merge<T, hd, G, NW>(out + (long)n * H * hd + (long)kv * G * hd,
+                                      (const float *)att_dyn, used, w, lane);
         TL_PHASE(3);
       } else {
         cluster_arrive_relaxed();
