@@ -1024,8 +1024,8 @@ for part in "$@"; do
       fi ;;
     s63)
       # the decode tests, the ids and the issue's benchmark first, so that a short lease still
-      # returns them, then the timeline with block 0's ends by warp (which of the merge's warps
-      # hold attention's end ~0.45 us past thread 0's stores); ~4-5 min on an H200
+      # returns them, then the timeline with block 0's ends by warp (session 47, H100: all its
+      # warps end together, ~0.7 us after the merge's stores); ~4-5 min on an H200
       t0=$SECONDS
       dec_tests || echo "(the decode tests failed)"
       echo "ids qwen3: $(ids ctrain) (0b1cea1e507a before)"
